@@ -1,0 +1,42 @@
+# The README's two commands: `make serve` and `make test`. Both work on a fresh Debian machine
+# with Python 3.11: they create .venv, install what is missing, and run.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.ninfer-installed
+# System parts the tests need (Prometheus, a kube-apiserver, helm, Chromium...) are installed by
+# the scripts in scripts/setup/, in name order; slow builds are cached outside the repository.
+export NINFER_TOOLS ?= $(HOME)/.cache/ninfer-tools
+
+.PHONY: serve test venv system lint format clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/cpu.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements/cpu.txt
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+serve: venv
+	$(BIN)/ninfer-serve $(ARGS)
+
+system:
+	@set -e; for s in scripts/setup/*.sh; do [ -e "$$s" ] || continue; echo "== $$s"; bash "$$s"; done
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+format: venv
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: venv system lint
+	PATH="$(abspath $(BIN)):$(NINFER_TOOLS)/bin:$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info
