@@ -1,0 +1,1 @@
+"""NInfer's inference engine: artifact, model, cache, scheduler, runner, sampling and serving."""

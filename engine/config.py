@@ -1,0 +1,175 @@
+"""Engine, cache and scheduler configuration: frozen dataclasses validated on construction.
+
+Owns: the user-facing knobs that map 1:1 to CLI flags / `LLM(**kwargs)` keywords
+(`--max-context` -> `max_context`, `--kv-capacity` -> `kv_capacity`, `--no-prefix-reuse` ->
+`prefix_reuse=False`, ...). Must not hold runtime-discovered values (the page count that `auto`
+resolves to, EOS ids): those live in result objects built by the runner / tokenizer.
+`ModelConfig` lives in `engine/model/config.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+KV_DTYPES = ("bf16", "int8")
+MAX_CONCURRENCY_LIMIT = 8  # startup-fixed lanes 1..8 (upstream kMaximumConcurrency)
+
+
+def _require(ok: bool, name: str, value: object, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r}: {rule}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Device KV pool and prefix-reuse knobs.
+
+    `kv_capacity` is in tokens: None = one `max_context` worth of pages, an int N (>= max_context)
+    = ceil(N / page_size) pages, "auto" = as many pages as fit after the weights (resolved by the
+    KV cache owner from free memory and handed to `num_pages(..., auto_pages=...)`).
+    """
+
+    page_size: int = 64
+    kv_dtype: str = "bf16"
+    kv_capacity: int | Literal["auto"] | None = None
+    prefix_reuse: bool = True
+    # Checkpoint budget: GDN state snapshots kept for reuse (one state slot each, LRU-evicted).
+    max_checkpoints: int = 16
+    # Message-boundary checkpoints saved per request (the last ones of its prompt beyond the reuse).
+    max_boundary_saves: int = 4
+
+    def __post_init__(self) -> None:
+        _require(_is_int(self.page_size) and self.page_size >= 1, "page_size", self.page_size, "must be >= 1")
+        _require(self.kv_dtype in KV_DTYPES, "kv_dtype", self.kv_dtype, f"must be one of {KV_DTYPES}")
+        cap = self.kv_capacity
+        _require(
+            cap is None or cap == "auto" or (_is_int(cap) and cap >= 1),
+            "kv_capacity",
+            cap,
+            "must be 'auto', a positive token count, or None",
+        )
+        _require(isinstance(self.prefix_reuse, bool), "prefix_reuse", self.prefix_reuse, "must be a bool")
+        _require(
+            _is_int(self.max_checkpoints) and self.max_checkpoints >= 0,
+            "max_checkpoints",
+            self.max_checkpoints,
+            "must be >= 0",
+        )
+        _require(
+            _is_int(self.max_boundary_saves) and self.max_boundary_saves >= 0,
+            "max_boundary_saves",
+            self.max_boundary_saves,
+            "must be >= 0",
+        )
+
+    def num_pages(self, max_context: int, *, auto_pages: int | None = None) -> int:
+        """Pages in the device pool for this config (fixed at startup, never resized)."""
+        min_pages = -(-max_context // self.page_size)
+        if self.kv_capacity is None:
+            return min_pages
+        if self.kv_capacity == "auto":
+            if auto_pages is None:
+                raise ValueError("kv_capacity='auto': the caller must pass auto_pages (from free memory)")
+            return max(min_pages, auto_pages)
+        _require(
+            self.kv_capacity >= max_context,
+            "kv_capacity",
+            self.kv_capacity,
+            f"must be >= max_context ({max_context})",
+        )
+        return -(-self.kv_capacity // self.page_size)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Lanes, queueing and the per-step token budget."""
+
+    max_context: int = 8192
+    max_concurrency: int = 1
+    max_pending_requests: int = 16
+    pending_timeout_ms: int = 30_000
+    prefill_chunk: int = 1024
+    # Output budget of a request that sets no max_tokens (still capped by max_context).
+    default_max_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        _require(_is_int(self.max_context) and self.max_context >= 2, "max_context", self.max_context, ">= 2")
+        _require(
+            _is_int(self.max_concurrency) and 1 <= self.max_concurrency <= MAX_CONCURRENCY_LIMIT,
+            "max_concurrency",
+            self.max_concurrency,
+            f"must be in 1..{MAX_CONCURRENCY_LIMIT}",
+        )
+        _require(
+            _is_int(self.max_pending_requests) and self.max_pending_requests >= 0,
+            "max_pending_requests",
+            self.max_pending_requests,
+            "must be >= 0",
+        )
+        _require(
+            _is_int(self.pending_timeout_ms) and self.pending_timeout_ms >= 1,
+            "pending_timeout_ms",
+            self.pending_timeout_ms,
+            "must be >= 1",
+        )
+        _require(
+            _is_int(self.prefill_chunk) and self.prefill_chunk >= 1,
+            "prefill_chunk",
+            self.prefill_chunk,
+            ">= 1",
+        )
+        _require(
+            _is_int(self.default_max_tokens) and self.default_max_tokens >= 1,
+            "default_max_tokens",
+            self.default_max_tokens,
+            "must be >= 1",
+        )
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """The single token budget of one step: one prefill chunk plus one decode token per lane."""
+        return self.prefill_chunk + self.max_concurrency
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything `LLM(artifact, **config)` / `ninfer-serve` configure, grouped by owner."""
+
+    artifact: str | None = None
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    greedy: bool = False  # --greedy forces temperature 0 whatever the request says
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.greedy, bool), "greedy", self.greedy, "must be a bool")
+
+    @property
+    def num_pages(self) -> int:
+        """Pool size when kv_capacity is not 'auto' (auto is resolved by the KV cache owner)."""
+        return self.cache.num_pages(self.scheduler.max_context)
+
+    @classmethod
+    def from_flags(cls, artifact: str | None = None, **flags: Any) -> EngineConfig:
+        """Build from flat snake_case flag names (`max_context=..., prefix_reuse=False, ...`)."""
+        groups: dict[str, dict[str, Any]] = {"cache": {}, "scheduler": {}, "engine": {}}
+        owners = {
+            **{f.name: "cache" for f in dataclasses.fields(CacheConfig)},
+            **{f.name: "scheduler" for f in dataclasses.fields(SchedulerConfig)},
+            "greedy": "engine",
+        }
+        for name, value in flags.items():
+            if name not in owners:
+                raise ValueError(f"{name}={value!r}: unknown engine option (known: {sorted(owners)})")
+            groups[owners[name]][name] = value
+        return cls(
+            artifact=artifact,
+            cache=CacheConfig(**groups["cache"]),
+            scheduler=SchedulerConfig(**groups["scheduler"]),
+            **groups["engine"],
+        )

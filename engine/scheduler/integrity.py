@@ -1,0 +1,70 @@
+"""Executable accounting invariants of the scheduler (STYLE 2.6): run after every step in tests.
+
+Recounts every page reference and state slot from their holders (lanes, checkpoints, in-flight
+snapshot saves) and compares with the pools; raises RuntimeError with the numbers that disagree.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.request import RequestStatus
+
+if TYPE_CHECKING:
+    from engine.scheduler.scheduler import Scheduler
+
+
+def check_integrity(scheduler: Scheduler) -> None:
+    """Prove page, slot and request accounting; RuntimeError with the disagreeing numbers."""
+    scheduler.pages.check_integrity()
+    checkpoints = scheduler.prefix.checkpoints if scheduler.prefix is not None else []
+    if scheduler.prefix is not None:
+        scheduler.prefix.check_integrity()
+    expected = [0] * scheduler.pages.num_pages
+    held_slots: list[int] = [cp.state_slot for cp in checkpoints]
+    pins: dict[int, int] = {}
+    running: set[str] = set()
+    for lane in scheduler.lanes:
+        if lane is None:
+            continue
+        request = lane.request
+        running.add(request.request_id)
+        want = scheduler.pages.pages_for(lane.max_num_tokens - 1)
+        if len(lane.page_ids) != want or request.status is not RequestStatus.RUNNING:
+            raise RuntimeError(
+                f"lane {lane.lane_id}: {len(lane.page_ids)} pages (want {want}), status {request.status}"
+            )
+        if not 0 <= request.num_computed_tokens < request.num_tokens < lane.max_num_tokens + 1:
+            raise RuntimeError(
+                f"lane {lane.lane_id}: computed {request.num_computed_tokens}, tokens {request.num_tokens}, "
+                f"limit {lane.max_num_tokens}"
+            )
+        for page_id in lane.page_ids:
+            expected[page_id] += 1
+        held_slots.append(lane.state_slot)
+        if lane.pending_save is not None:
+            held_slots.append(lane.pending_save[0])
+        if lane.restore is not None:
+            pins[lane.restore.checkpoint_id] = pins.get(lane.restore.checkpoint_id, 0) + 1
+    for cp in checkpoints:
+        for page_id in cp.page_ids:
+            expected[page_id] += 1
+        if cp.num_pins != pins.get(cp.checkpoint_id, 0):
+            raise RuntimeError(
+                f"checkpoint {cp.checkpoint_id}: {cp.num_pins} pins, {pins.get(cp.checkpoint_id, 0)} lanes"
+            )
+    wrong = [
+        (p, expected[p], scheduler.pages.ref_count(p))
+        for p in range(scheduler.pages.num_pages)
+        if expected[p] != scheduler.pages.ref_count(p)
+    ]
+    if wrong:
+        raise RuntimeError(f"page ref counts disagree with holders (page, holders, ref_count): {wrong[:8]}")
+    scheduler.slots.check_integrity(held_slots)
+    waiting = {r.request_id for r in scheduler.waiting}
+    if any(r.status is not RequestStatus.WAITING for r in scheduler.waiting):
+        raise RuntimeError("a queued request is not WAITING")
+    if waiting & running or waiting | running != set(scheduler.requests):
+        raise RuntimeError(
+            f"{len(waiting)} waiting + {len(running)} running != {len(scheduler.requests)} known requests"
+        )

@@ -1,0 +1,27 @@
+"""Lane: what one running request holds between admission and release (scheduler-private state)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.cache.prefix import Checkpoint
+from engine.request import FinishKind, Request
+
+
+@dataclass(slots=True, eq=False)
+class Lane:
+    """A running request's resources. Lives from admission to release."""
+
+    lane_id: int
+    request: Request
+    page_ids: tuple[int, ...]  # covers positions [0, max_num_tokens - 1)
+    state_slot: int
+    max_num_tokens: int  # finish when the sequence reaches this length
+    limit_kind: FinishKind  # LENGTH (max_tokens) or CONTEXT (max_context) at max_num_tokens
+    admitted_seq: int  # admission order: prefill budget goes to the oldest first
+    restore: Checkpoint | None  # pinned until the step that restores from it has run
+    cow: tuple[int, int] | None  # (src, dst) page copy for the first step
+    boundaries: deque[int] = field(default_factory=deque)  # checkpoint positions still to save
+    initialized: bool = False  # the first step (reset / restore / copy-on-write) was emitted
+    pending_save: tuple[int, int] | None = None  # (slot, position) of the step in flight

@@ -1,0 +1,416 @@
+"""Scheduler: admission, lanes, the per-step token budget, and committing sampled tokens.
+
+Owns: the pending queue, the `max_concurrency` lanes, and (through engine.cache) every page, state
+slot and checkpoint reference. It is the only mutator of `Request` state. Must not touch tensors,
+the model or the tokenizer; its output is plain data (`SchedulerOutput`).
+
+One step is `schedule()` -> runner -> `commit()`. There is no prefill phase and no decode phase: each
+running request has `num_computed_tokens` and `num_tokens`, and the step hands out one token budget:
+
+    budget = prefill_chunk + one token per decode-ready lane
+
+    request A (decoding)  |============ computed ============|x|          x = 1 token (decode row)
+    request B (prefill)   |== reused ==|== computed ==|-- chunk --|......|  chunk <= what is left of
+                                                      ^ start_pos          the prefill_chunk budget,
+                                                                           cut at message boundaries
+
+Admission (strict FCFS, the oldest waiting request is protected: nothing younger is admitted while it
+is blocked) reserves everything a request can need up front: a lane, a state slot, and the pages for
+`prompt + max output - 1` token positions (mapped at once, so its page-table row never changes). An
+admitted request can therefore always finish; there is no preemption. A request that could not fit
+even in an empty pool is refused at `add_request` with the numbers. A blocked admission scan is not
+retried every step: only after an arrival, a release (finish / abort / unpin) or a queue timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+
+from engine.cache.pages import PagePool
+from engine.cache.prefix import PrefixIndex, PrefixMatch, extend_page_hashes
+from engine.cache.state import StateSlotPool
+from engine.config import CacheConfig, SchedulerConfig
+from engine.request import (
+    Event,
+    FinishEvent,
+    FinishKind,
+    FinishReason,
+    RejectCode,
+    Request,
+    RequestStatus,
+    TokenEvent,
+)
+from engine.scheduler.integrity import check_integrity
+from engine.scheduler.lane import Lane
+from engine.scheduler.output import ScheduledRequest, SchedulerOutput, SchedulerStats
+
+
+class Scheduler:
+    """Use: `add_request` / `abort` / `stop_request` at step boundaries; each step
+    `out = schedule()`, the runner executes `out`, then `events = commit(out, sampled_token_ids)`
+    (always called, even for an empty `out`). `check_integrity()` proves the accounting.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        cache_config: CacheConfig,
+        *,
+        num_pages: int,
+        eos_token_ids: Iterable[int] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.cache_config = cache_config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.clock = clock
+        self.pages = PagePool(num_pages, cache_config.page_size)
+        num_checkpoints = cache_config.max_checkpoints if cache_config.prefix_reuse else 0
+        self.slots = StateSlotPool(config.max_concurrency + num_checkpoints)
+        self.prefix = (
+            PrefixIndex(self.pages, self.slots, num_checkpoints) if cache_config.prefix_reuse else None
+        )
+        self.lanes: list[Lane | None] = [None] * config.max_concurrency
+        self.waiting: deque[Request] = deque()
+        self.requests: dict[str, Request] = {}  # waiting and running, by id (read-only outside)
+        self._outbox: list[Event] = []  # terminal events produced inside schedule()
+        self._released: list[str] = []
+        self._admission_dirty = False
+        self._in_step = False
+        self._step_id = 0
+        self._admitted_seq = 0
+        self.num_admission_scans = 0
+        self.num_prefix_hits = 0
+        self.num_prefix_hit_tokens = 0
+        self.num_prefill_tokens = 0
+        self.num_decode_tokens = 0
+
+    # ---- requests in ----------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> FinishEvent | None:
+        """Queue `request`, or refuse it at once: returns its terminal rejection event, else None."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id={request.request_id!r}: already queued or running")
+        assert request.status is RequestStatus.WAITING and request.num_computed_tokens == 0
+        rejection = self._rejection(request)
+        if rejection is not None:
+            return self._end(request, rejection)
+        self.waiting.append(request)
+        self.requests[request.request_id] = request
+        self._admission_dirty = True
+        return None
+
+    def _rejection(self, request: Request) -> FinishReason | None:
+        n, max_context = request.num_prompt_tokens, self.config.max_context
+        if n >= max_context:
+            return FinishReason.rejected(
+                RejectCode.CONTEXT_LENGTH,
+                f"prompt has {n} tokens; max_context is {max_context}, which leaves no room for output",
+            )
+        max_num_tokens, _ = self._limit(request)
+        need = self.pages.pages_for(max_num_tokens - 1)
+        if need > self.pages.num_pages:
+            return FinishReason.rejected(
+                RejectCode.TOO_LARGE,
+                f"needs {need} KV pages ({n} prompt + {max_num_tokens - n} output tokens at "
+                f"{self.pages.page_size} tokens per page) but the pool has {self.pages.num_pages} pages; "
+                "lower max_tokens",
+            )
+        # Every live request fits within max_concurrency + max_pending_requests (upstream's rule).
+        capacity = self.config.max_concurrency + self.config.max_pending_requests
+        if self.num_running + len(self.waiting) >= capacity:
+            return FinishReason.rejected(
+                RejectCode.OVERLOADED,
+                f"server is full: {self.num_running} running + {len(self.waiting)} waiting requests = "
+                f"{self.config.max_concurrency} lanes + {self.config.max_pending_requests} pending places",
+            )
+        return None
+
+    def _limit(self, request: Request) -> tuple[int, FinishKind]:
+        """The sequence length at which `request` must stop, and which limit that is."""
+        n = request.num_prompt_tokens
+        max_tokens = request.sampling_params.max_tokens or self.config.default_max_tokens
+        if n + max_tokens <= self.config.max_context:
+            return n + max_tokens, FinishKind.LENGTH
+        return self.config.max_context, FinishKind.CONTEXT
+
+    def abort(self, request_id: str, message: str = "") -> FinishEvent | None:
+        """End a waiting or running request now, freeing its lane, pages and slot. None if unknown."""
+        return self._end_by_id(request_id, FinishReason.aborted(message), retain=False)
+
+    def stop_request(self, request_id: str, match: str) -> FinishEvent | None:
+        """Finish a request whose detokenized text hit stop string `match` (found above the engine)."""
+        return self._end_by_id(request_id, FinishReason.stop(match), retain=True)
+
+    def _end_by_id(self, request_id: str, reason: FinishReason, *, retain: bool) -> FinishEvent | None:
+        assert not self._in_step, "abort/stop between schedule() and commit(): call at a step boundary"
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        if request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+            self._admission_dirty = True
+            return self._end(request, reason)
+        lane = next(lane for lane in self.lanes if lane is not None and lane.request is request)
+        return self._release(lane, reason, retain=retain)
+
+    # ---- schedule -------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        assert not self._in_step, "schedule() twice without commit()"
+        self._in_step = True
+        self._step_id += 1
+        self._expire_waiting()
+        if self._admission_dirty:
+            self._admit()
+        rows: list[ScheduledRequest] = []
+        copies: list[tuple[int, int]] = []
+        running = [lane for lane in self.lanes if lane is not None]
+        for lane in running:  # decode-ready first, compacted in lane order
+            if lane.request.num_tokens - lane.request.num_computed_tokens == 1:
+                rows.append(self._row(lane, 1, copies))
+        budget = self.config.prefill_chunk
+        for lane in sorted(running, key=lambda lane: lane.admitted_seq):
+            request = lane.request
+            remaining = request.num_tokens - request.num_computed_tokens
+            if remaining == 1 or budget == 0:
+                continue
+            n = min(remaining, budget)
+            if lane.boundaries:
+                n = min(n, lane.boundaries[0] - request.num_computed_tokens)
+            rows.append(self._row(lane, n, copies))
+            budget -= n
+        released, self._released = tuple(self._released), []
+        return SchedulerOutput(self._step_id, tuple(rows), tuple(copies), released)
+
+    def _expire_waiting(self) -> None:
+        now = self.clock()
+        timeout_s = self.config.pending_timeout_ms / 1000.0
+        for request in [r for r in self.waiting if now - r.arrival_time >= timeout_s]:
+            self.waiting.remove(request)
+            waited_ms = (now - request.arrival_time) * 1000.0
+            reason = FinishReason.rejected(
+                RejectCode.QUEUE_TIMEOUT,
+                f"waited {waited_ms:.0f} ms for a lane; pending timeout is {self.config.pending_timeout_ms} ms",
+            )
+            self._outbox.append(self._end(request, reason))
+            self._admission_dirty = True
+
+    def _admit(self) -> None:
+        """Admit waiting requests in arrival order until the oldest one does not fit."""
+        self._admission_dirty = False
+        self.num_admission_scans += 1
+        while self.waiting:
+            lane_id = next((i for i, lane in enumerate(self.lanes) if lane is None), None)
+            if lane_id is None or not self._try_admit(self.waiting[0], lane_id):
+                return
+            self.waiting.popleft()
+
+    def _try_admit(self, request: Request, lane_id: int) -> bool:
+        max_num_tokens, limit_kind = self._limit(request)
+        num_pages = self.pages.pages_for(max_num_tokens - 1)  # the last token is never fed
+        match = self._lookup(request)
+        if match is not None and not self._reclaim(num_pages - len(match.shared_page_ids)):
+            self.prefix.unpin(match.checkpoint)  # type: ignore[union-attr]
+            match = None  # its pinned partial page may be what is missing: try cold
+        if match is None and not self._reclaim(num_pages):
+            return False
+        slot = self.prefix.allocate_slot() if self.prefix is not None else self.slots.allocate()
+        if slot is None:  # every other slot is a pinned checkpoint; the unpin at commit retries
+            if match is not None:
+                self.prefix.unpin(match.checkpoint)  # type: ignore[union-attr]
+            return False
+        shared = match.shared_page_ids if match is not None else ()
+        self.pages.incref(shared)
+        page_ids = tuple(shared) + tuple(self.pages.allocate(num_pages - len(shared)))
+        cow = None
+        if match is not None and match.partial_page_id is not None:
+            cow = (match.partial_page_id, page_ids[len(shared)])
+        reused = match.num_tokens if match is not None else 0
+        boundaries: deque[int] = deque()
+        if self.prefix is not None and self.cache_config.max_boundary_saves:
+            later = [p for p in request.checkpoint_positions if p > reused]
+            boundaries.extend(later[-self.cache_config.max_boundary_saves :])
+        self._admitted_seq += 1
+        self.lanes[lane_id] = Lane(
+            lane_id,
+            request,
+            page_ids,
+            slot,
+            max_num_tokens,
+            limit_kind,
+            self._admitted_seq,
+            match.checkpoint if match is not None else None,
+            cow,
+            boundaries,
+        )
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = request.num_cached_tokens = reused
+        if match is not None:
+            self.num_prefix_hits += 1
+            self.num_prefix_hit_tokens += reused
+        return True
+
+    def _lookup(self, request: Request) -> PrefixMatch | None:
+        """Longest checkpoint match, pinned; at least one prompt token is left to compute (logits)."""
+        if self.prefix is None or len(self.prefix) == 0:
+            return None
+        limit = request.num_prompt_tokens - 1
+        extend_page_hashes(request.page_hashes, request.token_ids, limit, self.pages.page_size)
+        match = self.prefix.lookup(request.token_ids, request.page_hashes, limit)
+        if match is not None:
+            self.prefix.pin(match.checkpoint)
+        return match
+
+    def _reclaim(self, num_pages: int) -> bool:
+        if self.prefix is None:
+            return self.pages.can_allocate(num_pages)
+        return self.prefix.reclaim_pages(num_pages)
+
+    def _row(self, lane: Lane, n: int, copies: list[tuple[int, int]]) -> ScheduledRequest:
+        request = lane.request
+        start = request.num_computed_tokens
+        end = start + n
+        assert 1 <= n and end <= request.num_tokens, f"row of {n} tokens from {start} of {request.num_tokens}"
+        save = None
+        if lane.boundaries and lane.boundaries[0] == end:
+            lane.boundaries.popleft()
+            save = self.prefix.allocate_slot() if self.prefix is not None else None  # best effort
+            if save is not None:
+                lane.pending_save = (save, end)
+        reset, copy_from = False, None
+        if not lane.initialized:
+            lane.initialized = True
+            reset = lane.restore is None
+            copy_from = lane.restore.state_slot if lane.restore is not None else None
+            if lane.cow is not None:
+                copies.append(lane.cow)
+        num_prefill = max(0, min(end, request.num_prompt_tokens) - start)
+        self.num_prefill_tokens += num_prefill
+        self.num_decode_tokens += n - num_prefill
+        return ScheduledRequest(
+            request_id=request.request_id,
+            lane=lane.lane_id,
+            token_ids=tuple(request.token_ids[start:end]),
+            start_pos=start,
+            page_ids=lane.page_ids,
+            state_slot=lane.state_slot,
+            reset_state=reset,
+            copy_state_from=copy_from,
+            save_state_to=save,
+            sample=end == request.num_tokens,
+            sampling_params=request.sampling_params,
+            num_output_tokens=request.num_output_tokens,
+        )
+
+    # ---- commit ---------------------------------------------------------------------------------
+
+    def commit(self, output: SchedulerOutput, sampled_token_ids: Sequence[int]) -> list[Event]:
+        """Apply one executed step. `sampled_token_ids`: one token per row with `sample`, in row order.
+
+        Returns the step's events (and any produced by `schedule()`, such as queue timeouts).
+        """
+        assert self._in_step, "commit() without schedule()"
+        if len(sampled_token_ids) != output.num_sampled:
+            raise ValueError(
+                f"sampled_token_ids has {len(sampled_token_ids)} tokens for {output.num_sampled} rows"
+            )
+        self._in_step = False
+        events, self._outbox = self._outbox, []
+        sampled = iter(sampled_token_ids)
+        for row in output.requests:
+            lane = self.lanes[row.lane]
+            assert lane is not None and lane.request.request_id == row.request_id, f"lane {row.lane} changed"
+            request = lane.request
+            if lane.restore is not None:  # the runner has copied the snapshot: it may be evicted now
+                self.prefix.unpin(lane.restore)  # type: ignore[union-attr]
+                lane.restore = None
+                self._admission_dirty = True
+            request.num_computed_tokens = row.end_pos
+            if lane.pending_save is not None:
+                slot, position = lane.pending_save
+                lane.pending_save = None
+                self.prefix.insert(request.token_ids, request.page_hashes, position, lane.page_ids, slot)  # type: ignore[union-attr]
+            if row.sample:
+                token = next(sampled)
+                request.token_ids.append(token)
+                events.append(TokenEvent(request.request_id, (token,), request.num_output_tokens))
+                reason = self._finish_reason(lane, token)
+                if reason is not None:
+                    events.append(self._release(lane, reason, retain=True))
+        return events
+
+    def _finish_reason(self, lane: Lane, token: int) -> FinishReason | None:
+        params = lane.request.sampling_params
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            return FinishReason.stop(token)
+        if lane.request.num_tokens >= lane.max_num_tokens:
+            return FinishReason(lane.limit_kind)
+        return None
+
+    # ---- release --------------------------------------------------------------------------------
+
+    def _release(self, lane: Lane, reason: FinishReason, *, retain: bool) -> FinishEvent:
+        """Free a lane. With `retain`, its computed prefix and state become a checkpoint."""
+        assert lane.pending_save is None, "release while a snapshot save is in flight"
+        request = lane.request
+        self.lanes[lane.lane_id] = None
+        if lane.restore is not None:
+            self.prefix.unpin(lane.restore)  # type: ignore[union-attr]
+        num_done = request.num_computed_tokens
+        if retain and self.prefix is not None and num_done >= 1:
+            self.prefix.insert(
+                request.token_ids, request.page_hashes, num_done, lane.page_ids, lane.state_slot
+            )
+        else:
+            self.slots.free(lane.state_slot)
+        self.pages.free(lane.page_ids)
+        self._released.append(request.request_id)
+        self._admission_dirty = True
+        return self._end(request, reason)
+
+    def _end(self, request: Request, reason: FinishReason) -> FinishEvent:
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        self.requests.pop(request.request_id, None)
+        return FinishEvent(
+            request.request_id,
+            reason,
+            request.num_prompt_tokens,
+            request.num_output_tokens,
+            request.num_cached_tokens,
+        )
+
+    # ---- introspection --------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return sum(1 for lane in self.lanes if lane is not None)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or self.num_running > 0 or bool(self._outbox)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            num_pages=self.pages.num_pages,
+            num_pages_used=self.pages.num_in_use,
+            num_checkpoints=len(self.prefix) if self.prefix is not None else 0,
+            num_prefix_hits=self.num_prefix_hits,
+            num_prefix_hit_tokens=self.num_prefix_hit_tokens,
+            num_prefill_tokens=self.num_prefill_tokens,
+            num_decode_tokens=self.num_decode_tokens,
+            num_steps=self._step_id,
+            num_admission_scans=self.num_admission_scans,
+        )
+
+    def check_integrity(self) -> None:
+        """Prove page, slot and request accounting; RuntimeError with the disagreeing numbers."""
+        check_integrity(self)

@@ -1,0 +1,54 @@
+"""CacheConfig / SchedulerConfig / EngineConfig validation and the page count they imply."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+
+
+@pytest.mark.parametrize(
+    ("cls", "field", "value"),
+    [
+        (SchedulerConfig, "max_concurrency", 0),
+        (SchedulerConfig, "max_concurrency", 9),
+        (SchedulerConfig, "max_context", 1),
+        (SchedulerConfig, "max_pending_requests", -1),
+        (SchedulerConfig, "pending_timeout_ms", 0),
+        (SchedulerConfig, "prefill_chunk", 0),
+        (SchedulerConfig, "default_max_tokens", 0),
+        (CacheConfig, "page_size", 0),
+        (CacheConfig, "kv_dtype", "fp16"),
+        (CacheConfig, "kv_capacity", 0),
+        (CacheConfig, "kv_capacity", "lots"),
+        (CacheConfig, "prefix_reuse", "no"),
+        (CacheConfig, "max_checkpoints", -1),
+    ],
+)
+def test_bad_values_raise_value_error_naming_field_and_value(cls: type, field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"^{field}={value!r}"):
+        cls(**{field: value})
+
+
+def test_num_pages_follows_kv_capacity() -> None:
+    assert CacheConfig().num_pages(8192) == 128  # omitted: one max_context worth of 64-token pages
+    assert CacheConfig(kv_capacity=10_000).num_pages(8192) == 157
+    assert CacheConfig(kv_capacity="auto").num_pages(8192, auto_pages=500) == 500
+    assert CacheConfig(kv_capacity="auto").num_pages(8192, auto_pages=3) == 128
+    with pytest.raises(ValueError, match="kv_capacity=4096: must be >= max_context"):
+        CacheConfig(kv_capacity=4096).num_pages(8192)
+    with pytest.raises(ValueError, match="auto_pages"):
+        CacheConfig(kv_capacity="auto").num_pages(8192)
+
+
+def test_engine_config_from_flags_routes_snake_case_flags() -> None:
+    cfg = EngineConfig.from_flags(
+        "m.ninfer", max_context=4096, max_concurrency=4, prefix_reuse=False, greedy=True
+    )
+    assert cfg.scheduler.max_context == 4096 and cfg.scheduler.max_concurrency == 4
+    assert cfg.cache.prefix_reuse is False and cfg.greedy and cfg.artifact == "m.ninfer"
+    assert cfg.num_pages == 64 and cfg.scheduler.max_num_batched_tokens == 1024 + 4
+    with pytest.raises(ValueError, match="^max_contxt=1: unknown engine option"):
+        EngineConfig.from_flags(max_contxt=1)
+    with pytest.raises(ValueError, match="^max_concurrency=12"):
+        EngineConfig.from_flags(max_concurrency=12)
