@@ -1,0 +1,277 @@
+"""Parsing generated text: reasoning split, typed Qwen XML tool calls, fallbacks to text, and a
+streaming parser that gives the same result under any chunking and never shows tool-call markup."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from engine.chat import qwen35, render_chat_template
+from engine.chat.parse import (
+    ContentDelta,
+    ParsedOutput,
+    StreamingParser,
+    ToolCall,
+    ToolCallEvent,
+    coerce_value,
+    collect,
+    parse_output,
+    prompt_ends_in_reasoning,
+)
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "limit": {"type": "integer"},
+                    "score": {"type": "number"},
+                    "exact": {"type": "boolean"},
+                    "filters": {"type": "object"},
+                    "tags": {"type": "array"},
+                    "mode": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                    "cutoff": {"type": ["number", "null"]},
+                },
+            },
+        },
+    },
+    {"name": "get_time", "input_schema": {"type": "object", "properties": {"tz": {"type": "string"}}}},
+]
+
+
+def call(name: str, **params: str) -> str:
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+def test_reasoning_then_content_when_prompt_opened_think() -> None:
+    parsed = parse_output("Let me think.\nStill thinking.\n</think>\n\nThe answer is 4.", in_reasoning=True)
+    assert parsed == ParsedOutput("Let me think.\nStill thinking.", "The answer is 4.", (), ())
+
+
+def test_explicit_think_tags_and_no_reasoning() -> None:
+    assert parse_output("<think>\nhmm\n</think>\n\nHi") == ParsedOutput("hmm", "Hi", (), ())
+    assert parse_output("Just an answer.") == ParsedOutput(None, "Just an answer.", (), ())
+    assert parse_output("no </think> here").content == "no </think> here"
+
+
+def test_unfinished_reasoning_is_all_reasoning() -> None:
+    assert parse_output("thinking and then cut off\n", in_reasoning=True) == ParsedOutput(
+        "thinking and then cut off", "", (), ()
+    )
+
+
+def test_prompt_ends_in_reasoning() -> None:
+    template = qwen35.qwen35_chat_template()
+    messages = [{"role": "user", "content": "q"}]
+    assert prompt_ends_in_reasoning(render_chat_template(template, messages))
+    assert not prompt_ends_in_reasoning(render_chat_template(template, messages, enable_thinking=False))
+
+
+def test_typed_tool_call() -> None:
+    text = "Searching now.\n\n" + call(
+        "search",
+        query="  42  ",
+        limit="5",
+        score="0.5",
+        exact="TRUE",
+        filters='{"lang": "fr", "year": [2020, 2021]}',
+        tags='["a", "b"]',
+        mode="null",
+        cutoff="1e-3",
+    )
+    parsed = parse_output(text, TOOLS)
+    assert parsed.content == "Searching now."
+    assert parsed.fallbacks == ()
+    assert parsed.tool_calls == (
+        ToolCall(
+            "search",
+            {
+                "query": "  42  ",
+                "limit": 5,
+                "score": 0.5,
+                "exact": True,
+                "filters": {"lang": "fr", "year": [2020, 2021]},
+                "tags": ["a", "b"],
+                "mode": None,
+                "cutoff": 0.001,
+            },
+        ),
+    )
+    assert parsed.tool_calls[0].arguments_json.startswith('{"query": "  42  ", "limit": 5')
+
+
+@pytest.mark.parametrize(
+    ("raw", "schema", "expected"),
+    [
+        ("hello\nworld", {"type": "string"}, "hello\nworld"),
+        ("true", {"type": "string"}, "true"),
+        ("False", {"type": "boolean"}, False),
+        ("yes", {"type": "boolean"}, "yes"),  # mismatch, not JSON: kept as a string
+        ("7", {"type": "integer"}, 7),
+        ("7.5", {"type": "integer"}, 7.5),  # mismatch but valid JSON: kept typed
+        ("seven", {"type": "integer"}, "seven"),
+        ("[1,2]", {"type": "object"}, [1, 2]),
+        ("3", {"type": ["string", "integer"]}, 3),
+        ("abc", {"type": ["string", "integer"]}, "abc"),
+        ("{}", {}, "{}"),  # no declared type: a string
+        ("5", None, "5"),  # undeclared parameter: a string
+    ],
+)
+def test_coerce_value(raw: str, schema: Any, expected: Any) -> None:
+    value = coerce_value(raw, schema)
+    assert value == expected and type(value) is type(expected)
+
+
+def test_empty_non_string_is_omitted_and_empty_string_kept() -> None:
+    parsed = parse_output(call("search", limit="", query=""), TOOLS)
+    assert parsed.tool_calls == (ToolCall("search", {"query": ""}),)
+
+
+def test_several_calls_and_anthropic_style_tool() -> None:
+    text = call("get_time", tz="UTC") + "\n" + call("search", query="x")
+    parsed = parse_output(text, TOOLS)
+    assert parsed.tool_calls == (ToolCall("get_time", {"tz": "UTC"}), ToolCall("search", {"query": "x"}))
+    assert parsed.content == ""
+
+
+def test_missing_final_close_tag_is_still_a_call() -> None:
+    text = "ok\n" + call("get_time", tz="CET").removesuffix("</tool_call>")
+    parsed = parse_output(text, TOOLS)
+    assert parsed.tool_calls == (ToolCall("get_time", {"tz": "CET"}),) and parsed.content == "ok"
+
+
+@pytest.mark.parametrize(
+    ("block", "reason"),
+    [
+        (call("delete_everything", path="/"), "undeclared tool 'delete_everything'"),
+        ("<tool_call>\n<function=search>\n<parameter=query>\na\n</parameter>\n<parameter=query>\nb\n</parameter>\n</function>\n</tool_call>", "duplicate parameter 'query'"),
+        ('<tool_call>\n{"name": "search", "arguments": {}}\n</tool_call>', "no <function=NAME>"),
+        ("<tool_call>\n<function=search>\nstray words\n</function>\n</tool_call>", "unexpected text"),
+        ("<tool_call>\n<function=>\n</function>\n</tool_call>", "empty function name"),
+        ("<tool_call>\n<function=search>\n<parameter=query>\nx\n</parameter>\n", "no <function=NAME>"),
+    ],
+)  # fmt: skip
+def test_malformed_calls_fall_back_to_text(block: str, reason: str) -> None:
+    text = "Before.\n\n" + block
+    parsed = parse_output(text, TOOLS)
+    assert parsed.tool_calls == ()
+    assert parsed.content == text.rstrip()
+    assert len(parsed.fallbacks) == 1 and reason in parsed.fallbacks[0]
+
+
+def test_call_before_end_of_thinking_is_recovered_when_tolerant() -> None:
+    text = "I need the time.\n\n" + call("get_time", tz="UTC")
+    strict = parse_output(text, TOOLS, in_reasoning=True)
+    assert strict.reasoning == text.strip() and strict.tool_calls == ()
+    tolerant = parse_output(text, TOOLS, in_reasoning=True, calls_in_reasoning=True)
+    assert tolerant == ParsedOutput("I need the time.", "", (ToolCall("get_time", {"tz": "UTC"}),), ())
+
+
+def test_without_tools_every_call_is_text() -> None:
+    text = call("search", query="x")
+    assert parse_output(text).content == text
+    assert parse_output(text).fallbacks == ("undeclared tool 'search'",)
+
+
+def test_one_bad_block_does_not_spoil_the_good_one() -> None:
+    bad = call("nope")
+    text = "Intro\n" + bad + "\n" + call("get_time", tz="UTC")
+    parsed = parse_output(text, TOOLS)
+    assert parsed.tool_calls == (ToolCall("get_time", {"tz": "UTC"}),)
+    assert parsed.content == "Intro\n" + bad
+
+
+def test_parsed_turn_renders_back_to_the_generated_text() -> None:
+    """Whitespace follows the template: a parsed assistant turn re-renders byte for byte."""
+    template = qwen35.qwen35_chat_template()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Time in UTC?"}]
+    prompt = render_chat_template(template, messages, tools=TOOLS)
+    generated = "Need the clock.\n</think>\n\nLet me check.\n\n" + call("get_time", tz="UTC")
+    parsed = parse_output(generated, TOOLS, in_reasoning=prompt_ends_in_reasoning(prompt))
+    turn = {
+        "role": "assistant",
+        "content": parsed.content,
+        "reasoning_content": parsed.reasoning,
+        "tool_calls": [{"function": {"name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls],
+    }
+    rerendered = render_chat_template(template, [*messages, turn], tools=TOOLS, add_generation_prompt=False)
+    assert rerendered == prompt + generated + "<|im_end|>\n"
+
+
+# -- streaming -------------------------------------------------------------------------------------
+
+SAMPLES: list[tuple[str, bool]] = [
+    ("Let me think.\n\nStep 2 <b>.\n</think>\n\nThe answer is 4.\n", True),
+    ("<think>\nhmm </thin k\n</think>\n\nHi <tool_ca there", False),
+    ("   plain answer with < and <tool and </think> inside  \n", False),
+    (
+        "plan\n</think>\n\nCalling.\n\n"
+        + call("search", query="a b", limit="3")
+        + "\n"
+        + call("get_time", tz="UTC"),
+        True,
+    ),
+    ("x</think>" + call("get_time", tz="UTC") + "\n\ntrailing words", True),
+    ("Intro\n \n" + call("nope", a="1") + "\n\n" + call("get_time", tz="UTC") + " \n", False),
+    ("ok\n" + call("get_time", tz="CET").removesuffix("</tool_call>"), False),
+    ("ok \n<tool_call>\n<function=get_time>\n<parameter=tz>\nUT", False),
+    ("never closes the reasoning <tool_call> inside\n\n", True),
+    ("I will call it.\n" + call("get_time", tz="UTC") + "\n</think>\n\nafter", True),
+    ("", True),
+    ("\n\n", False),
+]
+
+
+def _chunks(text: str, rng: random.Random) -> list[str]:
+    out, i = [], 0
+    while i < len(text):
+        n = rng.randint(1, 6)
+        out.append(text[i : i + n])
+        i += n
+    return out
+
+
+@pytest.mark.parametrize("tolerant", [False, True])
+@pytest.mark.parametrize(("text", "in_reasoning"), SAMPLES)
+def test_streaming_equals_non_streaming(text: str, in_reasoning: bool, tolerant: bool) -> None:
+    expected = parse_output(text, TOOLS, in_reasoning=in_reasoning, calls_in_reasoning=tolerant)
+    rng = random.Random(len(text))
+    chunkings = [[text], list(text), *(_chunks(text, rng) for _ in range(20))]
+    for chunks in chunkings:
+        parser = StreamingParser(TOOLS, in_reasoning=in_reasoning, calls_in_reasoning=tolerant)
+        events = [e for chunk in chunks for e in parser.feed(chunk)] + parser.finish()
+        reasoning, content, calls = collect(events)
+        assert reasoning == (expected.reasoning or "")
+        assert content == expected.content
+        assert tuple(calls) == expected.tool_calls
+        assert tuple(parser.fallbacks) == expected.fallbacks
+
+
+def test_streaming_never_shows_partial_tool_markup() -> None:
+    text = "Checking now.\n\n" + call("search", query="x")
+    parser = StreamingParser(TOOLS)
+    shown, events = "", []
+    for ch in text:
+        new = parser.feed(ch)
+        events += new
+        shown += "".join(e.text for e in new if isinstance(e, ContentDelta))
+        assert "<" not in shown and "\n" not in shown
+    events += parser.finish()
+    assert shown == "Checking now."
+    assert collect(events)[2] == [ToolCall("search", {"query": "x"})]
+    assert isinstance(events[-1], ToolCallEvent)
+
+
+def test_streaming_emits_reasoning_before_the_end_tag_arrives() -> None:
+    parser = StreamingParser(in_reasoning=True)
+    reasoning, _, _ = collect(parser.feed("Thinking about it"))
+    assert reasoning == "Thinking about it"
+    reasoning, content, _ = collect(parser.feed(" more</think>\n\nDone"))
+    assert (reasoning, content) == (" more", "Done")
