@@ -1,0 +1,57 @@
+"""Gated full attention (Qwen3.5 ``self_attn``) over the paged KV cache.
+
+``q_proj`` emits, per head, the query followed by an output gate of the same width. Query and key
+get a per-head ``(1 + w)`` RMSNorm, then partial RoPE; new K/V are stored into their pages, then
+each new token attends causally to its sequence's pages; the output is multiplied by
+``sigmoid(gate)`` before ``o_proj``. Reads only the ForwardBatch and its own cache entry.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.model.config import ModelConfig
+from engine.model.forward import ForwardBatch, ModelCache
+from engine.model.norm import RMSNorm
+from kernels.attention import paged_attention_ref, store_kv_ref
+from kernels.rope import apply_rope_ref
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, config: ModelConfig, kv_index: int) -> None:
+        super().__init__()
+        self.kv_index = kv_index  # which entry of ModelCache.key_cache / value_cache this layer owns
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, 2 * self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [T, rotary_dim]
+        batch: ForwardBatch,
+        cache: ModelCache,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        query, gate = self.q_proj(x).view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        query = self.q_norm(query)
+        key = self.k_norm(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim))
+        value = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        cos, sin = rope
+        query, key = apply_rope_ref(query, cos, sin), apply_rope_ref(key, cos, sin)
+        key_cache, value_cache = cache.key_cache[self.kv_index], cache.value_cache[self.kv_index]
+        store_kv_ref(key, value, key_cache, value_cache, batch.slot_mapping)
+        out = paged_attention_ref(
+            query, key_cache, value_cache, batch.page_table, batch.query_start_loc, batch.seq_lens, self.scale
+        )
+        out = out * torch.sigmoid(gate.float()).to(out.dtype)
+        return self.o_proj(out.reshape(num_tokens, -1))

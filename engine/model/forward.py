@@ -1,0 +1,167 @@
+"""The forward context: one flat varlen batch (vLLM style) and the cache tensors the model writes.
+
+A batch holds the new tokens of B sequences back to back; the same layout covers prefill chunks,
+decode tokens and mixed batches (no prefill/decode flag):
+
+    tokens      [ seq 0 chunk ....... | seq 1 (1 decode token) | seq 2 chunk ... ]
+    query_start_loc  0                 q0                       q0+1               T
+
+For sequence ``b``: ``seq_lens[b]`` = tokens already cached + its new tokens; its KV pages are
+``page_table[b, :]``; its GDN conv/recurrent state is slot ``state_slots[b]`` of every GDN layer,
+continued from the saved state when ``has_initial_state[b]`` else started from zeros.
+
+The model receives a ``ForwardBatch`` and a ``ModelCache`` explicitly (STYLE 2.2 rule 6: no globals);
+layers read only these plain tensors and never see requests. The cache is a plain dataclass of
+tensors: ownership of pages and slots belongs to ``engine/cache``, the writes to the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.model.config import ModelConfig
+
+DEFAULT_PAGE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, or [3, T] for multimodal (mrope) positions
+    query_start_loc: torch.Tensor  # [B + 1] int32, cu_seqlens_q
+    seq_lens: torch.Tensor  # [B] int32, cached + new tokens per sequence
+    page_table: torch.Tensor  # [B, max_pages] int32
+    slot_mapping: torch.Tensor  # [T] int64, page * page_size + row; -1 = padding (not stored)
+    state_slots: torch.Tensor  # [B] int64, GDN state slot per sequence
+    has_initial_state: torch.Tensor  # [B] bool, continue from the slot's saved state
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_sequences(self) -> int:
+        return self.seq_lens.shape[0]
+
+    def last_token_indices(self) -> torch.Tensor:
+        """Row of each sequence's last new token -> [B] (the rows whose logits sample the next token)."""
+        return (self.query_start_loc[1:] - 1).long()
+
+
+def make_forward_batch(
+    new_tokens: Sequence[Sequence[int]],
+    num_cached: Sequence[int],
+    page_ids: Sequence[Sequence[int]],
+    state_slots: Sequence[int],
+    page_size: int = DEFAULT_PAGE_SIZE,
+    has_initial_state: Sequence[bool] | None = None,
+    device: torch.device | str = "cpu",
+) -> ForwardBatch:
+    """Build a text-only batch from plain lists (positions are ``num_cached .. num_cached + n - 1``).
+
+    ``page_ids[b]`` must cover all ``num_cached[b] + len(new_tokens[b])`` tokens; ``has_initial_state``
+    defaults to ``num_cached[b] > 0``.
+    """
+    if not (len(new_tokens) == len(num_cached) == len(page_ids) == len(state_slots)):
+        raise ValueError(
+            "make_forward_batch: new_tokens, num_cached, page_ids and state_slots differ in length"
+        )
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    starts = [0]
+    for tokens, cached, pages in zip(new_tokens, num_cached, page_ids, strict=True):
+        total = cached + len(tokens)
+        if len(pages) * page_size < total:
+            raise ValueError(
+                f"make_forward_batch: {len(pages)} pages of {page_size} cannot hold {total} tokens"
+            )
+        ids.extend(tokens)
+        for pos in range(cached, total):
+            positions.append(pos)
+            slots.append(pages[pos // page_size] * page_size + pos % page_size)
+        starts.append(len(ids))
+    max_pages = max((len(p) for p in page_ids), default=0)
+    table = [list(p) + [0] * (max_pages - len(p)) for p in page_ids]
+    cont = [c > 0 for c in num_cached] if has_initial_state is None else list(has_initial_state)
+    return ForwardBatch(
+        input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(
+            [c + len(t) for c, t in zip(num_cached, new_tokens, strict=True)],
+            dtype=torch.int32,
+            device=device,
+        ),  # fmt: skip
+        page_table=torch.tensor(table, dtype=torch.int32, device=device).reshape(len(page_ids), max_pages),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        state_slots=torch.tensor(list(state_slots), dtype=torch.int64, device=device),
+        has_initial_state=torch.tensor(cont, dtype=torch.bool, device=device),
+    )
+
+
+@dataclass
+class ModelCache:
+    """Device tensors the model reads and writes; nothing else.
+
+    key_cache/value_cache: one entry per attention layer in layer order (then the MTP layers, when
+    allocated), each [num_pages, page_size, Hkv, head_dim]. conv_state: one per GDN layer,
+    [num_slots, conv_dim, K - 1] in the model dtype. recurrent_state: one per GDN layer,
+    [num_slots, Hv, Dk, Dv] fp32.
+
+    NOTE: INT8 KV hook. A quantised cache sets ``kv_dtype="int8"`` and adds per-layer scale tensors
+    beside the pages; the attention layer then routes stores and gathers through the int8 kernels.
+    Only the model dtype is implemented now.
+    """
+
+    page_size: int
+    key_cache: list[torch.Tensor]
+    value_cache: list[torch.Tensor]
+    conv_state: list[torch.Tensor]
+    recurrent_state: list[torch.Tensor]
+    kv_dtype: str = "model"
+
+    @property
+    def num_pages(self) -> int:
+        return self.key_cache[0].shape[0] if self.key_cache else 0
+
+    @property
+    def num_state_slots(self) -> int:
+        return self.conv_state[0].shape[0] if self.conv_state else 0
+
+
+def allocate_model_cache(
+    config: ModelConfig,
+    num_pages: int,
+    page_size: int = DEFAULT_PAGE_SIZE,
+    num_state_slots: int = 1,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    with_mtp: bool = False,
+) -> ModelCache:
+    """Zeroed cache tensors for every attention layer (plus the MTP layers when asked) and GDN layer."""
+    if num_pages < 1 or page_size < 1 or num_state_slots < 1:
+        raise ValueError(
+            f"allocate_model_cache: num_pages={num_pages}, page_size={page_size}, "
+            f"num_state_slots={num_state_slots}: all must be >= 1"
+        )
+    num_kv = config.num_attention_layers + (config.mtp_num_hidden_layers if with_mtp else 0)
+    kv_shape = (num_pages, page_size, config.num_key_value_heads, config.head_dim)
+    conv_shape = (num_state_slots, config.conv_dim, config.linear_conv_kernel_dim - 1)
+    rec_shape = (num_state_slots, config.linear_num_value_heads, config.linear_key_head_dim,
+                 config.linear_value_head_dim)  # fmt: skip
+    return ModelCache(
+        page_size=page_size,
+        key_cache=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(num_kv)],
+        value_cache=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(num_kv)],
+        conv_state=[
+            torch.zeros(conv_shape, dtype=dtype, device=device) for _ in range(config.num_linear_layers)
+        ],
+        recurrent_state=[
+            torch.zeros(rec_shape, dtype=torch.float32, device=device)
+            for _ in range(config.num_linear_layers)
+        ],
+    )

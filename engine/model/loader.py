@@ -1,0 +1,61 @@
+"""Build a Qwen3.5-family model from an artifact (or any name -> tensor source).
+
+The model is constructed on the meta device and its parameters are then *assigned* the source
+tensors (``load_state_dict(assign=True)``): a tensor already in the target dtype and device (an
+mmap view of the artifact on the CPU) becomes the parameter itself, with no copy; otherwise the one
+``.to(device, dtype)`` copy is the only one. MTP weights are loaded only when ``with_mtp``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+
+from engine.model.config import ModelConfig
+from engine.model.qwen3_5 import Qwen3_5ForCausalLM, model_class
+from engine.model.weights import collect_weights
+
+
+class TensorSource(Protocol):
+    """What the loader needs from an artifact (``engine.artifact.container.Artifact`` provides it)."""
+
+    def hf_config(self) -> dict[str, Any]: ...
+
+    def tensor_names(self) -> list[str]: ...
+
+    def tensor(self, name: str) -> torch.Tensor: ...
+
+
+def build_model(
+    config: ModelConfig,
+    tensors: Mapping[str, torch.Tensor],
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    with_mtp: bool = False,
+) -> Qwen3_5ForCausalLM:
+    """Model from already-collected tensors (model names, see ``weights.collect_weights``)."""
+    with torch.device("meta"):
+        model = model_class(config)(config, with_mtp=with_mtp)
+    state = {name: t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
+             for name, t in tensors.items()}  # fmt: skip
+    model.load_state_dict(state, strict=True, assign=True)
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def load_model(
+    artifact: TensorSource,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    with_mtp: bool = False,
+) -> Qwen3_5ForCausalLM:
+    """Load the text model (plus the MTP head when ``with_mtp``) from an artifact.
+
+    dtype None keeps the stored dtype. Raises WeightInventoryError on missing/unexpected/misshapen
+    tensors and ValueError on an unsupported config.
+    """
+    config = ModelConfig.from_hf(artifact.hf_config())
+    tensors = collect_weights(artifact.tensor_names(), artifact.tensor, config, with_mtp)
+    return build_model(config, tensors, device, dtype, with_mtp)

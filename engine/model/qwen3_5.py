@@ -1,0 +1,97 @@
+"""The Qwen3.5-family causal LM (dense and MoE): embedding, hybrid decoder stack, final norm, lm_head.
+
+``forward(batch, cache)`` runs one flat varlen batch and returns the final (post-norm) hidden states
+``[T, hidden]``; ``compute_logits(hidden, indices)`` projects only the rows that need logits.
+Module names equal the checkpoint tensor names (``model.layers.N.linear_attn.in_proj_qkv.weight``,
+``lm_head.weight``, ``mtp.fc.weight``), so loading is a name-for-name assignment (``weights.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.model.config import ModelConfig
+from engine.model.decoder import DecoderLayer
+from engine.model.forward import ForwardBatch, ModelCache
+from engine.model.mtp import MultiTokenPredictor
+from engine.model.norm import RMSNorm
+from kernels.rope import rope_cos_sin_ref
+
+
+class Qwen3_5TextModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        layers = []
+        for layer_id, layer_type in enumerate(config.layer_types):
+            ids = config.linear_layer_ids if layer_type == "linear_attention" else config.attention_layer_ids
+            layers.append(DecoderLayer(config, layer_type, ids.index(layer_id)))
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [T, rotary_dim] for [T] text or [3, T] multimodal positions."""
+        c = self.config
+        return rope_cos_sin_ref(positions, c.rotary_dim, c.rope_theta, c.mrope_section)
+
+    def forward(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
+        hidden = self.embed_tokens(batch.input_ids)
+        rope = self.rope(batch.positions)
+        for layer in self.layers:
+            hidden = layer(hidden, rope, batch, cache)
+        return self.norm(hidden)
+
+
+class Qwen3_5ForCausalLM(nn.Module):
+    """One class for both architectures; the config decides dense MLP vs MoE."""
+
+    def __init__(self, config: ModelConfig, with_mtp: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Qwen3_5TextModel(config)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        self.mtp = MultiTokenPredictor(config) if with_mtp else None
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.mtp is not None
+
+    def forward(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
+        """Final hidden states [T, hidden] for every token of the batch (KV and GDN state written)."""
+        return self.model(batch, cache)
+
+    def compute_logits(self, hidden: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits [N, vocab] for ``hidden[indices]`` (all rows when indices is None)."""
+        rows = hidden if indices is None else hidden[indices]
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(rows, weight).float()
+
+    def forward_mtp(
+        self, batch: ForwardBatch, target_hidden: torch.Tensor, cache: ModelCache, step: int = 0
+    ) -> torch.Tensor:
+        """MTP hidden states [T, hidden]: ``batch.input_ids`` are the next tokens, ``batch.positions``
+        the positions of ``target_hidden``'s rows. Feed the result to ``compute_logits``."""
+        if self.mtp is None:
+            raise RuntimeError("forward_mtp: the model was loaded without MTP weights (with_mtp=False)")
+        embeds = self.model.embed_tokens(batch.input_ids)
+        return self.mtp(embeds, target_hidden, self.model.rope(batch.positions), batch, cache, step)
+
+
+class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
+    """The MoE architecture string; identical code, the config carries the experts."""
+
+
+ARCHITECTURES: dict[str, type[Qwen3_5ForCausalLM]] = {
+    "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
+    "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
+}
+
+
+def model_class(config: ModelConfig) -> type[Qwen3_5ForCausalLM]:
+    return ARCHITECTURES[config.architecture]
