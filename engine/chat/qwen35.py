@@ -30,8 +30,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
 logger = logging.getLogger(__name__)
 
 # Bump when the produced tokenizer.json changes for the same input ranks (it keys the cache).
@@ -173,7 +171,9 @@ def convert_tiktoken(ranks: dict[bytes, int], pattern: str, special_tokens: list
 
 
 def default_cache_dir() -> Path:
-    return Path(platformdirs.user_cache_dir("ninfer")) / "tokenizers"
+    from engine.env import cache_dir
+
+    return cache_dir() / "tokenizers"
 
 
 def build_qwen35_tokenizer_json(cache_dir: Path | None = None) -> bytes:

@@ -63,6 +63,17 @@ class TinyCheckpoint:
     config: ModelConfig
     tensors: dict[str, torch.Tensor]  # as written by save_pretrained
 
+    def convert_and_load(self, out: Path) -> OurModel:
+        """The user's path: `ninfer-artifact convert` (the real CLI entry point) then `load_model`."""
+        from engine.artifact.cli import main as artifact_cli
+        from engine.artifact.container import read_artifact
+        from engine.model import load_model
+
+        model_id = "ninfer-tiny-moe" if "moe" in self.name else "ninfer-tiny-dense"
+        argv = ["convert", str(self.path), str(out), "--model-id", model_id, "--weights-id", "fp32"]
+        assert artifact_cli(argv) == 0
+        return load_model(read_artifact(out), dtype=torch.float32)
+
     def build(self, with_mtp: bool = False, extra: dict[str, torch.Tensor] | None = None) -> OurModel:
         source = {**self.tensors, **(extra or {})}
         collected = collect_weights(source, source.__getitem__, self.config, with_mtp)

@@ -20,10 +20,11 @@ def _prompt(vocab: int, length: int = 200) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_prompt_logits_match_hf(tiny, paged, name):
+def test_prompt_logits_match_hf(tiny, paged, name, tmp_path):
+    """Through the user's path: HF checkpoint dir -> `ninfer-artifact convert --weights-id fp32` -> load."""
     Driver, Lane = paged
     ckpt = tiny(name)
-    model = ckpt.build()
+    model = ckpt.convert_and_load(tmp_path / f"{name}.ninfer")
     prompt = _prompt(ckpt.config.vocab_size)
     expected = ckpt.hf_model(prompt[None]).logits[0]
     cache = allocate_model_cache(

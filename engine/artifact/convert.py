@@ -1,0 +1,128 @@
+"""`convert`: a Hugging Face Qwen3.5 / Qwen3.5-MoE checkpoint directory to a `.ninfer` artifact.
+
+Tensor names and shapes are kept exactly as in the checkpoint (a mapping, not a transformation); the weight
+profile decides only the storage dtype:
+- `fp32`: floating tensors stored as FP32 (bit-exact for float32 checkpoints; used by the parity tests);
+- `bf16`: floating tensors stored as BF16, except `A_log`, which the model reads in float32.
+Frontend files (tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json) are taken
+from the directory when present; missing ones are filled with NInfer's Qwen3.5 defaults, and the command says
+which. Tensors are streamed one at a time, so converting a 55 GB checkpoint does not hold it in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from engine.artifact.container import ArtifactError, LazyTensor, write_artifact
+
+WEIGHT_PROFILES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+FRONTEND_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+_DTYPES = {
+    "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I32": torch.int32,
+    "F64": torch.float64, "I64": torch.int64,
+}  # fmt: skip
+_KEEP_FP32_SUFFIXES = ("A_log",)
+
+
+def _load_config(hf_dir: Path) -> dict[str, Any]:
+    path = hf_dir / "config.json"
+    if not path.is_file():
+        raise ArtifactError(f"{hf_dir}: no config.json (expected a Hugging Face checkpoint directory)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{path}: not valid JSON: {exc}") from None
+    from engine.model.config import ModelConfig
+
+    try:
+        ModelConfig.from_hf(config)
+    except ValueError as exc:
+        raise ArtifactError(f"{path}: not a supported Qwen3.5-family config: {exc}") from None
+    return config
+
+
+def _safetensors_files(hf_dir: Path) -> list[Path]:
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        raise ArtifactError(f"{hf_dir}: no *.safetensors files")
+    return files
+
+
+def _storage_dtype(name: str, source: torch.dtype, profile: torch.dtype) -> torch.dtype:
+    if not source.is_floating_point:
+        if source == torch.int64:
+            return torch.int32
+        return source
+    if name.endswith(_KEEP_FP32_SUFFIXES) and source == torch.float32:
+        return torch.float32
+    return profile
+
+
+def _lazy_tensors(files: list[Path], profile: torch.dtype) -> list[tuple[str, LazyTensor]]:
+    out: dict[str, LazyTensor] = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if name in out:
+                    raise ArtifactError(f"{file.name}: tensor {name!r} appears in more than one shard")
+                sl = f.get_slice(name)
+                source = _DTYPES.get(sl.get_dtype())
+                if source is None:
+                    raise ArtifactError(
+                        f"{file.name}: tensor {name!r} has unsupported dtype {sl.get_dtype()}"
+                    )
+                dtype = _storage_dtype(name, source, profile)
+
+                def load(file: Path = file, name: str = name, dtype: torch.dtype = dtype) -> torch.Tensor:
+                    with safe_open(file, framework="pt") as g:
+                        return g.get_tensor(name).to(dtype).contiguous()
+
+                out[name] = LazyTensor(tuple(sl.get_shape()), dtype, load)
+    return sorted(out.items())
+
+
+def _frontend_resources(hf_dir: Path, config: dict[str, Any]) -> tuple[list[tuple[str, bytes]], list[str]]:
+    from engine.artifact.tiny import frontend_resources
+
+    moe = "moe" in str(config.get("model_type", ""))
+    defaults = dict(frontend_resources(config, moe=moe))
+    resources: list[tuple[str, bytes]] = [("config.json", defaults.pop("config.json"))]
+    filled = []
+    for name in FRONTEND_FILES:
+        path = hf_dir / name
+        if path.is_file():
+            resources.append((name, path.read_bytes()))
+        else:
+            resources.append((name, defaults[name]))
+            filled.append(name)
+    return resources, filled
+
+
+def convert(
+    hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, model_id: str, weights_id: str
+) -> Path:
+    hf_dir = Path(hf_dir)
+    if weights_id not in WEIGHT_PROFILES:
+        raise ArtifactError(f"weights_id {weights_id!r}: convert supports {sorted(WEIGHT_PROFILES)}")
+    from engine.artifact.registry import lookup
+
+    entry = lookup(model_id, weights_id)
+    if entry is None:
+        raise ArtifactError(
+            f"identity {model_id}/{weights_id} is not registered; the server would refuse the file"
+        )
+    config = _load_config(hf_dir)
+    tensors = _lazy_tensors(_safetensors_files(hf_dir), WEIGHT_PROFILES[weights_id])
+    resources, filled = _frontend_resources(hf_dir, config)
+    if filled:
+        print(
+            f"convert: {hf_dir} has no {', '.join(filled)}; using NInfer's Qwen3.5 defaults", file=sys.stderr
+        )
+    return write_artifact(out, model_id=model_id, weights_id=weights_id, tensors=tensors, resources=resources)

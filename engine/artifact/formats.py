@@ -1,0 +1,118 @@
+"""Tensor formats and layouts of the `.ninfer` container: names, alignment and encoded sizes.
+
+This module owns the closed registries of formats and layouts and the one function that says how many
+bytes a tensor of a given shape, format and layout occupies. The container reader refuses any object whose
+`bytes` member disagrees with it.
+
+Layouts:
+- `contiguous-le-v1`: plain little-endian row-major elements (BF16, FP16, FP32, I32); rank 0..16.
+- `row-split-k128-v1`: groupwise-quantised rank-2 matrices `[N, K]`; K is padded to a multiple of 128 and
+  the payload is three planes, each starting 256-byte aligned: the base codes (4 bits per weight for
+  Q4/Q5/Q6 with the even lane in the low nibble, 8 bits for W8), an optional high-bit plane (Q5: 1 bit,
+  Q6: 2 bits per weight) and the FP16 scales, one per group, all in row-major group order.
+  Example: Q5 `[2, 130]` -> K_pad 256, 8 groups: codes 256 B, high bits 64 B (padded to 256), scales 16 B
+  = 528 B.
+- `blockscale-k16-m128x4-v1`: NVFP4 rank-2 matrices: FP4 (E2M1) codes, two per byte, then one FP8 (E4M3)
+  scale per 16 weights along K, stored in 128-row x 4-column tiles (rows padded to 128, scale columns to 4).
+  NOTE: this size rule is derived from the layout's name and the block-scaled tensor-core layout it names;
+  it has not been checked against a published NVFP4 artifact (none can be downloaded here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PAGE_ALIGN = 4096  # payload offset alignment
+TENSOR_ALIGN = 256  # tensor object alignment inside the payload
+RESOURCE_ALIGN = 1  # raw resources are byte-aligned
+
+CONTIGUOUS = "contiguous-le-v1"
+ROW_SPLIT = "row-split-k128-v1"
+BLOCKSCALE = "blockscale-k16-m128x4-v1"
+RAW_BYTES = "raw-bytes-v1"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFormat:
+    """A groupwise-quantised weight format: `bits` per code, one FP16 scale per `group_size` weights."""
+
+    bits: int
+    group_size: int
+
+
+PLAIN_FORMATS: dict[str, torch.dtype] = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "FP32": torch.float32,
+    "I32": torch.int32,
+}
+GROUP_FORMATS: dict[str, GroupFormat] = {
+    "Q4G64_F16S": GroupFormat(4, 64),
+    "Q5G64_F16S": GroupFormat(5, 64),
+    "Q6G64_F16S": GroupFormat(6, 64),
+    "W8G32_F16S": GroupFormat(8, 32),
+}
+NVFP4 = "NVFP4"
+FORMATS: frozenset[str] = frozenset(PLAIN_FORMATS) | frozenset(GROUP_FORMATS) | {NVFP4}
+LAYOUTS: frozenset[str] = frozenset({CONTIGUOUS, ROW_SPLIT, BLOCKSCALE})
+FORMAT_FOR_DTYPE: dict[torch.dtype, str] = {dtype: name for name, dtype in PLAIN_FORMATS.items()}
+
+
+def align_up(value: int, alignment: int) -> int:
+    return (value + alignment - 1) // alignment * alignment
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n
+
+
+def _row_split_bytes(shape: list[int], fmt: GroupFormat) -> int:
+    rows, k = shape
+    k_pad = align_up(k, 128)
+    num_groups = rows * (k_pad // fmt.group_size)
+    base_bits = 8 if fmt.bits == 8 else 4
+    high_bits = fmt.bits - base_bits
+    codes = rows * k_pad * base_bits // 8
+    total = align_up(codes, TENSOR_ALIGN)
+    if high_bits:
+        total += align_up(rows * k_pad * high_bits // 8, TENSOR_ALIGN)
+    return total + num_groups * 2
+
+
+def _blockscale_bytes(shape: list[int]) -> int:
+    rows, k = shape
+    codes = rows * k // 2
+    scale_cols = align_up(k // 16, 4)
+    return align_up(codes, TENSOR_ALIGN) + align_up(rows, 128) * scale_cols
+
+
+def tensor_alignment(layout: str) -> int:
+    return TENSOR_ALIGN
+
+
+def encoded_bytes(shape: list[int], fmt: str, layout: str) -> int:
+    """Bytes a tensor of `shape` in `fmt`/`layout` occupies; ValueError for a combination we do not know."""
+    if layout == CONTIGUOUS:
+        if fmt not in PLAIN_FORMATS:
+            raise ValueError(f"format {fmt!r} cannot use layout {CONTIGUOUS!r}")
+        if len(shape) > 16:
+            raise ValueError(f"layout {CONTIGUOUS!r} allows rank 0..16, got rank {len(shape)}")
+        return _numel(shape) * PLAIN_FORMATS[fmt].itemsize
+    if layout == ROW_SPLIT:
+        if fmt not in GROUP_FORMATS:
+            raise ValueError(f"format {fmt!r} cannot use layout {ROW_SPLIT!r}")
+        if len(shape) != 2:
+            raise ValueError(f"layout {ROW_SPLIT!r} needs rank 2, got shape {shape}")
+        return _row_split_bytes(shape, GROUP_FORMATS[fmt])
+    if layout == BLOCKSCALE:
+        if fmt != NVFP4:
+            raise ValueError(f"format {fmt!r} cannot use layout {BLOCKSCALE!r}")
+        if len(shape) != 2 or shape[1] % 16:
+            raise ValueError(f"layout {BLOCKSCALE!r} needs rank 2 with K a multiple of 16, got {shape}")
+        return _blockscale_bytes(shape)
+    raise ValueError(f"unknown layout {layout!r}")

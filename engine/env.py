@@ -1,0 +1,21 @@
+"""Every environment variable NInfer reads: one prefix (`NINFER_`), typed, parsed in one place."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from platformdirs import user_cache_dir
+
+
+def cache_dir() -> Path:
+    """`NINFER_CACHE_DIR`: where built files (demo model, converted tokenizer) are cached."""
+    return Path(os.environ.get("NINFER_CACHE_DIR") or user_cache_dir("ninfer"))
+
+
+def kernels_mode() -> str:
+    """`NINFER_KERNELS`: `auto` (Triton on CUDA, torch references elsewhere) or `ref` (references always)."""
+    value = os.environ.get("NINFER_KERNELS", "auto")
+    if value not in ("auto", "ref"):
+        raise ValueError(f"NINFER_KERNELS={value!r}: expected 'auto' or 'ref'")
+    return value

@@ -1,0 +1,1 @@
+"""Observability: every Prometheus metric defined once, and the monitoring sidecar (`ninfer-monitor`)."""
