@@ -9,7 +9,7 @@ STAMP := $(VENV)/.ninfer-installed
 # the scripts in scripts/setup/, in name order; slow builds are cached outside the repository.
 export NINFER_TOOLS ?= $(HOME)/.cache/ninfer-tools
 
-.PHONY: serve test venv system lint format clean
+.PHONY: serve test test-gpu venv system lint format clean
 
 venv: $(STAMP)
 
@@ -35,8 +35,12 @@ format: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# GPU tests (marker `gpu`) run on the device machine with `make test-gpu`; the CPU suite deselects them.
 test: venv system lint
-	PATH="$(abspath $(BIN)):$(NINFER_TOOLS)/bin:$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+	PATH="$(abspath $(BIN)):$(NINFER_TOOLS)/bin:$$PATH" $(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+test-gpu:
+	python3 -m pytest -m gpu tests/kernels $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
