@@ -16,6 +16,7 @@ import torch
 from engine.model.config import ModelConfig
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM, model_class
 from engine.model.weights import collect_weights
+from engine.progress import progress
 
 
 class TensorSource(Protocol):
@@ -38,8 +39,13 @@ def build_model(
     """Model from already-collected tensors (model names, see ``weights.collect_weights``)."""
     with torch.device("meta"):
         model = model_class(config)(config, with_mtp=with_mtp)
-    state = {name: t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
-             for name, t in tensors.items()}  # fmt: skip
+    state: dict[str, torch.Tensor] = {}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    with progress(total, f"loading weights to {device}") as bar:
+        for name, t in tensors.items():
+            target = dtype if dtype is not None and t.is_floating_point() else t.dtype
+            state[name] = t.to(device=device, dtype=target)
+            bar.update(t.numel() * t.element_size())
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
     return model.eval()

@@ -120,3 +120,34 @@ def test_stub_commands_say_not_yet_available() -> None:
             [str(Path(sys.executable).with_name(script))], capture_output=True, text=True, check=False
         )
         assert result.returncode == 2 and "not yet available" in result.stderr
+
+
+def test_progress_shows_on_a_terminal_only(tiny_dense: Path) -> None:
+    """Long work (here: hashing) draws a progress bar when stderr is a terminal, and nothing otherwise."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    digest = hashlib.sha256(tiny_dense.read_bytes()).hexdigest()
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a real terminal's size
+    proc = subprocess.Popen(
+        [CLI, "verify", str(tiny_dense), "--sha256", digest], stdout=subprocess.DEVNULL, stderr=follower
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=120) == 0
+    terminal = b"".join(chunks).decode(errors="replace")
+    assert f"sha256 {tiny_dense.name}" in terminal and "%" in terminal
+    piped = run("verify", str(tiny_dense), "--sha256", digest)
+    assert "%" not in piped.stderr and "sha256 dense" not in piped.stderr
