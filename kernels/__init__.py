@@ -1,40 +1,79 @@
 """Kernels: one module per op family. Each op has a pure-torch ``<op>_ref`` (the specification,
-float32 math, runs on the CPU); Triton launchers join them beside their references on the GPU.
+float32 math, runs on the CPU); a Triton launcher ``<op>`` sits beside its reference where one pays,
+with the same contract, and runs the reference itself off CUDA or under ``NINFER_KERNELS=ref``
+(``kernels._dispatch``).
 
 This package imports nothing from ``engine``, ``api`` or ``monitor``.
 """
 
 from __future__ import annotations
 
-from kernels.attention import gather_kv_ref, paged_attention_ref, store_kv_ref
-from kernels.conv import causal_conv1d_ref, causal_conv1d_update_ref, causal_conv1d_varlen_ref
+from kernels.attention import (
+    gather_kv_ref,
+    paged_attention_decode,
+    paged_attention_decode_ref,
+    paged_attention_ref,
+    store_kv,
+    store_kv_ref,
+)
+from kernels.conv import (
+    causal_conv1d_decode,
+    causal_conv1d_decode_ref,
+    causal_conv1d_ref,
+    causal_conv1d_update_ref,
+    causal_conv1d_varlen_ref,
+)
 from kernels.gdn import (
+    chunk_gated_delta_rule,
     chunk_gated_delta_rule_ref,
+    gated_delta_rule_decode,
+    gated_delta_rule_decode_ref,
     gated_delta_rule_varlen_ref,
+    gdn_gate_ref,
     l2norm_ref,
     recurrent_gated_delta_rule_ref,
 )
 from kernels.moe import moe_experts_ref, moe_route_ref
-from kernels.norm import gated_rms_norm_ref, rms_norm_ref
+from kernels.norm import (
+    add_rms_norm,
+    add_rms_norm_ref,
+    gated_rms_norm,
+    gated_rms_norm_ref,
+    rms_norm,
+    rms_norm_ref,
+)
 from kernels.rope import apply_rope_ref, mrope_axis_map_ref, rope_cos_sin_ref, rope_inv_freq_ref
 
 __all__ = [
+    "add_rms_norm",
+    "add_rms_norm_ref",
     "apply_rope_ref",
+    "causal_conv1d_decode",
+    "causal_conv1d_decode_ref",
     "causal_conv1d_ref",
     "causal_conv1d_update_ref",
     "causal_conv1d_varlen_ref",
+    "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_ref",
-    "gather_kv_ref",
+    "gated_delta_rule_decode",
+    "gated_delta_rule_decode_ref",
     "gated_delta_rule_varlen_ref",
+    "gated_rms_norm",
     "gated_rms_norm_ref",
+    "gather_kv_ref",
+    "gdn_gate_ref",
     "l2norm_ref",
     "moe_experts_ref",
     "moe_route_ref",
     "mrope_axis_map_ref",
+    "paged_attention_decode",
+    "paged_attention_decode_ref",
     "paged_attention_ref",
     "recurrent_gated_delta_rule_ref",
+    "rms_norm",
     "rms_norm_ref",
     "rope_cos_sin_ref",
     "rope_inv_freq_ref",
+    "store_kv",
     "store_kv_ref",
 ]

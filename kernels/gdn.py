@@ -21,11 +21,26 @@ unit-lower-triangular system
 and then ``o_i = exp(G_i) S0^T q_i + sum_{j<=i} exp(G_i - G_j) (q_i . k_j) delta_j`` and
 ``S_end = exp(G_L) S0 + sum_j exp(G_L - G_j) k_j delta_j^T``. Both forms start from an optional
 initial state and return the final state, so chunked prefill can hand off to recurrent decode.
+
+Decode (``gated_delta_rule_decode_ref`` and its Triton launcher ``gated_delta_rule_decode``) is one
+recurrent step per sequence with the states in a slot pool, and takes the gate *inputs*: with the
+layer's ``A_log`` and ``dt_bias``, ``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``
+(``gdn_gate_ref``), so the whole step after the conv is one launch.
+
+Prefill on CUDA: ``chunk_gated_delta_rule`` runs fla-core's ``chunk_gated_delta_rule`` (the field's
+Triton kernels; optional dependency, same semantics) when it imports, else the reference.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+from kernels._dispatch import HAS_TRITON, use_triton
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
 
 
 def l2norm_ref(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -197,3 +212,210 @@ def gated_delta_rule_varlen_ref(
         out[sl] = o[0]
         states[slot] = final[0].to(states.dtype)
     return out
+
+
+def gdn_gate_ref(
+    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet gates from their projections (as the HF model computes them).
+
+    a, b: [..., Hv]; A_log, dt_bias: [Hv] -> (g [..., Hv] fp32 log-decay, beta [..., Hv] in b.dtype).
+    """
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    return g, torch.sigmoid(b)
+
+
+def gated_delta_rule_decode_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    states: torch.Tensor,
+    state_slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+) -> torch.Tensor:
+    """One recurrent step for each of B sequences, states in a slot pool, gates from their inputs.
+
+    q, k: [B, Hk, Dk]; v: [B, Hv, Dv]; a, b: [B, Hv] (``gdn_gate_ref``); A_log, dt_bias: [Hv];
+    states: [num_slots, Hv, Dk, Dv] fp32, updated in place for every slot used; state_slots: [B]
+    (-1 = padding row: output zeros, no state touched); has_initial_state: [B] bool -> o [B, Hv, Dv].
+    """
+    out = torch.zeros_like(v)
+    rows = (state_slots >= 0).nonzero().flatten()
+    if rows.numel() == 0:
+        return out
+    slots = state_slots[rows].long()
+    keep = has_initial_state[rows].bool()[:, None, None, None]
+    initial = torch.where(keep, states[slots].float(), 0.0)
+    g, beta = gdn_gate_ref(a[rows], b[rows], A_log, dt_bias)
+    o, final = recurrent_gated_delta_rule_ref(
+        q[rows, None], k[rows, None], v[rows, None], g[:, None], beta[:, None], initial, scale, use_qk_l2norm
+    )
+    out[rows] = o[:, 0]
+    states[slots] = final.to(states.dtype)
+    return out
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _gated_delta_rule_decode_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        a_ptr,
+        b_ptr,
+        a_log_ptr,
+        dt_bias_ptr,
+        states_ptr,
+        slots_ptr,
+        keep_ptr,
+        out_ptr,
+        q_stride,
+        k_stride,
+        v_stride,
+        a_stride,
+        b_stride,
+        out_stride,
+        scale,
+        NUM_V_HEADS: tl.constexpr,
+        HEAD_RATIO: tl.constexpr,
+        K_DIM: tl.constexpr,
+        V_DIM: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        USE_QK_L2NORM: tl.constexpr,
+    ):
+        # grid (B, Hv, cdiv(Dv, BLOCK_V)): one program owns the [Dk, BLOCK_V] columns of one value head's
+        # fp32 state: read once, decay, delta-rule update, write once; its output slice is S^T q.
+        row = tl.program_id(0)
+        head = tl.program_id(1)
+        offs_k = tl.arange(0, BLOCK_K)
+        offs_v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+        k_mask = offs_k < K_DIM
+        v_mask = offs_v < V_DIM
+        out_ptrs = out_ptr + row * out_stride + head * V_DIM + offs_v
+        slot = tl.load(slots_ptr + row).to(tl.int64)
+        if slot < 0:
+            tl.store(out_ptrs, tl.zeros([BLOCK_V], dtype=out_ptr.dtype.element_ty), mask=v_mask)
+            return
+        key_head = head // HEAD_RATIO
+        q = tl.load(q_ptr + row * q_stride + key_head * K_DIM + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + row * k_stride + key_head * K_DIM + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        if USE_QK_L2NORM:
+            q = q * tl.rsqrt(tl.sum(q * q) + 1e-6)
+            k = k * tl.rsqrt(tl.sum(k * k) + 1e-6)
+        q = q * scale
+        v = tl.load(v_ptr + row * v_stride + head * V_DIM + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+        # gates: g = -exp(A_log) * softplus(a + dt_bias) in fp32; beta = sigmoid(b) rounded to b's dtype
+        x = tl.load(a_ptr + row * a_stride + head).to(tl.float32) + tl.load(dt_bias_ptr + head).to(tl.float32)
+        softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
+        decay = tl.exp(-tl.exp(tl.load(a_log_ptr + head).to(tl.float32)) * softplus)
+        b_raw = tl.load(b_ptr + row * b_stride + head)
+        beta = tl.sigmoid(b_raw.to(tl.float32)).to(b_raw.dtype).to(tl.float32)
+        keep = tl.load(keep_ptr + row) != 0
+        state_ptrs = (
+            states_ptr
+            + (slot * NUM_V_HEADS + head) * (K_DIM * V_DIM)
+            + offs_k[:, None] * V_DIM
+            + offs_v[None, :]
+        )
+        mask = k_mask[:, None] & v_mask[None, :]
+        state = tl.load(state_ptrs, mask=mask & keep, other=0.0) * decay
+        delta = (v - tl.sum(state * k[:, None], axis=0)) * beta
+        state = state + k[:, None] * delta[None, :]
+        tl.store(state_ptrs, state, mask=mask)
+        o = tl.sum(state * q[:, None], axis=0)
+        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=v_mask)
+
+
+def gated_delta_rule_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    states: torch.Tensor,
+    state_slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+) -> torch.Tensor:
+    """Launcher for ``gated_delta_rule_decode_ref`` (same contract; no host sync, CUDA-graph safe).
+
+    q, k, v, a, b may be strided views (e.g. slices of the conv output) as long as each row is a
+    unit-stride [heads, dim] block.
+    """
+    tensors = (q, k, v, a, b, A_log, dt_bias, states, state_slots, has_initial_state)
+    if not use_triton(*tensors):
+        return gated_delta_rule_decode_ref(*tensors, scale=scale, use_qk_l2norm=use_qk_l2norm)
+    batch, num_k_heads, k_dim = q.shape
+    num_v_heads, v_dim = v.shape[1:]
+    assert k.shape == q.shape and v.shape[0] == batch and num_v_heads % num_k_heads == 0, (
+        f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    )
+    for name, t, inner in (("q", q, k_dim), ("k", k, k_dim), ("v", v, v_dim)):
+        assert t.stride(2) == 1 and t.stride(1) == inner, (
+            f"{name}: each row must be a unit-stride [H, D] block"
+        )
+    for name, t in (("a", a), ("b", b)):
+        assert t.shape == (batch, num_v_heads) and t.stride(1) == 1, f"{name} {tuple(t.shape)}"
+    assert A_log.shape == (num_v_heads,) and dt_bias.shape == (num_v_heads,)
+    assert states.dtype == torch.float32 and states.is_contiguous(), "states: contiguous fp32 pool"
+    assert states.shape[1:] == (num_v_heads, k_dim, v_dim), f"states {tuple(states.shape)}"
+    assert state_slots.shape == (batch,) and has_initial_state.shape == (batch,)
+    out = torch.empty(batch, num_v_heads, v_dim, dtype=v.dtype, device=v.device)
+    block_k = triton.next_power_of_2(k_dim)
+    block_v = min(32, triton.next_power_of_2(v_dim))
+    if batch:
+        _gated_delta_rule_decode_kernel[(batch, num_v_heads, triton.cdiv(v_dim, block_v))](
+            q, k, v, a, b, A_log, dt_bias, states, state_slots, has_initial_state, out,
+            q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
+            scale if scale is not None else k_dim**-0.5,
+            NUM_V_HEADS=num_v_heads, HEAD_RATIO=num_v_heads // num_k_heads, K_DIM=k_dim, V_DIM=v_dim,
+            BLOCK_K=block_k, BLOCK_V=block_v, USE_QK_L2NORM=use_qk_l2norm, num_warps=4,
+        )  # fmt: skip
+    return out
+
+
+def _fla_chunk() -> object | None:
+    """fla-core's ``chunk_gated_delta_rule``, or None when fla-core is not installed."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+    except ImportError:
+        return None
+    return fla_chunk
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launcher for ``chunk_gated_delta_rule_ref`` (same contract) through fla-core's chunked kernels.
+
+    fla-core fixes its chunk size at 64 (the result does not depend on it). Falls back to the
+    reference off CUDA, under ``NINFER_KERNELS=ref``, or when fla-core is not installed.
+    """
+    fla_chunk = _fla_chunk() if use_triton(q, k, v, g, beta, initial_state) else None
+    if fla_chunk is None:
+        return chunk_gated_delta_rule_ref(q, k, v, g, beta, initial_state, chunk_size, scale, use_qk_l2norm)
+    out, final = fla_chunk(  # type: ignore[operator]
+        q, k, v, g.float(), beta, scale=scale,
+        initial_state=initial_state.float() if initial_state is not None else None,
+        output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm,
+    )  # fmt: skip
+    return out, final

@@ -49,9 +49,19 @@ class GatedAttention(nn.Module):
         cos, sin = rope
         query, key = apply_rope_ref(query, cos, sin), apply_rope_ref(key, cos, sin)
         key_cache, value_cache = cache.key_cache[self.kv_index], cache.value_cache[self.kv_index]
-        store_kv_ref(key, value, key_cache, value_cache, batch.slot_mapping)
+        key_scale = cache.key_scale[self.kv_index] if cache.key_scale is not None else None
+        value_scale = cache.value_scale[self.kv_index] if cache.value_scale is not None else None
+        store_kv_ref(key, value, key_cache, value_cache, batch.slot_mapping, key_scale, value_scale)
         out = paged_attention_ref(
-            query, key_cache, value_cache, batch.page_table, batch.query_start_loc, batch.seq_lens, self.scale
+            query,
+            key_cache,
+            value_cache,
+            batch.page_table,
+            batch.query_start_loc,
+            batch.seq_lens,
+            self.scale,
+            key_scale,
+            value_scale,
         )
         out = out * torch.sigmoid(gate.float()).to(out.dtype)
         return self.o_proj(out.reshape(num_tokens, -1))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.model.config import ModelConfig
+from kernels.attention import kv_int8_group_size
 
 DEFAULT_PAGE_SIZE = 64
 
@@ -112,9 +113,10 @@ class ModelCache:
     [num_slots, conv_dim, K - 1] in the model dtype. recurrent_state: one per GDN layer,
     [num_slots, Hv, Dk, Dv] fp32.
 
-    NOTE: INT8 KV hook. A quantised cache sets ``kv_dtype="int8"`` and adds per-layer scale tensors
-    beside the pages; the attention layer then routes stores and gathers through the int8 kernels.
-    Only the model dtype is implemented now.
+    INT8 KV: with ``kv_dtype="int8"`` the K/V pages hold int8 codes and ``key_scale``/``value_scale``
+    hold, per attention layer, one fp16 scale per 64 values along head_dim
+    ([num_pages, page_size, Hkv, head_dim // group], ``kernels.attention.kv_int8_group_size``); the
+    attention layer hands them to the store and gather references, which (de)quantise.
     """
 
     page_size: int
@@ -122,7 +124,9 @@ class ModelCache:
     value_cache: list[torch.Tensor]
     conv_state: list[torch.Tensor]
     recurrent_state: list[torch.Tensor]
-    kv_dtype: str = "model"
+    kv_dtype: str = "model"  # "model" (the model dtype) or "int8"
+    key_scale: list[torch.Tensor] | None = None  # int8 only, one per KV entry
+    value_scale: list[torch.Tensor] | None = None
 
     @property
     def num_pages(self) -> int:
@@ -141,8 +145,14 @@ def allocate_model_cache(
     dtype: torch.dtype = torch.bfloat16,
     device: torch.device | str = "cpu",
     with_mtp: bool = False,
+    kv_dtype: str = "model",
 ) -> ModelCache:
-    """Zeroed cache tensors for every attention layer (plus the MTP layers when asked) and GDN layer."""
+    """Zeroed cache tensors for every attention layer (plus the MTP layers when asked) and GDN layer.
+
+    kv_dtype "model" keeps K/V in ``dtype``; "int8" stores int8 codes plus fp16 group scales.
+    """
+    if kv_dtype not in ("model", "int8"):
+        raise ValueError(f"allocate_model_cache: kv_dtype={kv_dtype!r}: must be 'model' or 'int8'")
     if num_pages < 1 or page_size < 1 or num_state_slots < 1:
         raise ValueError(
             f"allocate_model_cache: num_pages={num_pages}, page_size={page_size}, "
@@ -153,10 +163,19 @@ def allocate_model_cache(
     conv_shape = (num_state_slots, config.conv_dim, config.linear_conv_kernel_dim - 1)
     rec_shape = (num_state_slots, config.linear_num_value_heads, config.linear_key_head_dim,
                  config.linear_value_head_dim)  # fmt: skip
+    kv_torch_dtype = torch.int8 if kv_dtype == "int8" else dtype
+    scales: dict[str, list[torch.Tensor] | None] = {"key_scale": None, "value_scale": None}
+    if kv_dtype == "int8":
+        num_groups = config.head_dim // kv_int8_group_size(config.head_dim)
+        scale_shape = (*kv_shape[:3], num_groups)
+        for name in scales:
+            scales[name] = [
+                torch.zeros(scale_shape, dtype=torch.float16, device=device) for _ in range(num_kv)
+            ]
     return ModelCache(
         page_size=page_size,
-        key_cache=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(num_kv)],
-        value_cache=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(num_kv)],
+        key_cache=[torch.zeros(kv_shape, dtype=kv_torch_dtype, device=device) for _ in range(num_kv)],
+        value_cache=[torch.zeros(kv_shape, dtype=kv_torch_dtype, device=device) for _ in range(num_kv)],
         conv_state=[
             torch.zeros(conv_shape, dtype=dtype, device=device) for _ in range(config.num_linear_layers)
         ],
@@ -164,4 +183,6 @@ def allocate_model_cache(
             torch.zeros(rec_shape, dtype=torch.float32, device=device)
             for _ in range(config.num_linear_layers)
         ],
+        kv_dtype=kv_dtype,
+        **scales,
     )

@@ -27,3 +27,17 @@ def assert_close():
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(1234)
+
+
+@pytest.fixture
+def device() -> str:
+    """Where the Triton tests run: the GPU, or the CPU under Triton's interpreter (TRITON_INTERPRET=1)."""
+    from kernels._dispatch import HAS_TRITON, INTERPRET
+
+    if not HAS_TRITON:
+        pytest.skip("Triton is not installed")
+    if INTERPRET:
+        return "cpu"
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (or TRITON_INTERPRET=1)")
+    return "cuda"

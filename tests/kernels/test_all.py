@@ -1,7 +1,9 @@
-"""The kernel reference rule made mechanical: every public kernel is a ``_ref`` with a test module."""
+"""The kernel reference rule made mechanical: every public kernel is a ``_ref`` with a test module, and
+every Triton launcher has a ``_ref`` of the same signature and a GPU test module."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import kernels
@@ -12,6 +14,17 @@ def test_every_exported_kernel_has_a_reference_and_a_test_file():
     for name in kernels.__all__:
         fn = getattr(kernels, name)
         module = fn.__module__.rsplit(".", 1)[-1]
-        assert name.endswith("_ref"), f"{name}: exported without a Triton launcher, so it must be a _ref"
         assert (here / f"test_{module}.py").is_file(), f"{name}: no tests/kernels/test_{module}.py"
-        assert fn.__doc__, f"{name}: the reference is the specification and needs a docstring"
+        assert fn.__doc__, f"{name}: needs a docstring (a reference is the specification)"
+        if name.endswith("_ref"):
+            continue
+        ref = getattr(kernels, f"{name}_ref", None)
+        assert ref is not None, f"{name}: a launcher without {name}_ref in kernels.__all__"
+        launcher_params = list(inspect.signature(fn).parameters)
+        ref_params = list(inspect.signature(ref).parameters)
+        assert launcher_params[: len(ref_params)] == ref_params, (
+            f"{name}{launcher_params} does not start with {name}_ref{ref_params}"
+        )
+        assert (here / f"test_{module}_triton.py").is_file(), (
+            f"{name}: no tests/kernels/test_{module}_triton.py"
+        )

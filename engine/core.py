@@ -1,0 +1,288 @@
+"""EngineCore: the synchronous engine step (schedule -> execute -> commit) and loading an artifact.
+
+Owns: one `Scheduler`, one `ModelRunner`, the per-request stop-string detokenizers and the finish
+counters. It is single-threaded: `AsyncEngine` (engine/serving.py) drives one from its loop thread,
+`LLM` (engine/llm.py) and `ninfer` (engine/cli.py) drive one inline. Must not touch: HTTP, asyncio,
+the model's tensors (the runner owns them).
+
+Sampling parameters are resolved once, at `add_request` (engine.sampling.resolve_sampling): the model
+family's preset for the thinking mode, then the server's flags, then the request's fields; the engine's
+`greedy` flag forces temperature 0. The `Request` the scheduler holds carries the resolved values.
+
+Stop strings are matched here, on incrementally detokenized text (across token edges), and end the
+request through `Scheduler.stop_request` at the step boundary, so no token past the step that
+completed the match is generated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.artifact.container import Artifact, read_artifact
+from engine.config import EngineConfig
+from engine.model.config import ModelConfig
+from engine.model.loader import load_model
+from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.request import Event, FinishEvent, FinishKind, FinishReason, Request, SamplingParams, TokenEvent
+from engine.runner import ModelRunner, resolve_num_pages
+from engine.sampling import default_sampling, resolve_sampling
+from engine.scheduler import Scheduler
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Plain numbers for /stats and metrics (cumulative counters are since start)."""
+
+    num_running: int
+    num_waiting: int
+    max_concurrency: int
+    num_pages: int
+    num_pages_used: int
+    page_size: int
+    kv_dtype: str
+    num_checkpoints: int
+    num_prefix_hits: int
+    num_prefix_hit_tokens: int  # tokens reused instead of recomputed
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_steps: int  # scheduler steps (including empty ones)
+    num_forward_steps: int  # steps that ran the model
+    num_admission_scans: int
+    num_loop_iterations: int  # passes of the serving loop (0 when driven inline)
+    num_requests_added: int
+    num_requests_finished: dict[str, int] = field(default_factory=dict)  # by finish kind
+    num_requests_rejected: dict[str, int] = field(default_factory=dict)  # by reject code
+
+
+@dataclass(frozen=True)
+class LoadedArtifact:
+    artifact: Artifact  # kept open: on the CPU the weights may be views of its memory map
+    model: Qwen3_5ForCausalLM
+    tokenizer: Tokenizer
+    model_id: str
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on the GPU; float32 on the CPU (bf16 matmuls there are slow and the tests compare in fp32)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def tokenizer_from_artifact(artifact: Artifact) -> Tokenizer:
+    names = set(artifact.resource_names())
+
+    def get(name: str) -> bytes | None:
+        return artifact.resource(name) if name in names else None
+
+    tokenizer_json = get("tokenizer.json")
+    if tokenizer_json is None:
+        raise ValueError(f"{artifact.path.name}: the artifact carries no tokenizer.json")
+    template = get("chat_template.jinja")
+    return Tokenizer(
+        tokenizer_json,
+        get("tokenizer_config.json"),
+        template.decode("utf-8") if template is not None else None,
+        get("generation_config.json"),
+    )
+
+
+def load_artifact(
+    path: str | Path | None,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> LoadedArtifact:
+    """Open `path` (None = the embedded demo model), load the text model and the tokenizer."""
+    if path is None:
+        from engine.artifact.demo import demo_artifact_path
+
+        path = demo_artifact_path()
+    dev = torch.device(device) if device is not None else default_device()
+    artifact = read_artifact(path)
+    model = load_model(artifact, device=dev, dtype=dtype if dtype is not None else default_dtype(dev))
+    return LoadedArtifact(artifact, model, tokenizer_from_artifact(artifact), artifact.model_id)
+
+
+class EngineCore:
+    """Use: `add_request` / `abort`, then `step()` while `has_work()`; each step returns its events."""
+
+    def __init__(
+        self,
+        model: Qwen3_5ForCausalLM,
+        tokenizer: Tokenizer,
+        config: EngineConfig,
+        *,
+        seed: int | None = None,
+        server_sampling: SamplingParams | None = None,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model_config: ModelConfig = model.config
+        self.server_sampling = server_sampling
+        param = next(model.parameters())
+        num_pages = resolve_num_pages(
+            config.cache,
+            config.scheduler.max_context,
+            self.model_config,
+            dtype=param.dtype,
+            device=param.device,
+        )
+        self.scheduler = Scheduler(
+            config.scheduler, config.cache, num_pages=num_pages, eos_token_ids=tokenizer.eos_token_ids
+        )
+        self.runner = ModelRunner(
+            model,
+            num_pages=num_pages,
+            page_size=config.cache.page_size,
+            num_state_slots=self.scheduler.slots.num_slots,
+            kv_dtype=config.cache.kv_dtype,
+            seed=seed,
+        )
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self.num_requests_added = 0
+        self.finished: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()
+        self.num_loop_iterations = 0  # maintained by the serving loop
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def resolve(self, params: SamplingParams, *, thinking: bool = True) -> SamplingParams:
+        preset = default_sampling(moe=self.model_config.is_moe, thinking=thinking)
+        return resolve_sampling(params, preset=preset, server=self.server_sampling, greedy=self.config.greedy)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        checkpoint_positions: Sequence[int] = (),
+        *,
+        thinking: bool = True,
+    ) -> FinishEvent | None:
+        """Queue a request; returns its rejection event if it is refused at once, else None.
+
+        Raises ValueError for malformed input (empty prompt, ids outside the vocabulary, a duplicate id).
+        """
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary 0..{vocab - 1}")
+        resolved = self.resolve(params, thinking=thinking)
+        request = Request(
+            request_id,
+            list(prompt_token_ids),
+            resolved,
+            checkpoint_positions=tuple(checkpoint_positions),
+        )
+        rejection = self.scheduler.add_request(request)
+        self.num_requests_added += 1
+        if rejection is not None:
+            self._count(rejection)
+            return rejection
+        if resolved.stop:
+            self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, stop=resolved.stop)
+        return None
+
+    def abort(self, request_id: str, message: str = "") -> FinishEvent | None:
+        """End a waiting or running request now (None if it is unknown or already finished)."""
+        event = self.scheduler.abort(request_id, message)
+        if event is not None:
+            self._count(event)
+        return event
+
+    def abort_all(self, message: str) -> list[FinishEvent]:
+        ids = list(self.scheduler.requests)
+        return [e for e in (self.abort(i, message) for i in ids) if e is not None]
+
+    # ---- one step -------------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[Event]:
+        output = self.scheduler.schedule()
+        sampled = self.runner.execute(output)
+        events = self.scheduler.commit(output, sampled)
+        events = self._match_stop_strings(events)
+        for event in events:
+            if isinstance(event, FinishEvent):
+                self._count(event)
+        return events
+
+    def _match_stop_strings(self, events: list[Event]) -> list[Event]:
+        if not self._detokenizers:
+            return events
+        out: list[Event] = []
+        finished = {e.request_id: i for i, e in enumerate(events) if isinstance(e, FinishEvent)}
+        for event in events:
+            if isinstance(event, FinishEvent):
+                detok = self._detokenizers.get(event.request_id)
+                limit = event.reason.kind in (FinishKind.LENGTH, FinishKind.CONTEXT)
+                if detok is not None and detok.stop_matched is not None and limit:
+                    # The last token both completed a stop string and reached the limit: a stop.
+                    event = dataclasses.replace(event, reason=FinishReason.stop(detok.stop_matched))
+                out.append(event)
+                continue
+            out.append(event)
+            detok = self._detokenizers.get(event.request_id)
+            if detok is None or not isinstance(event, TokenEvent) or detok.stop_matched is not None:
+                continue
+            detok.add_many(event.token_ids)
+            if detok.stop_matched is not None and event.request_id not in finished:
+                stop = self.scheduler.stop_request(event.request_id, detok.stop_matched)
+                if stop is not None:
+                    out.append(stop)
+        return out
+
+    def _count(self, event: FinishEvent) -> None:
+        self._detokenizers.pop(event.request_id, None)
+        self.runner.release([event.request_id])  # now, not at the next step (it may be a while)
+        self.finished[event.reason.kind.value] += 1
+        if event.reason.code is not None:
+            self.rejected[event.reason.code.value] += 1
+
+    # ---- introspection --------------------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        """Monotonic time at which the oldest waiting request times out (None if none waits)."""
+        waiting = self.scheduler.waiting
+        if not waiting:
+            return None
+        return min(r.arrival_time for r in waiting) + self.config.scheduler.pending_timeout_ms / 1000.0
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler.stats()
+        return EngineStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            max_concurrency=self.config.scheduler.max_concurrency,
+            num_pages=s.num_pages,
+            num_pages_used=s.num_pages_used,
+            page_size=self.config.cache.page_size,
+            kv_dtype=self.config.cache.kv_dtype,
+            num_checkpoints=s.num_checkpoints,
+            num_prefix_hits=s.num_prefix_hits,
+            num_prefix_hit_tokens=s.num_prefix_hit_tokens,
+            num_prefill_tokens=s.num_prefill_tokens,
+            num_decode_tokens=s.num_decode_tokens,
+            num_steps=s.num_steps,
+            num_forward_steps=self.runner.num_steps,
+            num_admission_scans=s.num_admission_scans,
+            num_loop_iterations=self.num_loop_iterations,
+            num_requests_added=self.num_requests_added,
+            num_requests_finished=dict(self.finished),
+            num_requests_rejected=dict(self.rejected),
+        )
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()

@@ -1,0 +1,191 @@
+"""`LLM`: offline batch generation for Python users, in the shape vLLM users know.
+
+    llm = LLM("model.ninfer", max_context=4096, max_concurrency=4, kv_dtype="int8")
+    outputs = llm.generate(["Hello", [9707, 11]], SamplingParams(temperature=0, max_tokens=32))
+    outputs[0].outputs[0].text   # also outputs[0].text / .token_ids / .finish_reason
+
+Config keywords mirror the server flags in snake_case (`max_context`, `max_concurrency`, `kv_dtype`,
+`kv_capacity`, `prefill_chunk`, `prefix_reuse=False` for `--no-prefix-reuse`, `greedy`, ...; see
+`EngineConfig.from_flags`); `device`, `dtype` and `seed` pick where and how the model runs.
+Owns: one `EngineCore`, driven inline (no thread). Must not touch the scheduler's or runner's state.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.config import EngineConfig
+from engine.core import EngineCore, load_artifact
+from engine.request import FinishEvent, FinishKind, SamplingParams, TokenEvent
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+PromptInput = str | Sequence[int] | Mapping[str, Any]
+
+# vLLM's finish_reason strings: the context limit is a "length" stop there too.
+_FINISH_REASONS = {
+    FinishKind.STOP: "stop",
+    FinishKind.LENGTH: "length",
+    FinishKind.CONTEXT: "length",
+    FinishKind.ABORTED: "abort",
+}
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length" | "abort"
+    stop_reason: int | str | None  # the EOS / stop token id or the stop string that ended it
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_tokens: int  # prompt tokens reused from a prefix checkpoint
+    finished: bool = True
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str:
+        return self.outputs[0].finish_reason
+
+
+class LLM:
+    def __init__(
+        self,
+        artifact: str | Path | None = None,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        seed: int | None = None,
+        **config: Any,
+    ) -> None:
+        """Load `artifact` (None = the embedded demo model) with `EngineConfig.from_flags(**config)`."""
+        self.config = EngineConfig.from_flags(None if artifact is None else str(artifact), **config)
+        loaded = load_artifact(artifact, device=device, dtype=dtype)
+        self._artifact = loaded.artifact  # keeps memory-mapped weights alive
+        self.model_id = loaded.model_id
+        self.tokenizer: Tokenizer = loaded.tokenizer
+        self.core = EngineCore(loaded.model, loaded.tokenizer, self.config, seed=seed)
+        self._next_id = 0
+
+    def get_tokenizer(self) -> Tokenizer:
+        return self.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for each prompt (text, token ids, or {"prompt": ...} / {"prompt_token_ids": ...});
+        outputs come back in prompt order. A prompt that can never fit raises ValueError."""
+        items = _as_prompt_list(prompts)
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        per_prompt = [params] * len(items) if isinstance(params, SamplingParams) else list(params)
+        if len(per_prompt) != len(items):
+            raise ValueError(f"{len(per_prompt)} sampling params for {len(items)} prompts")
+        encoded = [self._encode(item) for item in items]
+        return self._run(encoded, per_prompt)
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        sampling_params: SamplingParams | None = None,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        enable_thinking: bool = True,
+    ) -> RequestOutput:
+        """One conversation through the chat template (the raw generated text, reasoning included)."""
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, enable_thinking=enable_thinking)
+        ids = self.tokenizer.encode(text)
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        return self._run([(text, ids)], [params], thinking=enable_thinking)[0]
+
+    def _encode(self, item: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(item, str):
+            return item, self.tokenizer.encode(item)
+        if isinstance(item, Mapping):
+            if "prompt_token_ids" in item:
+                return item.get("prompt"), [int(t) for t in item["prompt_token_ids"]]
+            return str(item["prompt"]), self.tokenizer.encode(str(item["prompt"]))
+        return None, [int(t) for t in item]
+
+    def _run(
+        self,
+        prompts: list[tuple[str | None, list[int]]],
+        params: list[SamplingParams],
+        *,
+        thinking: bool = True,
+    ) -> list[RequestOutput]:
+        core = self.core
+        ids = [self._new_id() for _ in prompts]
+        todo = deque(range(len(prompts)))
+        tokens: dict[str, list[int]] = {i: [] for i in ids}
+        finish: dict[str, FinishEvent] = {}
+        lanes = self.config.scheduler.max_concurrency
+        try:
+            while todo or core.has_work():
+                # Feed only as many as can run: nothing waits long enough to hit the pending timeout.
+                while todo and core.scheduler.num_running + core.scheduler.num_waiting < lanes:
+                    k = todo.popleft()
+                    rejection = core.add_request(ids[k], prompts[k][1], params[k], thinking=thinking)
+                    if rejection is not None:
+                        raise ValueError(f"prompt {k}: {rejection.reason.message}")
+                for event in core.step():
+                    if isinstance(event, TokenEvent):
+                        tokens[event.request_id].extend(event.token_ids)
+                    else:
+                        finish[event.request_id] = event
+        except BaseException:
+            core.abort_all("LLM.generate failed")
+            raise
+        return [
+            self._output(i, prompt, tokens[i], finish[i], core.resolve(p, thinking=thinking))
+            for i, prompt, p in zip(ids, prompts, params, strict=True)
+        ]
+
+    def _output(
+        self,
+        request_id: str,
+        prompt: tuple[str | None, list[int]],
+        token_ids: list[int],
+        finish: FinishEvent,
+        params: SamplingParams,
+    ) -> RequestOutput:
+        detok = IncrementalDetokenizer(self.tokenizer, stop=params.stop)
+        text = detok.add_many(token_ids) + detok.finish()
+        reason = finish.reason
+        completion = CompletionOutput(
+            0, text, token_ids, _FINISH_REASONS.get(reason.kind, reason.kind.value), reason.stop_match
+        )
+        return RequestOutput(request_id, prompt[0], prompt[1], [completion], finish.num_cached_tokens)
+
+    def _new_id(self) -> str:
+        self._next_id += 1
+        return f"llm-{self._next_id}"
+
+
+def _as_prompt_list(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
+    if isinstance(prompts, str | Mapping):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [items]  # one prompt given as token ids
+    return items

@@ -1,0 +1,178 @@
+"""ModelRunner: executes one `SchedulerOutput` on the model and returns the sampled token ids.
+
+Owns: the device cache tensors (`ModelCache`: paged KV in the model dtype or int8, GDN state slots),
+the `Sampler`, and per-request sampler state (seeded generators, output tokens for penalties), keyed
+by request id and dropped when the scheduler lists the id in `released_request_ids`.
+Must not touch: `Request` objects, page or slot allocation, the scheduler (STYLE 2.2 rule 1). It
+receives plain step data and hands back a list of ints (one device-to-host copy per step).
+
+One step, in the order `engine/scheduler/output.py` documents: page copies (copy-on-write of a reused
+partial page), state restores (`copy_state_from`; `reset_state` becomes `has_initial_state=False`),
+one flat varlen forward over every row, logits for the rows that `sample` only, sampling, then state
+snapshots (`save_state_to`).
+
+KV pool size (`--kv-capacity`): omitted = one `max_context` worth of pages; N tokens = ceil(N / page)
+pages; `auto` = the largest page count that fits in free device memory after the weights with 1 GiB
+of headroom on CUDA, and on the CPU a stated default of `CPU_AUTO_KV_BYTES` (256 MiB) of KV.
+CUDA graphs and persistent input buffers (STYLE 2.5) are not built yet: every step is eager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.config import CacheConfig
+from engine.model.config import ModelConfig
+from engine.model.forward import ForwardBatch, ModelCache, allocate_model_cache, make_forward_batch
+from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.request import SamplingParams
+from engine.sampling import Sampler, output_token_counts
+from engine.scheduler.output import ScheduledRequest, SchedulerOutput
+from kernels.attention import kv_int8_group_size
+
+CPU_AUTO_KV_BYTES = 256 * 1024**2  # `--kv-capacity auto` on the CPU: this much KV
+GPU_HEADROOM_BYTES = 1024**3  # `--kv-capacity auto` on CUDA: leave this much device memory free
+
+
+def kv_bytes_per_page(config: ModelConfig, page_size: int, kv_dtype: str, dtype: torch.dtype) -> int:
+    """Device bytes one KV page costs across every attention layer (K and V, plus int8 scales)."""
+    values = page_size * config.num_key_value_heads * config.head_dim
+    if kv_dtype == "int8":
+        num_groups = config.head_dim // kv_int8_group_size(config.head_dim)
+        per_kv = values + page_size * config.num_key_value_heads * num_groups * 2  # codes + fp16 scales
+    else:
+        per_kv = values * torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_attention_layers * per_kv
+
+
+def auto_num_pages(bytes_per_page: int, device: torch.device) -> int:
+    """Pages for `--kv-capacity auto`: free memory after the weights minus headroom (CPU: a default)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = free - GPU_HEADROOM_BYTES
+    else:
+        budget = CPU_AUTO_KV_BYTES
+    return max(0, budget // bytes_per_page)
+
+
+def resolve_num_pages(
+    cache_config: CacheConfig,
+    max_context: int,
+    model_config: ModelConfig,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> int:
+    """The KV pool's page count for this config (fixed at startup)."""
+    auto_pages = None
+    if cache_config.kv_capacity == "auto":
+        per_page = kv_bytes_per_page(model_config, cache_config.page_size, cache_config.kv_dtype, dtype)
+        auto_pages = auto_num_pages(per_page, device)
+    return cache_config.num_pages(max_context, auto_pages=auto_pages)
+
+
+class ModelRunner:
+    """Use: `execute(scheduler_output) -> sampled ids`, once per step, in step order."""
+
+    def __init__(
+        self,
+        model: Qwen3_5ForCausalLM,
+        *,
+        num_pages: int,
+        page_size: int,
+        num_state_slots: int,
+        kv_dtype: str = "bf16",
+        seed: int | None = None,
+    ) -> None:
+        if kv_dtype not in ("bf16", "int8"):
+            raise ValueError(f"kv_dtype={kv_dtype!r}: must be 'bf16' or 'int8'")
+        self.model = model
+        self.config: ModelConfig = model.config
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.page_size = page_size
+        self.kv_dtype = kv_dtype
+        # NOTE: "bf16" KV means the model's compute dtype (bf16 on the GPU; float32 in CPU tests).
+        self.cache: ModelCache = allocate_model_cache(
+            self.config,
+            num_pages,
+            page_size,
+            num_state_slots,
+            dtype=self.dtype,
+            device=self.device,
+            kv_dtype="int8" if kv_dtype == "int8" else "model",
+        )
+        self.sampler = Sampler(self.device, seed)
+        self._output_token_ids: dict[str, list[int]] = {}  # for presence / frequency penalties
+        self.num_steps = 0
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> list[int]:
+        """Run one step; one sampled token per row with `sample`, in row order."""
+        self.release(output.released_request_ids)
+        if output.is_empty:
+            return []
+        self.num_steps += 1
+        rows = output.requests
+        for src, dst in output.page_copies:
+            self._copy_page(src, dst)
+        for row in rows:
+            if row.copy_state_from is not None:
+                self._copy_state(row.copy_state_from, row.state_slot)
+        batch = self._batch(rows)
+        hidden = self.model(batch, self.cache)  # [T, hidden]
+        sample_rows = [i for i, row in enumerate(rows) if row.sample]
+        sampled: list[int] = []
+        if sample_rows:
+            last = batch.last_token_indices()[torch.tensor(sample_rows, device=self.device)]
+            logits = self.model.compute_logits(hidden, last)  # [num_sampled, vocab] fp32
+            sampled = self._sample(logits, [rows[i] for i in sample_rows])
+        for row in rows:
+            if row.save_state_to is not None:
+                self._copy_state(row.state_slot, row.save_state_to)
+        return sampled
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        """Drop the sampler state of requests that ended."""
+        self.sampler.release(request_ids)
+        for request_id in request_ids:
+            self._output_token_ids.pop(request_id, None)
+
+    def _batch(self, rows: Sequence[ScheduledRequest]) -> ForwardBatch:
+        return make_forward_batch(
+            [row.token_ids for row in rows],
+            [row.start_pos for row in rows],
+            [row.page_ids for row in rows],
+            [row.state_slot for row in rows],
+            page_size=self.page_size,
+            has_initial_state=[not row.reset_state for row in rows],
+            device=self.device,
+        )
+
+    def _sample(self, logits: torch.Tensor, rows: Sequence[ScheduledRequest]) -> list[int]:
+        params: list[SamplingParams] = [row.sampling_params for row in rows]
+        penalized = any(p.presence_penalty or p.frequency_penalty for p in params)
+        if not penalized and all(p.greedy for p in params):
+            token_ids = logits.argmax(dim=-1).tolist()  # greedy fast path: the one host copy
+        else:
+            ids = [row.request_id for row in rows]
+            counts = None
+            if penalized:
+                history = [self._output_token_ids.get(i, []) for i in ids]
+                counts = output_token_counts(history, logits.shape[-1], self.device)
+            token_ids = self.sampler.sample(logits, params, ids, counts).tolist()
+        for row, token in zip(rows, token_ids, strict=True):
+            self._output_token_ids.setdefault(row.request_id, []).append(token)
+        return token_ids
+
+    def _copy_page(self, src: int, dst: int) -> None:
+        cache = self.cache
+        tensors = [*cache.key_cache, *cache.value_cache, *(cache.key_scale or []), *(cache.value_scale or [])]
+        for tensor in tensors:
+            tensor[dst].copy_(tensor[src])
+
+    def _copy_state(self, src: int, dst: int) -> None:
+        for tensor in (*self.cache.conv_state, *self.cache.recurrent_state):
+            tensor[dst].copy_(tensor[src])

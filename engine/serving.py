@@ -1,0 +1,273 @@
+"""AsyncEngine: one background loop thread owns the model; each request streams through an asyncio queue.
+
+Owns: the loop thread, the command list (add / abort) it drains at step boundaries, and the
+per-request streams. Must not touch: HTTP, protocol shapes (api/), metrics objects (monitor/): it hands
+up plain events and an `EngineStats` snapshot.
+
+Threads:
+
+    asyncio loop(s)                              engine loop thread
+    ---------------                              ------------------
+    generate(): register stream, push "add" ---> drain commands -> EngineCore.step() -> events
+    abort() / consumer stops: push "abort"  ---> ...
+    stream queue.get() <-- call_soon_threadsafe(queue.put_nowait, event) --+
+
+The loop never spins: with no work it sleeps on a condition until a command arrives; when requests
+wait but nothing can run, it sleeps until a command or the oldest request's pending deadline.
+Every stream ends with exactly one `FinishEvent`; a consumer that stops iterating (client disconnect,
+task cancelled) aborts its request, which frees its lane and pages at the next step boundary.
+If the model raises, every request is ended with an aborted `FinishEvent` naming the error and the
+engine refuses new requests (`error` is set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from engine.config import EngineConfig
+from engine.core import EngineCore, EngineStats, load_artifact
+from engine.model.config import ModelConfig
+from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.request import Event, FinishEvent, FinishReason, RejectCode, SamplingParams
+from engine.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+_Add = tuple[Literal["add"], str, list[int], SamplingParams, tuple[int, ...], bool]
+_Abort = tuple[Literal["abort"], str, str]
+
+
+class AsyncEngine:
+    """Use: `from_artifact(...)`, `start()`, `async for event in generate(...)`, `shutdown()`."""
+
+    def __init__(
+        self,
+        model: Qwen3_5ForCausalLM,
+        tokenizer: Tokenizer,
+        config: EngineConfig,
+        *,
+        model_id: str,
+        seed: int | None = None,
+        server_sampling: SamplingParams | None = None,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.model_config: ModelConfig = model.config
+        self._core = EngineCore(model, tokenizer, config, seed=seed, server_sampling=server_sampling)
+        self._cv = threading.Condition()
+        self._commands: list[_Add | _Abort] = []
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event | ValueError]]] = {}
+        self._thread: threading.Thread | None = None
+        self._accepting = True  # False once shutdown() begins
+        self._drain = True
+        self._stopping = False
+        self._stats = self._core.stats()
+        self.error: BaseException | None = None
+        self._keep: object = None  # keeps the artifact (and its memory map) alive
+
+    @classmethod
+    def from_artifact(
+        cls,
+        path: str | Path | None,
+        config: EngineConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        seed: int | None = None,
+        server_sampling: SamplingParams | None = None,
+    ) -> AsyncEngine:
+        """Load `path` (None = the embedded demo model). Not started: call `start()`."""
+        loaded = load_artifact(path, device=device, dtype=dtype)
+        engine = cls(
+            loaded.model,
+            loaded.tokenizer,
+            config,
+            model_id=loaded.model_id,
+            seed=seed,
+            server_sampling=server_sampling,
+        )
+        engine._keep = loaded.artifact
+        return engine
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("AsyncEngine.start(): already started")
+        self._thread = threading.Thread(target=self._loop, name="ninfer-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Refuse new requests; with `drain` let running and waiting ones finish, else abort them.
+        Blocks until the loop thread has ended (or `timeout` seconds passed)."""
+        with self._cv:
+            self._accepting = False
+            self._drain = drain
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        checkpoint_positions: Sequence[int] = (),
+        *,
+        thinking: bool = True,
+    ) -> AsyncIterator[Event]:
+        """Stream `TokenEvent`s then exactly one `FinishEvent` (also for a refusal).
+
+        `thinking` picks the sampling preset (the chat template's thinking mode). Malformed input (empty
+        prompt, ids outside the vocabulary, a request_id already streaming) raises ValueError.
+        """
+        if not prompt_token_ids:
+            raise ValueError("prompt_token_ids: must hold at least one token")
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Event | ValueError] = asyncio.Queue()
+        with self._cv:
+            refusal = self._refusal(request_id, len(prompt_token_ids))
+            if refusal is None:
+                if request_id in self._streams:
+                    raise ValueError(f"request_id={request_id!r}: already streaming")
+                self._streams[request_id] = (loop, queue)
+                add: _Add = (
+                    "add",
+                    request_id,
+                    list(prompt_token_ids),
+                    params,
+                    tuple(checkpoint_positions),
+                    thinking,
+                )
+                self._commands.append(add)
+                self._cv.notify_all()
+        if refusal is not None:
+            yield refusal
+            return
+        finished = False
+        try:
+            while True:
+                event = await queue.get()
+                if isinstance(event, ValueError):  # refused by EngineCore.add_request: never queued
+                    finished = True
+                    raise event
+                finished = isinstance(event, FinishEvent)
+                yield event
+                if finished:
+                    return
+        finally:
+            with self._cv:
+                self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id, "the client stopped reading")
+
+    def _refusal(self, request_id: str, num_prompt_tokens: int) -> FinishEvent | None:
+        if self.error is not None:
+            message = f"engine failed: {type(self.error).__name__}: {self.error}"
+        elif not self._accepting:
+            message = "the engine is shutting down"
+        else:
+            return None
+        reason = FinishReason.rejected(RejectCode.OVERLOADED, message)
+        return FinishEvent(request_id, reason, num_prompt_tokens, 0, 0)
+
+    def abort(self, request_id: str, message: str = "aborted") -> None:
+        """End a request (its stream gets an aborted FinishEvent if still read). Any thread."""
+        with self._cv:
+            self._commands.append(("abort", request_id, message))
+            self._cv.notify_all()
+
+    def stats(self) -> EngineStats:
+        """The snapshot taken after the loop's latest iteration."""
+        return self._stats
+
+    # ---- the loop thread ------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        core = self._core
+        try:
+            while True:
+                core.num_loop_iterations += 1  # every pass, idle wake-ups included
+                with self._cv:
+                    commands, self._commands = self._commands, []
+                    stopping, drain = self._stopping, self._drain
+                events = [e for c in commands if (e := self._apply(c)) is not None]
+                if stopping and not drain:
+                    events += core.abort_all("the engine shut down")
+                if events:  # refusals and aborts: answered before any step
+                    self._snapshot()
+                    self._publish(events)
+                if not core.has_work():
+                    self._snapshot()
+                    if stopping:
+                        return
+                    self._wait(None)
+                    continue
+                events = core.step()
+                self._snapshot()  # before publishing: a consumer that saw an event sees its stats
+                self._publish(events)
+                if not events and core.scheduler.num_running == 0:
+                    self._wait(core.next_deadline())  # requests wait but none can run: sleep
+        except Exception as exc:  # the model or a kernel failed: end every stream, refuse new ones
+            logger.exception("engine loop failed")
+            self._fail(exc)
+
+    def _apply(self, command: _Add | _Abort) -> FinishEvent | None:
+        if command[0] == "abort":
+            return self._core.abort(command[1], command[2])
+        _, request_id, prompt, params, checkpoints, thinking = command
+        try:
+            return self._core.add_request(request_id, prompt, params, checkpoints, thinking=thinking)
+        except ValueError as exc:  # malformed input: handed to the stream, which raises it
+            self._deliver(request_id, exc)
+            return None
+
+    def _wait(self, deadline: float | None) -> None:
+        with self._cv:
+            if self._commands or self._stopping and not self._core.has_work():
+                return
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._cv.wait(timeout)
+
+    def _publish(self, events: Sequence[Event]) -> None:
+        for event in events:
+            self._deliver(event.request_id, event)
+
+    def _deliver(self, request_id: str, item: Event | ValueError) -> None:
+        with self._cv:
+            target = self._streams.get(request_id)
+        if target is None:
+            return  # the consumer has gone (an abort it caused, or a stop after disconnect)
+        loop, queue = target
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # that event loop is closed: nobody is reading
+            pass
+
+    def _snapshot(self) -> None:
+        self._stats = self._core.stats()
+
+    def _fail(self, exc: Exception) -> None:
+        message = f"engine failed: {type(exc).__name__}: {exc}"
+        with self._cv:
+            self.error = exc
+            ids = list(self._streams)
+            self._accepting = False
+        reason = FinishReason.aborted(message)
+        self._publish([FinishEvent(i, reason, 0, 0, 0) for i in ids])

@@ -1,0 +1,36 @@
+"""Which implementation a kernel launcher runs: its Triton kernel, or its torch reference.
+
+A launcher runs Triton only when Triton imports, every tensor it is given lives on a CUDA device, and
+``NINFER_KERNELS`` is not ``ref`` (``ref`` forces the references everywhere: debugging, bisecting a
+kernel, CPU CI). With ``TRITON_INTERPRET=1`` Triton's interpreter runs the kernels on CPU tensors too,
+which is how the kernels are checked on a machine without a GPU.
+
+``kernels`` may not import ``engine``, so this is the one place in the package that reads the
+environment; it is read once, at import.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # NOTE: Triton is an optional (GPU) dependency; the references never need it.
+    import triton  # noqa: F401
+
+    HAS_TRITON = True
+except ImportError:
+    HAS_TRITON = False
+
+KERNELS_MODE = os.environ.get("NINFER_KERNELS", "auto").strip().lower()
+if KERNELS_MODE not in ("auto", "ref", "triton"):
+    raise ValueError(f"NINFER_KERNELS={KERNELS_MODE!r}: expected 'auto', 'ref' or 'triton'")
+INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def use_triton(*tensors: torch.Tensor | None) -> bool:
+    """True when the Triton kernel should run on these tensors (None entries are ignored)."""
+    if not HAS_TRITON or KERNELS_MODE == "ref":
+        return False
+    present = [t for t in tensors if t is not None]
+    return INTERPRET or all(t.is_cuda for t in present)
