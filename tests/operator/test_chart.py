@@ -132,7 +132,8 @@ def test_dashboards_become_configmaps_labelled_for_grafana(tmp_path: Path) -> No
     dash = chart / "dashboards"
     if dash.is_symlink():
         dash.unlink()
-    dash.mkdir(exist_ok=True)
+    shutil.rmtree(dash, ignore_errors=True)  # replace the repo's dashboards with two known files
+    dash.mkdir()
     (dash / "ninfer_overview.json").write_text('{"title": "NInfer overview", "panels": []}')
     (dash / "kv_cache.json").write_text('{"title": "KV cache", "panels": []}')
     maps = [d for d in template(chart=chart) if d["kind"] == "ConfigMap"]
