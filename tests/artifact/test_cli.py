@@ -115,7 +115,7 @@ def test_convert_refuses_unregistered_identity_and_bad_dirs(tmp_path: Path) -> N
 
 
 def test_stub_commands_say_not_yet_available() -> None:
-    for script in ("ninfer-monitor", "ninfer-bench"):
+    for script in ("ninfer-bench",):
         result = subprocess.run(
             [str(Path(sys.executable).with_name(script))], capture_output=True, text=True, check=False
         )
