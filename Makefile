@@ -40,7 +40,7 @@ test: venv system lint
 	PATH="$(abspath $(BIN)):$(NINFER_TOOLS)/bin:$$PATH" $(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 test-gpu:
-	python3 -m pytest -m gpu tests/kernels $(PYTEST_ARGS)
+	python3 -m pytest -m gpu tests $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
