@@ -1,0 +1,241 @@
+"""The FastAPI app: factory, lifespan (engine start / drain), the request gate and error rendering.
+
+The gate (a plain ASGI middleware) runs before any route: it stamps a request id header (`x-request-id`
+on OpenAI routes, `request-id` on Anthropic ones), answers 503 while draining, checks the API key
+(constant-time; `/health`, `/stats`, `/metrics` and OPTIONS are exempt) and enforces `--max-request-mib`
+on declared and streamed bodies. Every error leaves in the calling protocol's shape (api.errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api import health
+from api.anthropic.routes import router as anthropic_router
+from api.engine_client import EngineClient
+from api.errors import ApiError, error_response, is_anthropic_path
+from api.openai.routes import router as openai_router
+from api.openai.store import ResponseStore
+from api.options import ServerOptions
+from api.request_log import RequestLog
+from api.state import ServerState, new_id
+
+logger = logging.getLogger("ninfer.api")
+
+EXEMPT_PATHS = ("/health", "/stats", "/metrics")
+
+
+class _BodyTooLarge(ApiError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            413, "request_too_large", f"the request body exceeds {limit} bytes (--max-request-mib)"
+        )
+
+
+class RequestGate:
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        request_id = new_id("req_")
+        scope.setdefault("state", {})["request_id"] = request_id
+        header = b"request-id" if is_anthropic_path(path) else b"x-request-id"
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (header, request_id.encode())]
+            await send(message)
+
+        error = self._refusal(scope, path)
+        if error is not None:
+            response = error_response(error, path)
+            await response(scope, receive, send_with_id)
+            return
+        await self.app(scope, self._limited(receive), send_with_id)
+
+    def _refusal(self, scope: Scope, path: str) -> ApiError | None:
+        exempt = path in EXEMPT_PATHS or scope["method"] == "OPTIONS"
+        app_state = scope["app"].state if "app" in scope else None
+        if not exempt and getattr(app_state, "draining", False):
+            return ApiError(503, "server_shutting_down", "the server is shutting down")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        key = self.state.options.api_key
+        if key is not None and not exempt and not _key_matches(headers, key):
+            return ApiError(401, "invalid_api_key", "missing or invalid API key")
+        limit = self.state.options.max_request_bytes
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return _BodyTooLarge(limit)
+        return None
+
+    def _limited(self, receive: Receive) -> Receive:
+        limit = self.state.options.max_request_bytes
+        seen = 0
+
+        async def wrapped() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise _BodyTooLarge(limit)
+            return message
+
+        return wrapped
+
+
+def _key_matches(headers: dict[str, str], key: str) -> bool:
+    given = headers.get("x-api-key")
+    auth = headers.get("authorization", "")
+    if given is None and auth[:7].lower() == "bearer ":
+        given = auth[7:].strip()
+    return given is not None and hmac.compare_digest(given.encode(), key.encode())
+
+
+async def _api_error(request: Request, exc: Exception) -> Any:
+    assert isinstance(exc, ApiError)
+    return error_response(exc, request.url.path)
+
+
+async def _http_error(request: Request, exc: Exception) -> Any:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(ApiError(exc.status_code, code, str(exc.detail)), request.url.path)
+
+
+async def _validation_error(request: Request, exc: Exception) -> Any:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {}
+    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    error = ApiError(400, "invalid_request", str(first.get("msg", "invalid request")), param=param)
+    return error_response(error, request.url.path)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Any:
+    logger.exception("unhandled error on %s", request.url.path)
+    return error_response(
+        ApiError(500, "internal_error", f"internal error: {type(exc).__name__}"), request.url.path
+    )
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: ServerState = app.state.server
+    options = state.options
+    if options.request_log_jsonl is not None:
+        max_bytes = int(options.request_log_max_mib * 1024 * 1024)
+        state.request_log = RequestLog(
+            options.request_log_jsonl, max_bytes=max_bytes, keep=options.request_log_keep
+        )
+    started = time.monotonic()
+    state.engine.start()
+    state.load_seconds = time.monotonic() - started
+    state.log(
+        "server_start",
+        artifact=state.artifact,
+        model_id=state.engine.model_id,
+        served_model_id=state.served_model_id,
+        engine_config=dataclasses.asdict(state.engine.config),
+        options=_loggable_options(options),
+        argv=app.state.argv,
+    )
+    ticker = asyncio.create_task(_throughput_loop(state)) if options.log_stats_interval_ms else None
+    try:
+        yield
+    finally:
+        app.state.draining = True
+        if ticker is not None:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+        await asyncio.to_thread(state.engine.shutdown, True)
+        if state.request_log is not None:
+            state.request_log.close()
+
+
+def _loggable_options(options: ServerOptions) -> dict[str, Any]:
+    values = dataclasses.asdict(options)
+    values["api_key"] = None if options.api_key is None else "<redacted>"
+    return values
+
+
+async def _throughput_loop(state: ServerState) -> None:
+    interval = state.options.log_stats_interval_ms / 1000.0
+    last = (time.monotonic(), state.prompt_tokens_total, state.completion_tokens_total, state.num_requests)
+    while True:
+        await asyncio.sleep(interval)
+        now = (time.monotonic(), state.prompt_tokens_total, state.completion_tokens_total, state.num_requests)
+        seconds = max(now[0] - last[0], 1e-9)
+        prompt, completion = now[1] - last[1], now[2] - last[2]
+        state.log(
+            "throughput",
+            interval_seconds=seconds,
+            requests=now[3] - last[3],
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            completion_tokens_per_second=completion / seconds,
+            in_flight=state.in_flight,
+            engine=health.stats_dict(state.engine.stats()),
+        )
+        logger.info(
+            "throughput interval=%.1fs prompt=%.1f tok/s decode=%.1f tok/s in_flight=%d",
+            seconds,
+            prompt / seconds,
+            completion / seconds,
+            state.in_flight,
+        )
+        last = now
+
+
+def create_app(
+    engine: EngineClient,
+    options: ServerOptions | None = None,
+    *,
+    argv: Sequence[str] = (),
+    artifact: str | None = None,
+) -> FastAPI:
+    options = options or ServerOptions()
+    state = ServerState(engine=engine, options=options, artifact=artifact)
+    state.store = ResponseStore(
+        options.response_store_max_records, options.response_store_max_mib * 1024 * 1024
+    )
+    app = FastAPI(title="NInfer", lifespan=_lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+    app.state.draining = False
+    app.state.argv = list(argv)
+    app.include_router(health.router)
+    app.include_router(openai_router)
+    app.include_router(anthropic_router)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected)
+    app.add_middleware(RequestGate, state=state)
+    if options.cors:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=["*"],
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["*"],
+        )
+    return app

@@ -1,0 +1,92 @@
+"""API errors: one exception type, rendered in the shape of the protocol that the request spoke.
+
+OpenAI:    {"error": {"message", "type", "param", "code"}}
+Anthropic: {"type": "error", "error": {"type", "message"}}
+The protocol is chosen by path (`/v1/messages...` is Anthropic, everything else OpenAI).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+# HTTP status -> Anthropic error type (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+# HTTP status -> OpenAI error type.
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+class ApiError(Exception):
+    """A request the server answers with a 4xx/5xx: status, machine code, optional field, message."""
+
+    def __init__(self, status: int, code: str, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+
+    def __repr__(self) -> str:
+        return f"ApiError({self.status}, {self.code!r}, {self.message!r}, param={self.param!r})"
+
+
+def invalid(message: str, *, param: str | None = None, code: str = "invalid_request") -> ApiError:
+    return ApiError(400, code, message, param=param)
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+def openai_body(error: ApiError) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": error.message,
+            "type": _OPENAI_TYPES.get(error.status, "server_error"),
+            "param": error.param,
+            "code": error.code,
+        }
+    }
+
+
+def anthropic_body(error: ApiError) -> dict[str, Any]:
+    message = error.message if error.param is None else f"{error.param}: {error.message}"
+    return {
+        "type": "error",
+        "error": {"type": _ANTHROPIC_TYPES.get(anthropic_status(error), "api_error"), "message": message},
+    }
+
+
+def anthropic_status(error: ApiError) -> int:
+    """Anthropic spells overload 529 and queue timeouts 504."""
+    if error.code == "server_overloaded":
+        return 529
+    if error.code == "request_queue_timeout":
+        return 504
+    return error.status
+
+
+def error_response(error: ApiError, path: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    if is_anthropic_path(path):
+        return JSONResponse(anthropic_body(error), status_code=anthropic_status(error), headers=headers)
+    return JSONResponse(openai_body(error), status_code=error.status, headers=headers)

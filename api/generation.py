@@ -1,0 +1,189 @@
+"""One engine request seen from the HTTP layer: parsed text events out, usage and the ending at the end.
+
+`Generation.start()` submits the prompt and waits for the engine's first event, so a request the engine
+refuses (overloaded, queue timeout, context) becomes an HTTP error before any stream byte is sent.
+`Generation.events()` then yields `ReasoningDelta` / `ContentDelta` / `ToolCallEvent` from the streaming
+parser. Stop strings are matched on the detokenized text (reasoning and content alike); a match ends the
+request in the engine at once. Leaving the iteration early (client disconnect, cancellation) aborts the
+engine request, so no lane stays held (DESIGN invariant 5).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from api.engine_client import EngineClient
+from api.errors import ApiError
+from api.prompt import Prompt
+from engine.chat.parse import StreamEvent, StreamingParser
+from engine.request import FinishEvent, FinishKind, RejectCode, SamplingParams, TokenEvent
+from engine.tokenizer import IncrementalDetokenizer
+
+logger = logging.getLogger("ninfer.api")
+
+_REJECT_STATUS = {
+    RejectCode.OVERLOADED: 429,
+    RejectCode.QUEUE_TIMEOUT: 503,
+    RejectCode.CONTEXT_LENGTH: 400,
+    RejectCode.TOO_LARGE: 400,
+}
+
+
+def rejection_error(event: FinishEvent) -> ApiError:
+    reason = event.reason
+    if reason.kind is FinishKind.REJECTED and reason.code is not None:
+        param = "messages" if reason.code in (RejectCode.CONTEXT_LENGTH, RejectCode.TOO_LARGE) else None
+        message = reason.message or reason.code.value.replace("_", " ")
+        return ApiError(_REJECT_STATUS.get(reason.code, 503), reason.code.value, message, param=param)
+    return ApiError(503, "request_aborted", reason.message or "the request was aborted by the server")
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How a generation ended and what it cost; filled when `events()` is exhausted."""
+
+    finish: str = "stop"  # stop | length | context | aborted
+    stop_sequence: str | None = None  # the stop string that ended it, if any
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    tool_parse_fallbacks: tuple[str, ...] = ()
+    queue_start: float = 0.0
+    first_token_at: float | None = None
+    end_at: float | None = None
+
+    def timings(self) -> dict[str, float | None]:
+        end = self.end_at or time.monotonic()
+        ttft = None if self.first_token_at is None else self.first_token_at - self.queue_start
+        decode = None if self.first_token_at is None else end - self.first_token_at
+        return {"ttft": ttft, "decode": decode, "total": end - self.queue_start}
+
+
+class Generation:
+    def __init__(
+        self,
+        engine: EngineClient,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None,
+        calls_in_reasoning: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self.prompt = prompt
+        # Stop strings are the API's job (matched on text); the engine gets none.
+        self.params = replace(params, stop=())
+        tokenizer = engine.tokenizer
+        self._detok = IncrementalDetokenizer(tokenizer, stop=params.stop)
+        self._parser = StreamingParser(
+            tools or None, in_reasoning=prompt.in_reasoning, calls_in_reasoning=calls_in_reasoning
+        )
+        self._think_end_id = tokenizer.special_ids.think_end_id
+        self._in_reasoning = prompt.in_reasoning
+        self._stream: AsyncIterator[Any] | None = None
+        self._first: Any = None
+        self._done = False
+        self.outcome = Outcome(prompt_tokens=len(prompt.token_ids))
+
+    async def start(self) -> None:
+        """Submit and wait for the first event; raise `ApiError` if the engine refused the request."""
+        self.outcome.queue_start = time.monotonic()
+        self._stream = aiter(
+            self.engine.generate(
+                self.request_id,
+                self.prompt.token_ids,
+                self.params,
+                checkpoint_positions=self.prompt.checkpoint_positions,
+                thinking=self.prompt.thinking,
+            )
+        )
+        try:
+            first = await anext(self._stream)
+        except ValueError as exc:  # malformed input the engine refused (ids outside the vocabulary...)
+            self._done = True
+            raise ApiError(400, "invalid_prompt", str(exc), param="messages") from None
+        except StopAsyncIteration:
+            self._done = True
+            raise ApiError(503, "engine_error", "the engine ended the request without a result") from None
+        if isinstance(first, FinishEvent) and first.reason.kind in (FinishKind.REJECTED, FinishKind.ABORTED):
+            self._done = True
+            raise rejection_error(first)
+        self._first = first
+
+    async def events(self) -> AsyncIterator[StreamEvent]:
+        assert self._stream is not None, "call start() first"
+        try:
+            event = self._first
+            while True:
+                if isinstance(event, TokenEvent):
+                    for out in self._on_tokens(event.token_ids):
+                        yield out
+                elif isinstance(event, FinishEvent):
+                    for out in self._on_finish(event):
+                        yield out
+                    return
+                try:
+                    event = await anext(self._stream)
+                except StopAsyncIteration:
+                    raise ApiError(503, "engine_error", "the engine stream ended without a finish") from None
+        finally:
+            if not self._done:
+                self.abort()
+            aclose = getattr(self._stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def abort(self) -> None:
+        if not self._done:
+            self._done = True
+            self.engine.abort(self.request_id)
+
+    def _on_tokens(self, token_ids: Sequence[int]) -> list[StreamEvent]:
+        outcome = self.outcome
+        if outcome.first_token_at is None:
+            outcome.first_token_at = time.monotonic()
+        if self._detok.stop_matched is not None:
+            return []  # already stopped; the engine's finish is on its way
+        text = []
+        for tid in token_ids:
+            outcome.completion_tokens += 1
+            if self._in_reasoning or (outcome.completion_tokens == 1 and tid == self._think_start_id()):
+                self._in_reasoning = tid != self._think_end_id
+                outcome.reasoning_tokens += 1
+            text.append(self._detok.add(tid))
+            if self._detok.stop_matched is not None:
+                outcome.stop_sequence = self._detok.stop_matched
+                self.engine.abort(self.request_id)
+                break
+        events = self._parser.feed("".join(text))
+        if self._detok.stop_matched is not None:
+            events += self._parser.finish()
+        return events
+
+    def _think_start_id(self) -> int | None:
+        return self.engine.tokenizer.special_ids.think_start_id
+
+    def _on_finish(self, event: FinishEvent) -> list[StreamEvent]:
+        self._done = True
+        outcome = self.outcome
+        outcome.end_at = time.monotonic()
+        outcome.prompt_tokens = event.num_prompt_tokens or outcome.prompt_tokens
+        outcome.completion_tokens = max(outcome.completion_tokens, event.num_output_tokens)
+        outcome.cached_tokens = event.num_cached_tokens
+        events: list[StreamEvent] = []
+        if self._detok.stop_matched is None:
+            events += self._parser.feed(self._detok.finish())
+            events += self._parser.finish()
+            kind = event.reason.kind
+            outcome.finish = kind.value if kind is not FinishKind.REJECTED else "aborted"
+        else:
+            outcome.finish = "stop"
+        outcome.tool_parse_fallbacks = tuple(self._parser.fallbacks)
+        return events

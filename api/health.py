@@ -1,0 +1,70 @@
+"""`GET /health`, `GET /stats` (engine statistics as JSON) and `GET /metrics` (Prometheus text)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from api.state import server_state
+
+router = APIRouter()
+
+
+def stats_dict(stats: Any) -> Any:
+    """Engine statistics as plain JSON data (a dataclass, a mapping or an object with attributes)."""
+    if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+        return dataclasses.asdict(stats)
+    if isinstance(stats, dict):
+        return stats
+    if hasattr(stats, "__dict__"):
+        return {k: v for k, v in vars(stats).items() if not k.startswith("_")}
+    return stats
+
+
+@router.get("/health")
+async def get_health(request: Request) -> JSONResponse:
+    state = server_state(request)
+    failed = getattr(state.engine, "error", None) is not None
+    if failed:
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/stats")
+async def get_stats(request: Request) -> JSONResponse:
+    state = server_state(request)
+    return JSONResponse(
+        {
+            "schema": "ninfer_serve_stats",
+            "timestamp_unix_ms": int(time.time() * 1000),
+            "http": {
+                "in_flight": state.in_flight,
+                "max_in_flight": state.max_in_flight,
+                "requests": state.num_requests,
+                "errors": state.num_errors,
+                "prompt_tokens": state.prompt_tokens_total,
+                "completion_tokens": state.completion_tokens_total,
+            },
+            "engine": stats_dict(state.engine.stats()),
+            "load": {
+                "model_id": state.engine.model_id,
+                "served_model_id": state.served_model_id,
+                "artifact": state.artifact,
+                "load_seconds": state.load_seconds,
+                "uptime_seconds": time.time() - state.started_at,
+            },
+            "response_store": {"records": len(state.store), "bytes": state.store.num_bytes},
+        }
+    )
+
+
+@router.get("/metrics")
+async def get_metrics() -> Response:
+    # TODO(#observability): serve monitor/metrics.py's registry once that issue defines the metric set.
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,1 @@
+"""OpenAI-compatible routes: models, Chat Completions, Responses Core."""

@@ -1,0 +1,288 @@
+"""OpenAI Chat Completions <-> the chat template's messages and the parsed generation.
+
+Requests: roles system/developer/user/assistant/tool (and legacy `function`), text/refusal parts,
+assistant `reasoning_content`/`reasoning` history and `tool_calls`, function tools with tool_choice
+auto/none/allowed_tools. Everything the server cannot honour is a 400 naming the field.
+Responses: `reasoning_content` for reasoning, `tool_calls` with `call_…` ids, usage with cached tokens.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from api.errors import ApiError, invalid
+from api.generation import Outcome
+from api.openai.schemas import ChatCompletionRequest
+from api.options import ServerOptions
+from api.sampling import sampling_params, stop_strings
+from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCall, ToolCallEvent
+from engine.request import SamplingParams
+
+_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPlan:
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None  # rendered into the prompt
+    parse_tools: list[dict[str, Any]] | None  # tool calls are parsed only against these
+    thinking: bool
+    preserve_thinking: bool
+    params: SamplingParams
+    max_tokens: int
+
+
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def text_of_parts(content: Any, param: str, *, allow_refusal: bool = True) -> str:
+    """The text of a string or a list of text parts; media parts are refused (no vision in this build)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise invalid("content must be a string or a list of parts", param=param)
+    texts = []
+    for j, part in enumerate(content):
+        where = f"{param}[{j}]"
+        if not isinstance(part, Mapping):
+            raise invalid("content parts must be objects", param=where)
+        kind = part.get("type")
+        if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "refusal" and allow_refusal and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        elif kind in (
+            "image_url",
+            "input_image",
+            "video_url",
+            "input_video",
+            "input_audio",
+            "file",
+            "input_file",
+        ):
+            raise ApiError(
+                400, "vision_disabled", f"{kind} parts are not supported by this server", param=where
+            )
+        else:
+            raise invalid(f"unsupported content part type {kind!r}", param=f"{where}.type")
+    return "".join(texts)
+
+
+def chat_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    for i, message in enumerate(raw):
+        where = f"messages[{i}]"
+        role = message.get("role")
+        if role not in _ROLES:
+            raise invalid(f"role must be one of {', '.join(_ROLES)}; got {role!r}", param=f"{where}.role")
+        content = text_of_parts(message.get("content"), f"{where}.content")
+        if role == "function":  # legacy function result
+            messages.append({"role": "tool", "content": content, "name": message.get("name")})
+            continue
+        item: dict[str, Any] = {"role": role, "content": content}
+        if role == "assistant":
+            reasoning = message.get("reasoning_content", message.get("reasoning"))
+            if reasoning is not None:
+                if not isinstance(reasoning, str):
+                    raise invalid("reasoning_content must be a string", param=f"{where}.reasoning_content")
+                item["reasoning_content"] = reasoning
+            calls = message.get("tool_calls")
+            if calls:
+                item["tool_calls"] = [
+                    _history_call(call, f"{where}.tool_calls[{k}]") for k, call in enumerate(calls)
+                ]
+        if role == "tool":
+            item["tool_call_id"] = message.get("tool_call_id")
+        messages.append(item)
+    return messages
+
+
+def _history_call(call: Any, where: str) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        raise invalid("a tool call needs function.name", param=where)
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": fn.get("arguments") or "{}"},
+    }
+
+
+def function_tools(tools: list[dict[str, Any]] | None, param: str = "tools") -> list[dict[str, Any]]:
+    out = []
+    for i, tool in enumerate(tools or ()):
+        where = f"{param}[{i}]"
+        if tool.get("type") != "function" or not isinstance(tool.get("function"), Mapping):
+            raise invalid("only function tools are supported", param=f"{where}.type")
+        fn = tool["function"]
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise invalid("a function tool needs a name", param=f"{where}.function.name")
+        if fn.get("strict"):
+            raise invalid("strict function tools are not supported", param=f"{where}.function.strict")
+        out.append({"type": "function", "function": {k: v for k, v in fn.items() if k != "strict"}})
+    return out
+
+
+def tool_choice_mode(choice: str | dict[str, Any] | None, param: str = "tool_choice") -> str:
+    """auto | none; `allowed_tools` is accepted as auto. required / a named function are refused."""
+    if choice is None or choice == "auto":
+        return "auto"
+    if choice == "none":
+        return "none"
+    if isinstance(choice, Mapping) and choice.get("type") == "allowed_tools":
+        return "auto"
+    raise invalid("only tool_choice 'auto', 'none' and allowed_tools are supported", param=param)
+
+
+def thinking_choice(
+    options: ServerOptions,
+    *,
+    enable: bool | None,
+    preserve: bool | None,
+    kwargs: Mapping[str, Any] | None,
+    effort: str | None,
+) -> tuple[bool, bool]:
+    kwargs = kwargs or {}
+    thinking = options.thinking
+    if effort is not None:
+        thinking = effort != "none"
+    for value in (kwargs.get("enable_thinking"), enable):
+        if value is not None:
+            thinking = bool(value)
+    keep = options.preserve_thinking
+    for value in (kwargs.get("preserve_thinking"), preserve):
+        if value is not None:
+            keep = bool(value)
+    return thinking, keep
+
+
+def _refuse_unsupported(req: ChatCompletionRequest) -> None:
+    if req.n not in (None, 1):
+        raise invalid("only n=1 is supported", param="n")
+    if req.response_format is not None and req.response_format.get("type") not in (None, "text"):
+        raise invalid("structured output (response_format) is not supported", param="response_format")
+    if req.logit_bias and any(v != 0 for v in req.logit_bias.values()):
+        raise invalid("logit_bias is not supported", param="logit_bias")
+    if req.logprobs or req.top_logprobs:
+        raise invalid("logprobs are not supported", param="logprobs")
+    if req.audio is not None or (req.modalities and req.modalities != ["text"]):
+        raise invalid("audio output is not supported", param="audio")
+    if req.parallel_tool_calls is False and req.tools:
+        raise invalid("parallel_tool_calls=false is not supported", param="parallel_tool_calls")
+    if req.reasoning_effort not in (None, "none", "minimal", "low", "medium", "high", "xhigh", "max"):
+        raise invalid(f"unknown reasoning_effort {req.reasoning_effort!r}", param="reasoning_effort")
+
+
+def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
+    _refuse_unsupported(req)
+    messages = chat_messages(req.messages)
+    tools = function_tools(req.tools)
+    mode = tool_choice_mode(req.tool_choice)
+    thinking, preserve = thinking_choice(
+        options,
+        enable=req.enable_thinking,
+        preserve=req.preserve_thinking,
+        kwargs=req.chat_template_kwargs,
+        effort=req.reasoning_effort,
+    )
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    limit = options.default_max_tokens if max_tokens is None else max_tokens
+    names = {"max_tokens": "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"}
+    params = sampling_params(req, max_tokens=limit or None, stop=stop_strings(req.stop), names=names)
+    rendered = tools if tools and mode != "none" else None
+    return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit)
+
+
+# ------------------------------------------------------------------------------------------- output
+
+
+def usage(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": outcome.reasoning_tokens},
+    }
+
+
+def finish_reason(outcome: Outcome, has_calls: bool) -> str:
+    if outcome.finish in ("length", "context"):
+        return "length"
+    return "tool_calls" if has_calls else "stop"
+
+
+def tool_call_json(call: ToolCall, cid: str) -> dict[str, Any]:
+    return {"id": cid, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
+
+
+def chat_response(
+    completion_id: str, model: str, events: list[StreamEvent], outcome: Outcome
+) -> dict[str, Any]:
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    content = "".join(e.text for e in events if isinstance(e, ContentDelta))
+    calls = [e.call for e in events if isinstance(e, ToolCallEvent)]
+    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [tool_call_json(c, call_id()) for c in calls]
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": finish_reason(outcome, bool(calls)),
+                "logprobs": None,
+            }
+        ],
+        "usage": usage(outcome),
+    }
+
+
+class ChunkWriter:
+    """Builds `chat.completion.chunk` payloads for one streamed completion."""
+
+    def __init__(self, completion_id: str, model: str) -> None:
+        self.completion_id = completion_id
+        self.model = model
+        self.created = int(time.time())
+        self.num_calls = 0
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": self.completion_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
+
+    def event(self, event: StreamEvent) -> dict[str, Any]:
+        if isinstance(event, ReasoningDelta):
+            return self.chunk({"reasoning_content": event.text})
+        if isinstance(event, ContentDelta):
+            return self.chunk({"content": event.text})
+        call = tool_call_json(event.call, call_id())
+        call["index"] = self.num_calls
+        self.num_calls += 1
+        return self.chunk({"tool_calls": [call]})
+
+    def usage_chunk(self, outcome: Outcome) -> dict[str, Any]:
+        return {
+            "id": self.completion_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage(outcome),
+        }

@@ -1,0 +1,518 @@
+"""OpenAI Responses Core: input items -> chat messages, output items, semantic SSE events, the store.
+
+Input items: `message` (string or typed parts), `reasoning` (raw `reasoning_text` content), `function_call`
+and `function_call_output`. Consecutive reasoning / assistant text / function calls fold into one assistant
+turn of the chat template. `previous_response_id` prepends the stored record's full item history (inputs
+then outputs of every earlier turn; `instructions` are not carried forward), so the new prompt extends the
+previous one and the engine's prefix checkpoints are reused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from api.errors import ApiError, invalid
+from api.generation import Generation, Outcome
+from api.openai.convert import text_of_parts, thinking_choice, tool_choice_mode
+from api.openai.schemas import InputTokensRequest, ResponsesRequest
+from api.openai.store import StoredResponse
+from api.prompt import Prompt, build_prompt, check_fits
+from api.sampling import sampling_params, stop_strings
+from api.sse import sse_event, with_keepalive
+from api.state import ServerState
+from api.tracking import Tracker, collect
+from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCallEvent
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def not_found(response_id: str) -> ApiError:
+    return ApiError(404, "response_not_found", f"no stored response {response_id!r}", param="response_id")
+
+
+def lookup(state: ServerState, response_id: str) -> StoredResponse:
+    record = state.store.get(response_id)
+    if record is None:
+        raise not_found(response_id)
+    return record
+
+
+# ------------------------------------------------------------------------------------------ input
+
+
+def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Normalized copies of the input items, each with an id (for `input_items` listing)."""
+    raw = [{"type": "message", "role": "user", "content": value}] if isinstance(value, str) else value
+    items = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            raise invalid("input items must be objects", param=f"input[{i}]")
+        copy = dict(item)
+        copy.setdefault("type", "message")
+        if "id" not in copy:
+            copy["id"] = _id(
+                {"message": "msg", "function_call": "fc", "reasoning": "rs"}.get(copy["type"], "item")
+            )
+        items.append(copy)
+    return items
+
+
+def items_to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    assistant: dict[str, Any] | None = None
+
+    def open_assistant() -> dict[str, Any]:
+        nonlocal assistant
+        if assistant is None:
+            assistant = {"role": "assistant", "content": ""}
+            messages.append(assistant)
+        return assistant
+
+    for i, item in enumerate(items):
+        where, kind = f"input[{i}]", item.get("type")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise invalid(
+                    f"message role must be user, assistant, system or developer; got {role!r}",
+                    param=f"{where}.role",
+                )
+            text = text_of_parts(item.get("content"), f"{where}.content")
+            if role == "assistant":
+                turn = open_assistant()
+                turn["content"] += text
+            else:
+                assistant = None
+                messages.append({"role": role, "content": text})
+        elif kind == "reasoning":
+            parts = item.get("content") or []
+            texts = [
+                p.get("text", "")
+                for p in parts
+                if isinstance(p, Mapping) and p.get("type") == "reasoning_text"
+            ]
+            if not texts:
+                raise invalid("a reasoning item needs raw reasoning_text content", param=f"{where}.content")
+            turn = open_assistant()
+            turn["reasoning_content"] = turn.get("reasoning_content", "") + "".join(texts)
+        elif kind == "function_call":
+            name, arguments = item.get("name"), item.get("arguments", "{}")
+            if not isinstance(name, str) or not isinstance(arguments, str):
+                raise invalid("a function_call needs a name and string arguments", param=where)
+            try:
+                decoded = json.loads(arguments or "{}")
+            except json.JSONDecodeError:
+                raise invalid(
+                    "function_call arguments must be a JSON object", param=f"{where}.arguments"
+                ) from None
+            if not isinstance(decoded, dict):
+                raise invalid("function_call arguments must be a JSON object", param=f"{where}.arguments")
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": name, "arguments": decoded},
+            }
+            open_assistant().setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            assistant = None
+            output = item.get("output")
+            messages.append(
+                {
+                    "role": "tool",
+                    "content": text_of_parts(output, f"{where}.output"),
+                    "tool_call_id": item.get("call_id"),
+                }
+            )
+        else:
+            raise invalid(f"unsupported input item type {kind!r}", param=f"{where}.type")
+    if instructions:
+        if messages and messages[0]["role"] in ("system", "developer"):
+            messages[0] = {"role": "system", "content": f"{instructions}\n\n{messages[0]['content']}"}
+        else:
+            messages.insert(0, {"role": "system", "content": instructions})
+    return messages
+
+
+def function_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, tool in enumerate(tools or ()):
+        kind = tool.get("type")
+        if kind == "namespace":
+            out.extend(function_tools([dict(t) for t in tool.get("tools") or ()]))
+            continue
+        if kind != "function":
+            raise invalid(
+                f"tool type {kind!r} is not supported (function tools only)", param=f"tools[{i}].type"
+            )
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise invalid("a function tool needs a name", param=f"tools[{i}].name")
+        if tool.get("strict"):
+            raise invalid("strict function tools are not supported", param=f"tools[{i}].strict")
+        fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsesPlan:
+    items: list[dict[str, Any]]  # this turn's input items (ids assigned)
+    history: list[dict[str, Any]]  # earlier turns' items (previous_response_id)
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    thinking: bool
+    preserve_thinking: bool
+
+
+def _plan_prompt(state: ServerState, req: ResponsesRequest | InputTokensRequest) -> ResponsesPlan:
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        record = state.store.get(req.previous_response_id)
+        if record is None:
+            raise ApiError(
+                404,
+                "previous_response_not_found",
+                f"no stored response {req.previous_response_id!r}",
+                param="previous_response_id",
+            )
+        history = [*record.input_items, *record.output_items]
+    items = input_items(req.input)
+    if not history and not items:
+        raise invalid("input must not be empty", param="input")
+    tools = function_tools(req.tools)
+    mode = tool_choice_mode(getattr(req, "tool_choice", None))
+    effort = (req.reasoning or {}).get("effort")
+    thinking, preserve = thinking_choice(
+        state.options,
+        enable=getattr(req, "enable_thinking", None),
+        preserve=getattr(req, "preserve_thinking", None),
+        kwargs=getattr(req, "chat_template_kwargs", None),
+        effort=effort,
+    )
+    messages = items_to_messages(history + items, req.instructions)
+    rendered = tools if tools and mode != "none" else None
+    return ResponsesPlan(items, history, messages, rendered, thinking, preserve)
+
+
+def _prompt(state: ServerState, plan: ResponsesPlan) -> Prompt:
+    return build_prompt(
+        state.engine.tokenizer,
+        plan.messages,
+        tools=plan.tools,
+        thinking=plan.thinking,
+        preserve_thinking=plan.preserve_thinking,
+        param="input",
+    )
+
+
+def count_input_tokens(state: ServerState, req: InputTokensRequest) -> int:
+    return len(_prompt(state, _plan_prompt(state, req)).token_ids)
+
+
+def _refuse_unsupported(req: ResponsesRequest) -> None:
+    if req.background:
+        raise invalid("background responses are not supported", param="background")
+    fmt = (req.text or {}).get("format") or {}
+    if fmt.get("type") not in (None, "text"):
+        raise invalid("structured output (text.format) is not supported", param="text.format")
+    if req.parallel_tool_calls is False and req.tools:
+        raise invalid("parallel_tool_calls=false is not supported", param="parallel_tool_calls")
+
+
+# ------------------------------------------------------------------------------------------ output
+
+
+def usage(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "input_tokens": outcome.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": outcome.cached_tokens},
+        "output_tokens": outcome.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": outcome.reasoning_tokens},
+        "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+    }
+
+
+class ResponseBuilder:
+    """Output items and the semantic event stream of one response (monotonic `sequence_number`)."""
+
+    def __init__(self, state: ServerState, req: ResponsesRequest) -> None:
+        self.id = _id("resp")
+        self.req = req
+        self.model = req.model or state.served_model_id
+        self.created_at = int(time.time())
+        self.output: list[dict[str, Any]] = []
+        self.sequence = 0
+        self._open: dict[str, Any] | None = None  # the item being streamed (reasoning or message)
+
+    def snapshot(self, status: str, outcome: Outcome | None = None) -> dict[str, Any]:
+        req = self.req
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "model": self.model,
+            "output": self.output if status != "in_progress" else [],
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "metadata": req.metadata or {},
+            "parallel_tool_calls": True,
+            "previous_response_id": req.previous_response_id,
+            "reasoning": req.reasoning or {"effort": None, "summary": None},
+            "store": req.store,
+            "temperature": req.temperature,
+            "text": req.text or {"format": {"type": "text"}},
+            "tool_choice": req.tool_choice or "auto",
+            "tools": req.tools or [],
+            "top_p": req.top_p,
+            "truncation": req.truncation or "disabled",
+            "usage": None if outcome is None else usage(outcome),
+            "user": req.user,
+        }
+
+    def _event(self, kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
+        payload = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return kind, payload
+
+    def start(self) -> list[tuple[str, dict[str, Any]]]:
+        return [
+            self._event("response.created", response=self.snapshot("in_progress")),
+            self._event("response.in_progress", response=self.snapshot("in_progress")),
+        ]
+
+    def _open_item(self, kind: str) -> list[tuple[str, dict[str, Any]]]:
+        out = self.close_item()
+        if kind == "reasoning":
+            item: dict[str, Any] = {
+                "id": _id("rs"),
+                "type": "reasoning",
+                "summary": [],
+                "content": [],
+                "status": "in_progress",
+            }
+            part = {"type": "reasoning_text", "text": ""}
+        else:
+            item = {
+                "id": _id("msg"),
+                "type": "message",
+                "role": "assistant",
+                "status": "in_progress",
+                "content": [],
+            }
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        index = len(self.output)
+        self.output.append(item)
+        self._open = item
+        out.append(
+            self._event("response.output_item.added", output_index=index, item=json.loads(json.dumps(item)))
+        )
+        item["content"].append(part)
+        out.append(
+            self._event(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=dict(part),
+            )
+        )
+        return out
+
+    def close_item(self) -> list[tuple[str, dict[str, Any]]]:
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        index = len(self.output) - 1
+        part = item["content"][0]
+        item["status"] = "completed"
+        done = "response.reasoning_text.done" if item["type"] == "reasoning" else "response.output_text.done"
+        extra = {} if item["type"] == "reasoning" else {"logprobs": []}
+        return [
+            self._event(
+                done, item_id=item["id"], output_index=index, content_index=0, text=part["text"], **extra
+            ),
+            self._event(
+                "response.content_part.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=dict(part),
+            ),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def event(self, event: StreamEvent) -> list[tuple[str, dict[str, Any]]]:
+        if isinstance(event, ReasoningDelta | ContentDelta):
+            kind = "reasoning" if isinstance(event, ReasoningDelta) else "message"
+            out = [] if self._open is not None and self._open["type"] == kind else self._open_item(kind)
+            item = self._open
+            assert item is not None
+            item["content"][0]["text"] += event.text
+            index = len(self.output) - 1
+            if kind == "reasoning":
+                out.append(
+                    self._event(
+                        "response.reasoning_text.delta",
+                        item_id=item["id"],
+                        output_index=index,
+                        content_index=0,
+                        delta=event.text,
+                    )
+                )
+            else:
+                out.append(
+                    self._event(
+                        "response.output_text.delta",
+                        item_id=item["id"],
+                        output_index=index,
+                        content_index=0,
+                        delta=event.text,
+                        logprobs=[],
+                    )
+                )
+            return out
+        assert isinstance(event, ToolCallEvent)
+        out = self.close_item()
+        call = event.call
+        item = {
+            "id": _id("fc"),
+            "type": "function_call",
+            "call_id": _id("call"),
+            "name": call.name,
+            "arguments": "",
+            "status": "in_progress",
+        }
+        index = len(self.output)
+        self.output.append(item)
+        out.append(self._event("response.output_item.added", output_index=index, item=dict(item)))
+        arguments = call.arguments_json
+        out.append(
+            self._event(
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=index,
+                delta=arguments,
+            )
+        )
+        out.append(
+            self._event(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                arguments=arguments,
+                name=call.name,
+            )
+        )
+        item["arguments"], item["status"] = arguments, "completed"
+        out.append(self._event("response.output_item.done", output_index=index, item=item))
+        return out
+
+    def finish(self, outcome: Outcome) -> tuple[str, dict[str, Any]]:
+        """All open items closed; then exactly one terminal event (`response.completed` / `.incomplete`)."""
+        status = "incomplete" if outcome.finish in ("length", "context") else "completed"
+        final = self.snapshot(status, outcome)
+        return self._event(f"response.{status}", response=final)
+
+    def failed(self, error: ApiError) -> tuple[str, dict[str, Any]]:
+        final = self.snapshot("failed")
+        final["error"] = {"code": error.code, "message": error.message}
+        return self._event("response.failed", response=final)
+
+
+# ------------------------------------------------------------------------------------------ the route
+
+
+async def create(state: ServerState, request_id: str, req: ResponsesRequest) -> Any:
+    state.check_model(req.model)
+    _refuse_unsupported(req)
+    plan = _plan_prompt(state, req)
+    prompt = _prompt(state, plan)
+    max_tokens = req.max_output_tokens or state.options.default_max_tokens
+    params = sampling_params(
+        req, max_tokens=max_tokens, stop=stop_strings(req.stop), names={"max_tokens": "max_output_tokens"}
+    )
+    tracker = Tracker(
+        state,
+        request_id,
+        "openai.responses",
+        stream=req.stream,
+        num_tools=len(plan.tools or ()),
+        thinking=plan.thinking,
+        max_tokens=max_tokens,
+        prompt_tokens=len(prompt.token_ids),
+        continued=req.previous_response_id is not None,
+    )
+    try:
+        check_fits(prompt, state.max_context)
+    except ApiError as exc:
+        tracker.rejected(exc)
+        raise
+    generation = Generation(
+        state.engine,
+        request_id,
+        prompt,
+        params,
+        tools=plan.tools,
+        calls_in_reasoning=state.options.tolerant_tool_calls,
+    )
+    await tracker.begin(generation)
+    builder = ResponseBuilder(state, req)
+    if not req.stream:
+        for event in await collect(tracker, generation):
+            builder.event(event)
+        builder.close_item()
+        _, terminal = builder.finish(generation.outcome)
+        _store(state, req, plan, terminal["response"])
+        return JSONResponse(terminal["response"])
+    frames = _frames(state, req, plan, generation, builder)
+    body = with_keepalive(tracker.stream(generation, frames), state.options.keepalive_seconds)
+    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _store(state: ServerState, req: ResponsesRequest, plan: ResponsesPlan, response: dict[str, Any]) -> None:
+    if req.store:
+        state.store.put(response, plan.history + plan.items, list(response["output"]))
+
+
+async def _frames(
+    state: ServerState,
+    req: ResponsesRequest,
+    plan: ResponsesPlan,
+    generation: Generation,
+    builder: ResponseBuilder,
+) -> AsyncIterator[str]:
+    for name, payload in builder.start():
+        yield sse_event(name, payload)
+    try:
+        async for event in generation.events():
+            for name, payload in builder.event(event):
+                yield sse_event(name, payload)
+    except ApiError as exc:
+        name, payload = builder.failed(exc)
+        yield sse_event(name, payload)
+        return
+    if generation.outcome.finish == "aborted":
+        name, payload = builder.failed(
+            ApiError(503, "request_aborted", "the request was aborted by the server")
+        )
+        yield sse_event(name, payload)
+        return
+    for name, payload in builder.close_item():
+        yield sse_event(name, payload)
+    name, payload = builder.finish(generation.outcome)
+    _store(state, req, plan, payload["response"])
+    yield sse_event(name, payload)

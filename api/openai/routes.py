@@ -1,0 +1,204 @@
+"""OpenAI routes: `/v1/models`, `/v1/chat/completions` and the Responses Core routes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from api.body import read_json, validate
+from api.errors import ApiError, openai_body
+from api.generation import Generation, Outcome
+from api.openai import convert, responses
+from api.openai.schemas import ChatCompletionRequest, InputTokensRequest, ResponsesRequest
+from api.prompt import build_prompt, check_fits
+from api.sse import sse_data, with_keepalive
+from api.state import ServerState, new_id, server_state
+from api.tracking import Tracker, collect
+
+router = APIRouter()
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": int(state.started_at),
+        "owned_by": "ninfer",
+        "root": state.engine.model_id,
+        "max_model_len": state.max_context,
+    }
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    state = server_state(request)
+    return JSONResponse({"object": "list", "data": [_model_card(state, state.served_model_id)]})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(request: Request, model_id: str) -> JSONResponse:
+    state = server_state(request)
+    state.check_model(model_id)
+    return JSONResponse(_model_card(state, model_id))
+
+
+# ------------------------------------------------------------------------------------ chat completions
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Any:
+    state = server_state(request)
+    req = validate(ChatCompletionRequest, await read_json(request))
+    state.check_model(req.model)
+    plan = convert.chat_plan(req, state.options)
+    prompt = build_prompt(
+        state.engine.tokenizer,
+        plan.messages,
+        tools=plan.tools,
+        thinking=plan.thinking,
+        preserve_thinking=plan.preserve_thinking,
+    )
+    request_id = request.state.request_id
+    completion_id = new_id("chatcmpl-")
+    model = req.model or state.served_model_id
+    tracker = Tracker(
+        state,
+        request_id,
+        "chat.completions",
+        stream=req.stream,
+        num_tools=len(plan.tools or ()),
+        thinking=plan.thinking,
+        max_tokens=plan.max_tokens,
+        prompt_tokens=len(prompt.token_ids),
+    )
+    try:
+        check_fits(prompt, state.max_context)
+    except ApiError as exc:
+        tracker.rejected(exc)
+        raise
+    if plan.max_tokens == 0:  # prompt only: nothing to generate
+        outcome = Outcome(finish="length", prompt_tokens=len(prompt.token_ids))
+        return JSONResponse(convert.chat_response(completion_id, model, [], outcome))
+    generation = Generation(
+        state.engine,
+        request_id,
+        prompt,
+        plan.params,
+        tools=plan.parse_tools,
+        calls_in_reasoning=state.options.tolerant_tool_calls,
+    )
+    await tracker.begin(generation)
+    if not req.stream:
+        events = await collect(tracker, generation)
+        return JSONResponse(convert.chat_response(completion_id, model, events, generation.outcome))
+    include_usage = bool((req.stream_options or {}).get("include_usage"))
+    frames = _chat_frames(generation, convert.ChunkWriter(completion_id, model), include_usage)
+    body = with_keepalive(tracker.stream(generation, frames), state.options.keepalive_seconds)
+    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _chat_frames(
+    generation: Generation, writer: convert.ChunkWriter, include_usage: bool
+) -> AsyncIterator[str]:
+    yield sse_data(writer.chunk({"role": "assistant", "content": ""}))
+    try:
+        async for event in generation.events():
+            yield sse_data(writer.event(event))
+    except ApiError as exc:
+        yield sse_data(openai_body(exc))
+        yield "data: [DONE]\n\n"
+        return
+    outcome = generation.outcome
+    if outcome.finish == "aborted":
+        error = ApiError(503, "request_aborted", "the request was aborted by the server")
+        yield sse_data(openai_body(error))
+        yield "data: [DONE]\n\n"
+        return
+    yield sse_data(writer.chunk({}, convert.finish_reason(outcome, writer.num_calls > 0)))
+    if include_usage:
+        yield sse_data(writer.usage_chunk(outcome))
+    yield "data: [DONE]\n\n"
+
+
+# ------------------------------------------------------------------------------------ responses
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request) -> Any:
+    state = server_state(request)
+    req = validate(ResponsesRequest, await read_json(request))
+    return await responses.create(state, request.state.request_id, req)
+
+
+@router.post("/v1/responses/input_tokens")
+async def response_input_tokens(request: Request) -> JSONResponse:
+    state = server_state(request)
+    req = validate(InputTokensRequest, await read_json(request))
+    state.check_model(req.model)
+    count = responses.count_input_tokens(state, req)
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
+
+
+@router.post("/v1/responses/compact")
+async def compact_response(request: Request) -> JSONResponse:
+    raise ApiError(400, "compaction_not_supported", "response compaction is not supported by this server")
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(request: Request, response_id: str) -> JSONResponse:
+    record = responses.lookup(server_state(request), response_id)
+    return JSONResponse(record.response)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(request: Request, response_id: str) -> JSONResponse:
+    state = server_state(request)
+    if not state.store.delete(response_id):
+        raise responses.not_found(response_id)
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(request: Request, response_id: str) -> JSONResponse:
+    responses.lookup(server_state(request), response_id)
+    raise ApiError(
+        400, "background_not_supported", "only background responses can be cancelled; this server has none"
+    )
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(request: Request, response_id: str) -> JSONResponse:
+    state = server_state(request)
+    record = responses.lookup(state, response_id)
+    q = request.query_params
+    try:
+        limit = int(q.get("limit", "20"))
+    except ValueError:
+        raise ApiError(400, "invalid_request", "limit must be an integer", param="limit") from None
+    if not 1 <= limit <= 100:
+        raise ApiError(400, "invalid_request", "limit must be in 1..100", param="limit")
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise ApiError(400, "invalid_request", "order must be 'asc' or 'desc'", param="order")
+    items = list(record.input_items) if order == "asc" else list(reversed(record.input_items))
+    after = q.get("after")
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise ApiError(400, "invalid_request", f"no input item {after!r} in this response", param="after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+    )

@@ -1,0 +1,263 @@
+"""`ninfer-serve [ARTIFACT] [flags]`: parse and validate every flag, load the engine, run uvicorn.
+
+No artifact = the embedded demo model (built once into the user cache). A bad flag or flag combination
+exits with status 2 and the reason before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from api.options import ServerOptions
+from engine.config import KV_DTYPES, EngineConfig
+from engine.request import SamplingParams
+
+logger = logging.getLogger("ninfer.serve")
+
+LOG_FORMAT = "%(asctime)s.%(msecs)03d  %(levelname)s  %(message)s"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
+    return value
+
+
+def _kv_capacity(text: str) -> int | str:
+    return "auto" if text == "auto" else _positive_int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ninfer-serve",
+        description="Serve a .ninfer model over OpenAI Chat Completions / Responses and Anthropic Messages.",
+    )
+    p.add_argument("artifact", nargs="?", help="the .ninfer file (default: the embedded tiny demo model)")
+    net = p.add_argument_group("network and identity")
+    net.add_argument("--host", default="127.0.0.1")
+    net.add_argument("--port", type=_nonneg_int, default=8080, help="0 = pick a free port")
+    net.add_argument("--api-key", help="require this key (Authorization: Bearer or x-api-key)")
+    net.add_argument("--model-id", help="the model name clients use (default: the artifact's model id)")
+    net.add_argument("--cors", action="store_true", help="add permissive CORS headers")
+    net.add_argument("--max-request-mib", type=_positive_int, default=384, help="largest request body")
+    cap = p.add_argument_group("capacity and queueing")
+    cap.add_argument("--max-context", type=_positive_int, default=8192)
+    cap.add_argument(
+        "--kv-capacity", type=_kv_capacity, default=None, help="auto | N tokens (>= max-context)"
+    )
+    cap.add_argument("--max-concurrency", type=_positive_int, default=1, help="lanes, 1..8")
+    cap.add_argument("--max-pending-requests", type=_nonneg_int, default=16)
+    cap.add_argument("--pending-timeout-ms", type=_positive_int, default=30_000)
+    cap.add_argument("--prefill-chunk", type=_positive_int, default=1024, help="a multiple of 128")
+    cap.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16")
+    cap.add_argument("--no-prefix-reuse", action="store_true")
+    cap.add_argument("--default-max-tokens", type=_positive_int, default=8192)
+    log = p.add_argument_group("logging and response store")
+    log.add_argument("--request-log-jsonl", type=Path, help="append request events (never text) here")
+    log.add_argument(
+        "--request-log-max-mib", type=_nonneg_float, default=0.0, help="rotate at N MiB; 0 = never"
+    )
+    log.add_argument("--request-log-keep", type=_positive_int, default=4, help="rotated files kept")
+    log.add_argument("--log-stats-interval-ms", type=_nonneg_int, default=5000, help="0 = no throughput")
+    log.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    log.add_argument("--response-store-max-records", type=_nonneg_int, default=1024)
+    log.add_argument("--response-store-max-mib", type=_nonneg_int, default=256)
+    prompt = p.add_argument_group("prompt and template")
+    prompt.add_argument("--no-thinking", action="store_true", help="thinking off unless a request asks")
+    prompt.add_argument("--preserve-thinking", action="store_true", help="keep all past reasoning in prompts")
+    prompt.add_argument("--tolerant-tool-calls", action="store_true", help="a call inside <think> ends it")
+    samp = p.add_argument_group("sampling defaults (request fields win; --greedy forces temperature 0)")
+    samp.add_argument("--greedy", action="store_true")
+    samp.add_argument("--temperature", type=float)
+    samp.add_argument("--top-p", type=float)
+    samp.add_argument("--top-k", type=int)
+    samp.add_argument("--min-p", type=float)
+    samp.add_argument("--presence-penalty", type=float)
+    samp.add_argument("--frequency-penalty", type=float)
+    samp.add_argument("--seed", type=int)
+    return p
+
+
+def _check_combinations(args: argparse.Namespace) -> None:
+    """Cross-flag rules; raise ValueError with the reason."""
+    if args.prefill_chunk % 128:
+        raise ValueError(f"--prefill-chunk {args.prefill_chunk}: must be a multiple of 128")
+    if isinstance(args.kv_capacity, int) and args.kv_capacity < args.max_context:
+        raise ValueError(f"--kv-capacity {args.kv_capacity} must be >= --max-context {args.max_context}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key must not be empty")
+    if args.model_id is not None and not args.model_id.strip():
+        raise ValueError("--model-id must not be empty")
+    if args.request_log_jsonl is None and (args.request_log_max_mib or args.request_log_keep != 4):
+        raise ValueError("--request-log-max-mib / --request-log-keep need --request-log-jsonl")
+    if args.top_k is not None and not 0 <= args.top_k <= 20:
+        raise ValueError(f"--top-k {args.top_k}: must be in 0..20")
+    if args.request_log_jsonl is not None:
+        log = args.request_log_jsonl.resolve()
+        if args.artifact is not None and log == Path(args.artifact).resolve():
+            raise ValueError(f"--request-log-jsonl {log} is the artifact itself")
+        if log.is_dir():
+            raise ValueError(f"--request-log-jsonl {log} is a directory")
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"--request-log-jsonl {log}: cannot open for append ({exc.strerror})") from None
+    if args.artifact is not None and not Path(args.artifact).is_file():
+        raise ValueError(f"artifact {args.artifact}: no such file")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, EngineConfig, ServerOptions]:
+    """Parse and validate; exits with status 2 and the reason on any bad flag."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        _check_combinations(args)
+        sampling = SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            presence_penalty=args.presence_penalty,
+            frequency_penalty=args.frequency_penalty,
+            seed=args.seed,
+        )
+        config = EngineConfig.from_flags(
+            args.artifact,
+            max_context=args.max_context,
+            kv_capacity=args.kv_capacity,
+            max_concurrency=args.max_concurrency,
+            max_pending_requests=args.max_pending_requests,
+            pending_timeout_ms=args.pending_timeout_ms,
+            prefill_chunk=args.prefill_chunk,
+            kv_dtype=args.kv_dtype,
+            prefix_reuse=not args.no_prefix_reuse,
+            default_max_tokens=args.default_max_tokens,
+            greedy=args.greedy,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    options = ServerOptions(
+        api_key=args.api_key,
+        model_id=args.model_id,
+        cors=args.cors,
+        max_request_mib=args.max_request_mib,
+        request_log_jsonl=args.request_log_jsonl,
+        request_log_max_mib=args.request_log_max_mib,
+        request_log_keep=args.request_log_keep,
+        log_stats_interval_ms=args.log_stats_interval_ms,
+        response_store_max_records=args.response_store_max_records,
+        response_store_max_mib=args.response_store_max_mib,
+        sampling=sampling,
+        greedy=args.greedy,
+        default_max_tokens=args.default_max_tokens,
+        thinking=not args.no_thinking,
+        preserve_thinking=args.preserve_thinking,
+        tolerant_tool_calls=args.tolerant_tool_calls,
+    )
+    return args, config, options
+
+
+def redacted_argv(argv: Sequence[str]) -> list[str]:
+    out, hide = [], False
+    for item in argv:
+        if hide:
+            out.append("<redacted>")
+            hide = False
+        elif item == "--api-key":
+            out.append(item)
+            hide = True
+        elif item.startswith("--api-key="):
+            out.append("--api-key=<redacted>")
+        else:
+            out.append(item)
+    return out
+
+
+class _DrainingServer(uvicorn.Server):
+    """On SIGTERM/SIGINT: mark the app draining (new requests get 503), then uvicorn's graceful exit."""
+
+    def __init__(self, config: uvicorn.Config, app: Any) -> None:
+        super().__init__(config)
+        self._app = app
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self._app.state.draining = True
+        super().handle_exit(sig, frame)
+
+
+EngineFactory = Callable[[str, EngineConfig, SamplingParams], Any]
+
+
+def main(argv: Sequence[str] | None = None, *, engine_factory: EngineFactory | None = None) -> None:
+    """Run the server. `engine_factory(artifact, config)` replaces the engine (tests serve scripted ones)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, config, options = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S")
+    from api.app import create_app
+
+    artifact = args.artifact
+    if artifact is None:
+        from engine.artifact.demo import demo_artifact_path
+
+        artifact = str(demo_artifact_path())
+    try:
+        factory = engine_factory or _load
+        engine = factory(artifact, dataclasses.replace(config, artifact=artifact), options.sampling)
+    except ValueError as exc:  # ArtifactError and config errors are ValueErrors
+        print(f"ninfer-serve: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    app = create_app(engine, options, argv=redacted_argv(argv), artifact=artifact)
+    uv_config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=None,
+        h11_max_incomplete_event_size=None,
+    )
+    server = _DrainingServer(uv_config, app)
+    server.run()
+
+
+def _load(artifact: str, config: EngineConfig, sampling: SamplingParams) -> Any:
+    from api.engine_client import load_engine
+
+    return load_engine(artifact, config, sampling)
+
+
+if __name__ == "__main__":
+    main()

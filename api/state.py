@@ -1,0 +1,65 @@
+"""What every route shares: the engine, the options, the served names, the request log, counters."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from api.engine_client import EngineClient
+from api.errors import ApiError
+from api.options import ServerOptions
+from api.request_log import RequestLog
+
+
+@dataclass
+class ServerState:
+    engine: EngineClient
+    options: ServerOptions
+    artifact: str | None = None
+    request_log: RequestLog | None = None
+    started_at: float = field(default_factory=time.time)
+    load_seconds: float = 0.0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    num_requests: int = 0
+    num_errors: int = 0
+    prompt_tokens_total: int = 0
+    completion_tokens_total: int = 0
+    store: Any = None  # api.openai.store.ResponseStore
+
+    @property
+    def served_model_id(self) -> str:
+        return self.options.model_id or self.engine.model_id
+
+    def knows_model(self, name: str) -> bool:
+        return name in (self.served_model_id, self.engine.model_id)
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and not self.knows_model(name):
+            raise ApiError(
+                404,
+                "model_not_found",
+                f"the model {name!r} does not exist; this server serves {self.served_model_id!r}",
+                param="model",
+            )
+
+    @property
+    def max_context(self) -> int:
+        return self.engine.config.scheduler.max_context
+
+    def log(self, event: str, **fields: Any) -> None:
+        if self.request_log is not None:
+            self.request_log.write(event, **fields)
+
+
+def server_state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.server
+    return state
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"

@@ -1,0 +1,115 @@
+"""Per-request bookkeeping shared by the protocols: in-flight counts, totals and the request log events."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from api.errors import ApiError
+from api.generation import Generation
+from api.state import ServerState
+from engine.chat.parse import StreamEvent
+
+logger = logging.getLogger("ninfer.api")
+
+
+class Tracker:
+    def __init__(self, state: ServerState, request_id: str, protocol: str, **fields: Any) -> None:
+        self.state = state
+        self.request_id = request_id
+        self.protocol = protocol
+        self._open = False
+        state.num_requests += 1
+        state.log("request_start", request_id=request_id, protocol=protocol, **fields)
+
+    def rejected(self, error: ApiError) -> None:
+        self.state.num_errors += 1
+        self.state.log(
+            "request_rejected",
+            request_id=self.request_id,
+            protocol=self.protocol,
+            phase="prepare",
+            status=error.status,
+            code=error.code,
+            param=error.param,
+            message=error.message,
+        )
+
+    async def begin(self, generation: Generation) -> None:
+        """Submit to the engine; a refusal is logged and re-raised as the HTTP error."""
+        try:
+            await generation.start()
+        except ApiError as exc:
+            self.rejected(exc)
+            raise
+        self._open = True
+        self.state.in_flight += 1
+        self.state.max_in_flight = max(self.state.max_in_flight, self.state.in_flight)
+
+    def finish(self, generation: Generation, error: BaseException | None = None) -> None:
+        if not self._open:
+            return
+        self._open = False
+        state = self.state
+        state.in_flight -= 1
+        outcome = generation.outcome
+        state.prompt_tokens_total += outcome.prompt_tokens
+        state.completion_tokens_total += outcome.completion_tokens
+        disconnected = isinstance(error, GeneratorExit | asyncio.CancelledError)
+        if error is not None and not disconnected:
+            state.num_errors += 1
+            state.log(
+                "request_error",
+                request_id=self.request_id,
+                protocol=self.protocol,
+                error_type=type(error).__name__,
+                message=str(error)[:500],
+            )
+        finish = "client_disconnected" if disconnected else outcome.finish
+        state.log(
+            "request_done",
+            request_id=self.request_id,
+            protocol=self.protocol,
+            result={
+                "finish_reason": finish,
+                "prompt_tokens": outcome.prompt_tokens,
+                "completion_tokens": outcome.completion_tokens,
+                "reasoning_tokens": outcome.reasoning_tokens,
+                "prefix_cache_hit_tokens": outcome.cached_tokens,
+                "prefix_reuse_path": "checkpoint" if outcome.cached_tokens else "none",
+                "stop_sequence_matched": outcome.stop_sequence is not None,
+                "tool_call_parse": {"fallbacks": list(outcome.tool_parse_fallbacks)},
+            },
+            timings_seconds=outcome.timings(),
+        )
+
+    async def stream(self, generation: Generation, frames: AsyncIterator[str]) -> AsyncIterator[str]:
+        """Pass the SSE frames through; log the ending however the stream ends (disconnect included)."""
+        error: BaseException | None = None
+        try:
+            async for frame in frames:
+                yield frame
+        except BaseException as exc:  # logged, then re-raised: cancellation and disconnects end here too
+            error = exc
+            raise
+        finally:
+            generation.abort()
+            self.finish(generation, error)
+
+
+async def collect(tracker: Tracker, generation: Generation) -> list[StreamEvent]:
+    """Run a non-streamed generation to its end; an abort by the server is a 503."""
+    error: BaseException | None = None
+    try:
+        events = [event async for event in generation.events()]
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        generation.abort()
+        tracker.finish(generation, error)
+    if generation.outcome.finish == "aborted":
+        raise ApiError(503, "request_aborted", "the request was aborted by the server")
+    return events

@@ -1,0 +1,66 @@
+"""`ninfer-serve` flags: parsed and validated at start, refused with the reason (exit status 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from api.serve import parse_args, redacted_argv
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (["--prefill-chunk", "100"], "multiple of 128"),
+        (["--max-context", "4096", "--kv-capacity", "1024"], "must be >= --max-context"),
+        (["--max-concurrency", "9"], "max_concurrency=9"),
+        (["--kv-dtype", "fp4"], "invalid choice"),
+        (["--temperature", "3"], "temperature=3.0"),
+        (["--top-k", "50"], "--top-k 50"),
+        (["--request-log-max-mib", "5"], "need --request-log-jsonl"),
+        (["--api-key", ""], "--api-key must not be empty"),
+        (["--kv-capacity", "lots"], "--kv-capacity"),
+        (["/no/such/model.ninfer"], "no such file"),
+    ],
+)
+def test_bad_flags_exit_2_with_the_reason(
+    argv: list[str], reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args(argv)
+    assert info.value.code == 2
+    assert reason in capsys.readouterr().err
+
+
+def test_request_log_that_is_the_artifact_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    artifact = tmp_path / "m.ninfer"
+    artifact.write_bytes(b"x")
+    with pytest.raises(SystemExit):
+        parse_args([str(artifact), "--request-log-jsonl", str(artifact)])
+    assert "is the artifact itself" in capsys.readouterr().err
+
+
+def test_good_flags_map_to_engine_config_and_options(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    args, config, options = parse_args(
+        [
+            "--max-context", "4096", "--kv-capacity", "auto", "--max-concurrency", "4", "--no-prefix-reuse",
+            "--prefill-chunk", "256", "--kv-dtype", "int8", "--greedy", "--top-p", "0.5", "--model-id", "alias",
+            "--request-log-jsonl", str(log), "--request-log-max-mib", "2", "--request-log-keep", "3", "--cors",
+        ]
+    )  # fmt: skip
+    assert config.scheduler.max_context == 4096 and config.scheduler.max_concurrency == 4
+    assert config.cache.kv_capacity == "auto" and config.cache.prefix_reuse is False
+    assert config.cache.kv_dtype == "int8" and config.greedy is True
+    assert options.sampling.top_p == 0.5 and options.model_id == "alias" and options.cors
+    assert options.request_log_keep == 3 and options.request_log_max_mib == 2.0
+    assert (args.host, args.port) == ("127.0.0.1", 8080)
+
+
+def test_api_key_is_redacted_from_logged_argv() -> None:
+    assert redacted_argv(["--api-key", "s3cret", "--api-key=abc", "--port", "1"]) == [
+        "--api-key", "<redacted>", "--api-key=<redacted>", "--port", "1",
+    ]  # fmt: skip
