@@ -32,6 +32,7 @@ from api.openai.store import ResponseStore
 from api.options import ServerOptions
 from api.request_log import RequestLog
 from api.state import ServerState, new_id
+from monitor.metrics import ServerMetrics
 
 logger = logging.getLogger("ninfer.api")
 
@@ -149,6 +150,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     started = time.monotonic()
     state.engine.start()
     state.load_seconds = time.monotonic() - started
+    state.metrics.set_model(
+        model_id=state.engine.model_id,
+        served_model_id=state.served_model_id,
+        weights_id=getattr(state.engine, "weights_id", None) or "",
+        artifact_sha256=options.artifact_sha256,
+        kv_dtype=state.engine.config.cache.kv_dtype,
+        max_context=state.engine.config.scheduler.max_context,
+    )
     state.log(
         "server_start",
         artifact=state.artifact,
@@ -214,7 +223,12 @@ def create_app(
     artifact: str | None = None,
 ) -> FastAPI:
     options = options or ServerOptions()
-    state = ServerState(engine=engine, options=options, artifact=artifact)
+    state = ServerState(
+        engine=engine,
+        options=options,
+        artifact=artifact,
+        metrics=ServerMetrics(vllm_aliases=options.metrics_vllm_aliases),
+    )
     state.store = ResponseStore(
         options.response_store_max_records, options.response_store_max_mib * 1024 * 1024
     )

@@ -10,6 +10,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from api.state import server_state
+from monitor import collect
+from monitor.metrics import CONTENT_TYPE
 
 router = APIRouter()
 
@@ -63,8 +65,8 @@ async def get_stats(request: Request) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def get_metrics() -> Response:
-    # TODO(#observability): serve monitor/metrics.py's registry once that issue defines the metric set.
-    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+async def get_metrics(request: Request) -> Response:
+    """Every metric of `monitor/metrics.py`, with the engine gauges and counters refreshed at scrape time."""
+    state = server_state(request)
+    collect.observe_engine(state.metrics, state.engine.stats(), in_flight=state.in_flight)
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)

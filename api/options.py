@@ -27,6 +27,8 @@ class ServerOptions:
     preserve_thinking: bool = False
     tolerant_tool_calls: bool = False
     keepalive_seconds: float = 5.0  # SSE `: keep-alive` comment after this much silence
+    metrics_vllm_aliases: bool = False  # also export `vllm:` names for routers that expect them
+    artifact_sha256: str = ""  # the verified digest (--expected-sha256), exported in ninfer_model_info
 
     @property
     def max_request_bytes(self) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 import uvicorn
 
 from api.options import ServerOptions
+from engine.artifact.digest import is_sha256_hex, sha256_file
 from engine.config import KV_DTYPES, EngineConfig
 from engine.request import SamplingParams
 
@@ -72,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--model-id", help="the model name clients use (default: the artifact's model id)")
     net.add_argument("--cors", action="store_true", help="add permissive CORS headers")
     net.add_argument("--max-request-mib", type=_positive_int, default=384, help="largest request body")
+    net.add_argument(
+        "--expected-sha256",
+        help="refuse to start unless the artifact file's SHA-256 is this (streams the file once at start)",
+    )
+    net.add_argument(
+        "--metrics-vllm-aliases", action="store_true", help="also export vllm: metric names on /metrics"
+    )
     cap = p.add_argument_group("capacity and queueing")
     cap.add_argument("--max-context", type=_positive_int, default=8192)
     cap.add_argument(
@@ -138,6 +146,8 @@ def _check_combinations(args: argparse.Namespace) -> None:
             raise ValueError(f"--request-log-jsonl {log}: cannot open for append ({exc.strerror})") from None
     if args.artifact is not None and not Path(args.artifact).is_file():
         raise ValueError(f"artifact {args.artifact}: no such file")
+    if args.expected_sha256 is not None and not is_sha256_hex(args.expected_sha256):
+        raise ValueError(f"--expected-sha256 {args.expected_sha256!r}: must be 64 hex digits")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, EngineConfig, ServerOptions]:
@@ -187,8 +197,22 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
         thinking=not args.no_thinking,
         preserve_thinking=args.preserve_thinking,
         tolerant_tool_calls=args.tolerant_tool_calls,
+        metrics_vllm_aliases=args.metrics_vllm_aliases,
     )
     return args, config, options
+
+
+def _verify_digest(artifact: str, expected: str) -> str:
+    """Stream the artifact once; exit 1 with both digests when it is not the expected one."""
+    actual = sha256_file(artifact)
+    if actual != expected.lower():
+        print(
+            f"ninfer-serve: error: artifact {artifact} has SHA-256 {actual}, expected {expected.lower()};"
+            " refusing to start",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
+    return actual
 
 
 def redacted_argv(argv: Sequence[str]) -> list[str]:
@@ -234,6 +258,8 @@ def main(argv: Sequence[str] | None = None, *, engine_factory: EngineFactory | N
         from engine.artifact.demo import demo_artifact_path
 
         artifact = str(demo_artifact_path())
+    if args.expected_sha256 is not None:
+        options = dataclasses.replace(options, artifact_sha256=_verify_digest(artifact, args.expected_sha256))
     try:
         factory = engine_factory or _load
         engine = factory(artifact, dataclasses.replace(config, artifact=artifact), options.sampling)

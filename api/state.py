@@ -13,6 +13,7 @@ from api.engine_client import EngineClient
 from api.errors import ApiError
 from api.options import ServerOptions
 from api.request_log import RequestLog
+from monitor.metrics import ServerMetrics
 
 
 @dataclass
@@ -30,6 +31,7 @@ class ServerState:
     prompt_tokens_total: int = 0
     completion_tokens_total: int = 0
     store: Any = None  # api.openai.store.ResponseStore
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
 
     @property
     def served_model_id(self) -> str:

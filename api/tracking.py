@@ -11,6 +11,7 @@ from api.errors import ApiError
 from api.generation import Generation
 from api.state import ServerState
 from engine.chat.parse import StreamEvent
+from monitor.collect import observe_request
 
 logger = logging.getLogger("ninfer.api")
 
@@ -26,6 +27,9 @@ class Tracker:
 
     def rejected(self, error: ApiError) -> None:
         self.state.num_errors += 1
+        observe_request(
+            self.state.metrics, {"event": "request_rejected", "protocol": self.protocol, "code": error.code}
+        )
         self.state.log(
             "request_rejected",
             request_id=self.request_id,
@@ -68,9 +72,7 @@ class Tracker:
                 message=str(error)[:500],
             )
         finish = "client_disconnected" if disconnected else outcome.finish
-        state.log(
-            "request_done",
-            request_id=self.request_id,
+        record: dict[str, Any] = dict(
             protocol=self.protocol,
             result={
                 "finish_reason": finish,
@@ -84,6 +86,8 @@ class Tracker:
             },
             timings_seconds=outcome.timings(),
         )
+        observe_request(state.metrics, {"event": "request_done", **record})
+        state.log("request_done", request_id=self.request_id, **record)
 
     async def stream(self, generation: Generation, frames: AsyncIterator[str]) -> AsyncIterator[str]:
         """Pass the SSE frames through; log the ending however the stream ends (disconnect included)."""
