@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hmac
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -32,11 +33,22 @@ from api.openai.store import ResponseStore
 from api.options import ServerOptions
 from api.request_log import RequestLog
 from api.state import ServerState, new_id
+from api.tracing import RequestTracing, request_headers
 from monitor.metrics import ServerMetrics
 
 logger = logging.getLogger("ninfer.api")
 
 EXEMPT_PATHS = ("/health", "/stats", "/metrics")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
+
+
+def _error_code(body: bytes) -> str | None:
+    """The machine code of an error body in either protocol's shape."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return error.get("code") or error.get("type") if isinstance(error, dict) else None
 
 
 class _BodyTooLarge(ApiError):
@@ -60,18 +72,46 @@ class RequestGate:
         scope.setdefault("state", {})["request_id"] = request_id
         header = b"request-id" if is_anthropic_path(path) else b"x-request-id"
 
+        sent: list[Any] = []  # the status, then up to 64 KiB of an error body (for the request log)
+
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message.setdefault("headers", [])
                 message["headers"] = [*message["headers"], (header, request_id.encode())]
+                sent.append(message["status"])
+            elif message["type"] == "http.response.body" and sent and sent[0] >= 400:
+                sent.append(message.get("body", b"")[:65536])
             await send(message)
 
-        error = self._refusal(scope, path)
-        if error is not None:
-            response = error_response(error, path)
-            await response(scope, receive, send_with_id)
+        if self.state.tracing is not None:  # the request span continues an incoming traceparent
+            request_headers.set(scope["headers"])
+        try:
+            error = self._refusal(scope, path)
+            if error is not None:
+                response = error_response(error, path)
+                await response(scope, receive, send_with_id)
+                return
+            await self.app(scope, self._limited(receive), send_with_id)
+        finally:
+            self._log_ending(scope, request_id, sent)
+
+    def _log_ending(self, scope: Scope, request_id: str, sent: list[Any]) -> None:
+        """Every generation request gets exactly one ending in the request log: the ones refused before a
+        route logged `request_start` (bad JSON, body too large, draining, ...), cut before any response,
+        or answered without reaching the engine get one here (phase "http")."""
+        ended = self.state.log_ended.pop(request_id, None)
+        if ended or scope["method"] != "POST" or scope["path"] not in GENERATION_PATHS:
             return
-        await self.app(scope, self._limited(receive), send_with_id)
+        status = sent[0] if sent else None
+        fields: dict[str, Any] = dict(request_id=request_id, path=scope["path"], phase="http", status=status)
+        if status is None:
+            self.state.log("request_rejected", **fields, code="client_disconnected")
+        elif status >= 400:
+            body = b"".join(sent[1:])
+            self.state.log("request_rejected", **fields, code=_error_code(body))
+        else:  # handled without an engine request (e.g. max_tokens 0): nothing was generated
+            result = {"finish_reason": "length", "prompt_tokens": 0, "completion_tokens": 0}
+            self.state.log("request_done", **fields, result=result, timings_seconds={})
 
     def _refusal(self, scope: Scope, path: str) -> ApiError | None:
         exempt = path in EXEMPT_PATHS or scope["method"] == "OPTIONS"
@@ -177,6 +217,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
         await asyncio.to_thread(state.engine.shutdown, True)
+        if state.tracing is not None:
+            await asyncio.to_thread(state.tracing.shutdown)  # exports what is still batched
         if state.request_log is not None:
             state.request_log.close()
 
@@ -221,18 +263,25 @@ def create_app(
     *,
     argv: Sequence[str] = (),
     artifact: str | None = None,
+    tracing: RequestTracing | None = None,
 ) -> FastAPI:
+    """`tracing`: request spans go there; None = as the OTEL_* variables say (off when they say nothing)."""
     options = options or ServerOptions()
     state = ServerState(
         engine=engine,
         options=options,
         artifact=artifact,
         metrics=ServerMetrics(vllm_aliases=options.metrics_vllm_aliases),
+        tracing=tracing if tracing is not None else RequestTracing.from_env(),
     )
     state.store = ResponseStore(
         options.response_store_max_records, options.response_store_max_mib * 1024 * 1024
     )
-    app = FastAPI(title="NInfer", lifespan=_lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # The OpenAPI document (request bodies declared per route via api.body.json_body_doc) is served so
+    # clients and fuzzers (schemathesis, tests/resilience) can read the real request shapes.
+    app = FastAPI(
+        title="NInfer", lifespan=_lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json"
+    )
     app.state.server = state
     app.state.draining = False
     app.state.argv = list(argv)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from api.errors import ApiError
 
 M = TypeVar("M", bound=BaseModel)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 async def read_json(request: Request) -> dict[str, Any]:
@@ -19,9 +21,26 @@ async def read_json(request: Request) -> dict[str, Any]:
         body = json.loads(raw) if raw else None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, "invalid_json", f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "invalid_json", "the request body is nested too deeply") from None
+    if _SURROGATE_ESCAPE.search(raw):  # a lone \ud800-\udfff escape decodes to a str no tokenizer takes
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(
+                400, "invalid_json", "the request body has a lone UTF-16 surrogate escape (\\ud800-\\udfff)"
+            ) from None
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_request", "the request body must be a JSON object")
     return body
+
+
+def json_body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` for a route that reads its JSON body itself (`read_json` + `validate`): documents
+    `model` as the required request body in the served OpenAPI schema."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    assert "$defs" not in schema, f"{model.__name__}: nested models need components in the OpenAPI doc"
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def validate(model: type[M], body: dict[str, Any]) -> M:

@@ -56,12 +56,19 @@ class Outcome:
     queue_start: float = 0.0
     first_token_at: float | None = None
     end_at: float | None = None
+    queue: float | None = None  # engine-measured: waiting for a lane
+    prefill: float | None = None  # engine-measured: admission to the first sampled token
 
     def timings(self) -> dict[str, float | None]:
         end = self.end_at or time.monotonic()
         ttft = None if self.first_token_at is None else self.first_token_at - self.queue_start
         decode = None if self.first_token_at is None else end - self.first_token_at
-        return {"ttft": ttft, "decode": decode, "total": end - self.queue_start}
+        timings = {"ttft": ttft, "decode": decode, "total": end - self.queue_start}
+        if self.queue is not None:
+            timings["queue"] = self.queue
+        if self.prefill is not None:
+            timings["prefill"] = self.prefill
+        return timings
 
 
 class Generation:
@@ -177,6 +184,7 @@ class Generation:
         outcome.prompt_tokens = event.num_prompt_tokens or outcome.prompt_tokens
         outcome.completion_tokens = max(outcome.completion_tokens, event.num_output_tokens)
         outcome.cached_tokens = event.num_cached_tokens
+        outcome.queue, outcome.prefill = event.queue_seconds, event.prefill_seconds
         events: list[StreamEvent] = []
         if self._detok.stop_matched is None:
             events += self._parser.feed(self._detok.finish())

@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ninfer-serve",
         description="Serve a .ninfer model over OpenAI Chat Completions / Responses and Anthropic Messages.",
+        epilog="OpenTelemetry traces are off unless the standard OTEL_* variables configure an exporter "
+        "(e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4317); see api/tracing.py.",
     )
     p.add_argument("artifact", nargs="?", help="the .ninfer file (default: the embedded tiny demo model)")
     net = p.add_argument_group("network and identity")

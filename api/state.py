@@ -13,6 +13,7 @@ from api.engine_client import EngineClient
 from api.errors import ApiError
 from api.options import ServerOptions
 from api.request_log import RequestLog
+from api.tracing import RequestTracing
 from monitor.metrics import ServerMetrics
 
 
@@ -32,6 +33,7 @@ class ServerState:
     completion_tokens_total: int = 0
     store: Any = None  # api.openai.store.ResponseStore
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    tracing: RequestTracing | None = None  # OpenTelemetry, when the OTEL_* variables configure it
 
     @property
     def served_model_id(self) -> str:
@@ -53,7 +55,14 @@ class ServerState:
     def max_context(self) -> int:
         return self.engine.config.scheduler.max_context
 
+    # request id -> whether its ending is logged; filled by log(), emptied by the gate (api.app) when the
+    # HTTP exchange ends, which logs an ending itself for a generation request that has none.
+    log_ended: dict[str, bool] = field(default_factory=dict)
+
     def log(self, event: str, **fields: Any) -> None:
+        request_id = fields.get("request_id")
+        if request_id is not None and event in ("request_start", "request_done", "request_rejected"):
+            self.log_ended[request_id] = event != "request_start"
         if self.request_log is not None:
             self.request_log.write(event, **fields)
 

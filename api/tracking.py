@@ -22,10 +22,17 @@ class Tracker:
         self.request_id = request_id
         self.protocol = protocol
         self._open = False
+        self.span = (
+            state.tracing.start(protocol, request_id, fields, state.served_model_id)
+            if state.tracing is not None
+            else None
+        )
         state.num_requests += 1
         state.log("request_start", request_id=request_id, protocol=protocol, **fields)
 
     def rejected(self, error: ApiError) -> None:
+        if self.span is not None:
+            self.span.rejected(error)
         self.state.num_errors += 1
         observe_request(
             self.state.metrics, {"event": "request_rejected", "protocol": self.protocol, "code": error.code}
@@ -43,6 +50,8 @@ class Tracker:
 
     async def begin(self, generation: Generation) -> None:
         """Submit to the engine; a refusal is logged and re-raised as the HTTP error."""
+        if self.span is not None:
+            self.span.sampling(generation.params)
         try:
             await generation.start()
         except ApiError as exc:
@@ -88,6 +97,8 @@ class Tracker:
         )
         observe_request(state.metrics, {"event": "request_done", **record})
         state.log("request_done", request_id=self.request_id, **record)
+        if self.span is not None:
+            self.span.finish(record, outcome, None if disconnected else error)
 
     async def stream(self, generation: Generation, frames: AsyncIterator[str]) -> AsyncIterator[str]:
         """Pass the SSE frames through; log the ending however the stream ends (disconnect included)."""

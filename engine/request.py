@@ -59,7 +59,10 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check(_opt_range(value, -2.0, 2.0), name, value, "must be in [-2, 2]")
-        _check(self.seed is None or _int(self.seed), "seed", self.seed, "must be an int")
+        seed = self.seed  # torch.Generator.manual_seed's range; beyond it the engine loop would raise
+        _check(
+            seed is None or (_int(seed) and -(2**63) <= seed < 2**64), "seed", seed, "must be a 64-bit int"
+        )
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings")
         ids = self.stop_token_ids
         _check(all(_int(t) and t >= 0 for t in ids), "stop_token_ids", ids, "must be token ids >= 0")
@@ -166,6 +169,8 @@ class Request:
     num_prompt_tokens: int = field(init=False)
     num_computed_tokens: int = field(default=0, init=False)
     num_cached_tokens: int = field(default=0, init=False)  # tokens reused from a prefix checkpoint
+    admitted_time: float | None = field(default=None, init=False)  # scheduler clock when given a lane
+    first_token_time: float | None = field(default=None, init=False)  # ... when its first token was sampled
     finish_reason: FinishReason | None = field(default=None, init=False)
     # Chained page hashes of token_ids' full pages, extended lazily (engine.cache.prefix).
     page_hashes: list[bytes] = field(default_factory=list, init=False)
@@ -213,13 +218,16 @@ class TokenEvent:
 
 @dataclass(frozen=True, slots=True)
 class FinishEvent:
-    """The one terminal event of a request."""
+    """The one terminal event of a request. `queue_seconds`: arrival to admission (to the end if never
+    admitted); `prefill_seconds`: admission to the first sampled token (None if none was sampled)."""
 
     request_id: str
     reason: FinishReason
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int
+    queue_seconds: float | None = None
+    prefill_seconds: float | None = None
 
 
 Event = TokenEvent | FinishEvent

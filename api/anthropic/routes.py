@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.anthropic import convert
 from api.anthropic.schemas import CountTokensRequest, MessagesRequest
-from api.body import read_json, validate
+from api.body import json_body_doc, read_json, validate
 from api.errors import ApiError, anthropic_body
 from api.generation import Generation
 from api.prompt import build_prompt, check_fits
@@ -23,7 +23,7 @@ router = APIRouter()
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", openapi_extra=json_body_doc(MessagesRequest))
 async def create_message(request: Request) -> Any:
     state = server_state(request)
     req = validate(MessagesRequest, await read_json(request))
@@ -41,6 +41,7 @@ async def create_message(request: Request) -> Any:
         state,
         request_id,
         "anthropic.messages",
+        model=req.model,
         stream=req.stream,
         num_tools=len(plan.tools or ()),
         thinking=plan.thinking,
@@ -109,7 +110,7 @@ async def _message_frames(generation: Generation, message_id: str, model: str) -
     yield sse_event("message_stop", {"type": "message_stop"})
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post("/v1/messages/count_tokens", openapi_extra=json_body_doc(CountTokensRequest))
 async def count_tokens(request: Request) -> JSONResponse:
     state = server_state(request)
     req = validate(CountTokensRequest, await read_json(request))

@@ -449,6 +449,7 @@ async def create(state: ServerState, request_id: str, req: ResponsesRequest) -> 
         state,
         request_id,
         "openai.responses",
+        model=req.model,
         stream=req.stream,
         num_tools=len(plan.tools or ()),
         thinking=plan.thinking,

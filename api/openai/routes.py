@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from api.body import read_json, validate
+from api.body import json_body_doc, read_json, validate
 from api.errors import ApiError, openai_body
 from api.generation import Generation, Outcome
 from api.openai import convert, responses
@@ -50,7 +50,7 @@ async def get_model(request: Request, model_id: str) -> JSONResponse:
 # ------------------------------------------------------------------------------------ chat completions
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=json_body_doc(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Any:
     state = server_state(request)
     req = validate(ChatCompletionRequest, await read_json(request))
@@ -70,6 +70,7 @@ async def chat_completions(request: Request) -> Any:
         state,
         request_id,
         "chat.completions",
+        model=model,
         stream=req.stream,
         num_tools=len(plan.tools or ()),
         thinking=plan.thinking,
@@ -128,14 +129,14 @@ async def _chat_frames(
 # ------------------------------------------------------------------------------------ responses
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", openapi_extra=json_body_doc(ResponsesRequest))
 async def create_response(request: Request) -> Any:
     state = server_state(request)
     req = validate(ResponsesRequest, await read_json(request))
     return await responses.create(state, request.state.request_id, req)
 
 
-@router.post("/v1/responses/input_tokens")
+@router.post("/v1/responses/input_tokens", openapi_extra=json_body_doc(InputTokensRequest))
 async def response_input_tokens(request: Request) -> JSONResponse:
     state = server_state(request)
     req = validate(InputTokensRequest, await read_json(request))

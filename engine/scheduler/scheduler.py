@@ -247,6 +247,7 @@ class Scheduler:
             boundaries,
         )
         request.status = RequestStatus.RUNNING
+        request.admitted_time = self.clock()
         request.num_computed_tokens = request.num_cached_tokens = reused
         if match is not None:
             self.num_prefix_hits += 1
@@ -335,6 +336,8 @@ class Scheduler:
                 self.prefix.insert(request.token_ids, request.page_hashes, position, lane.page_ids, slot)  # type: ignore[union-attr]
             if row.sample:
                 token = next(sampled)
+                if request.first_token_time is None:
+                    request.first_token_time = self.clock()
                 request.token_ids.append(token)
                 events.append(TokenEvent(request.request_id, (token,), request.num_output_tokens))
                 reason = self._finish_reason(lane, token)
@@ -375,12 +378,16 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self.requests.pop(request.request_id, None)
+        admitted, first = request.admitted_time, request.first_token_time
+        queued_until = admitted if admitted is not None else self.clock()
         return FinishEvent(
             request.request_id,
             reason,
             request.num_prompt_tokens,
             request.num_output_tokens,
             request.num_cached_tokens,
+            queue_seconds=max(queued_until - request.arrival_time, 0.0),
+            prefill_seconds=None if admitted is None or first is None else max(first - admitted, 0.0),
         )
 
     # ---- introspection --------------------------------------------------------------------------

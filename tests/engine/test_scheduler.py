@@ -277,3 +277,27 @@ def test_stats_count_tokens_pages_and_requests() -> None:
     stats = sched.stats()
     assert (stats.num_prefill_tokens, stats.num_decode_tokens) == (11, 3)  # b's 3 remaining prompt tokens
     assert stats.num_running == 0 and stats.num_checkpoints == 2
+
+
+def test_finish_events_carry_queue_and_prefill_seconds() -> None:
+    """Queue = arrival to admission (to the end when never admitted); prefill = admission to first token."""
+    now = [0.0]
+    sched = make_scheduler(lanes=1, timeout_ms=1000, prefill_chunk=4, clock=lambda: now[0])
+    drv = Driver(sched)
+    drv.add(request("a", list(range(1, 11)), max_tokens=3, arrival=0.0))
+    drv.add(request("b", [1, 2], max_tokens=2, arrival=0.4))
+    drv.add(request("late", [3, 4], arrival=0.2))
+    now[0] = 0.5
+    drv.step()  # admits "a", first chunk of its 10-token prompt
+    for t in (0.75, 1.0):  # two more chunks; the third samples its first token
+        now[0] = t
+        drv.step()
+    now[0] = 1.25
+    drv.step()  # "late" has waited 1.05 s: refused
+    drv.run()  # "a" finishes at 1.25; "b" is admitted and prefilled in the next step, at 1.25 too
+    a, b, late = drv.reason("a"), drv.reason("b"), drv.reason("late")
+    assert (a.queue_seconds, a.prefill_seconds) == (0.5, 0.5)
+    assert b.reason.kind is FinishKind.LENGTH
+    assert b.queue_seconds == pytest.approx(1.25 - 0.4) and b.prefill_seconds == 0.0
+    assert late.reason.code is RejectCode.QUEUE_TIMEOUT
+    assert late.queue_seconds == pytest.approx(1.25 - 0.2) and late.prefill_seconds is None
