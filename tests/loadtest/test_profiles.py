@@ -1,0 +1,76 @@
+"""Every Locust profile runs headless for a few seconds against a real `ninfer-serve` through
+`loadtest/run.py` (the `locust` CLI in a subprocess) and writes its results: summary.json with
+p50/p90/p99 overall and per group, goodput and cached share; summary.csv; records.jsonl; Locust's own
+CSVs with the custom TTFT / TPOT / ITL / TOKENS events. `agent_sessions_long` has 0 failed requests and
+cached prompt tokens on every turn after the first. The engine is idle and healthy afterwards."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ninfer_proc import Server, assert_healthy, assert_log_accounts
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# profile -> (run time, --param overrides): tiny sizes, a few seconds each.
+RUNS: dict[str, tuple[str, list[str]]] = {
+    "agent_sessions_long": ("9s", []),
+    "park_resume": ("6s", ["turns=2", "think_time_s=[0.2,0.6]"]),
+    "shared_prefix_fanout": ("4s", []),
+    "prefill_ladder": ("4s", ["rungs=[32,64,128]"]),
+    "chat_mix": ("4s", []),
+    "rate_sweep": ("5s", ['stages=[{"rate":1,"duration_s":2},{"rate":3,"duration_s":2}]']),
+}
+
+
+def _run(server: Server, profile: str, out: Path) -> dict[str, Any]:
+    run_time, params = RUNS[profile]
+    cmd = [
+        sys.executable, str(ROOT / "loadtest" / "run.py"), profile,
+        "--host", server.url, "--run-time", run_time, "--stop-timeout", "20", "--results", str(out),
+        *[arg for p in params for arg in ("--param", p)],
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return summary
+
+
+@pytest.mark.parametrize("profile", list(RUNS))
+def test_profile_runs_and_writes_results(load_server: Server, tmp_path: Path, profile: str) -> None:
+    summary = _run(load_server, profile, tmp_path)
+    overall = summary["overall"]
+    assert summary["profile"] == profile and overall["requests"] > 0 and overall["failed"] == 0, overall
+    for key in ("ttft_s", "e2e_s"):
+        assert all(overall[key][q] is not None for q in ("p50", "p90", "p99")), overall[key]
+    assert overall["ttft_s"]["p50"] <= overall["ttft_s"]["p99"]
+    assert 0.0 <= overall["cached_token_share"] <= 1.0 and 0.0 <= overall["goodput"]["share"] <= 1.0
+    assert summary["by_group"] and all(g["requests"] > 0 for g in summary["by_group"].values())
+    assert summary["server"]["engine"]["num_requests_added"] >= overall["requests"]
+    rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
+    assert rows[0]["group"] == "overall" and len(rows) == 1 + len(summary["by_group"]) + len(
+        summary.get("by_kind", {})
+    )
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert len(records) == overall["requests"]
+    assert all(r["output_tokens"] >= 1 and r["prompt_tokens"] > 0 for r in records)
+    kinds = {row["Type"] for row in csv.DictReader(open(tmp_path / "locust_stats.csv"))}
+    assert {"STREAM", "TTFT", "TOKENS"} <= kinds, kinds
+    if profile == "agent_sessions_long":
+        later = summary["later_turns"]
+        assert later["requests"] > 0 and later["without_cached_tokens"] == 0, later
+        assert {r["api"] for r in records} == {"openai", "anthropic"}
+    if profile == "shared_prefix_fanout":
+        assert overall["cached_token_share"] > 0.3
+    if profile == "park_resume":
+        assert "cold" in summary["by_kind"]
+    if profile == "rate_sweep":
+        assert "max_rate_meeting_slo" in summary and len(summary["by_group"]) >= 1
+    assert_healthy(load_server)
+    assert_log_accounts(load_server)
