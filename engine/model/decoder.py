@@ -1,4 +1,10 @@
-"""One pre-norm decoder layer: token mixer (GDN or gated attention) then feed-forward, each residual."""
+"""One pre-norm decoder layer: token mixer (GDN or gated attention) then feed-forward, each residual.
+
+``forward`` is the plain form (the MTP head uses it). ``forward_fused`` is the form the decoder stack
+runs: it takes the already-normed input and the residual stream, and fuses each residual add with the
+norm that follows it (``add_rms_norm``), the last one being the next layer's input norm (or the final
+norm). Both compute the same values bit for bit: the add rounds to the model dtype before the norm.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +32,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def _mix(
+        self,
+        normed: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+        cache: ModelCache,
+    ) -> torch.Tensor:
+        if self.layer_type == "linear_attention":
+            return self.linear_attn(normed, batch, cache)
+        return self.self_attn(normed, rope, batch, cache)
+
     def forward(
         self,
         hidden: torch.Tensor,  # [T, hidden]
@@ -33,10 +50,20 @@ class DecoderLayer(nn.Module):
         batch: ForwardBatch,
         cache: ModelCache,
     ) -> torch.Tensor:
-        mixed_in = self.input_layernorm(hidden)
-        if self.layer_type == "linear_attention":
-            mixed = self.linear_attn(mixed_in, batch, cache)
-        else:
-            mixed = self.self_attn(mixed_in, rope, batch, cache)
-        hidden = hidden + mixed
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        mixed = self._mix(self.input_layernorm(hidden), rope, batch, cache)
+        normed, hidden = self.post_attention_layernorm.add_forward(mixed, hidden)
+        return hidden + self.mlp(normed)
+
+    def forward_fused(
+        self,
+        normed: torch.Tensor,  # input_layernorm(residual), [T, hidden]
+        residual: torch.Tensor,  # [T, hidden]
+        rope: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+        cache: ModelCache,
+        next_norm: RMSNorm,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (next_norm(h), h) with h this layer's output residual stream."""
+        mixed = self._mix(normed, rope, batch, cache)
+        normed, residual = self.post_attention_layernorm.add_forward(mixed, residual)
+        return next_norm.add_forward(self.mlp(normed), residual)

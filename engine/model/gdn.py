@@ -5,6 +5,15 @@ in_proj_qkv -> causal depthwise conv1d (SiLU) over the concatenated q|k|v channe
 the sequence's saved state (chunked for multi-token chunks, recurrent for single tokens); per-head
 gated RMSNorm with ``z`` as the gate; out_proj. Conv and recurrent states live in the slot pool of
 ``ModelCache`` at index ``state_index``; this layer reads and writes only the slots the batch names.
+
+Paths (chosen from shapes only):
+- decode (``T == B``, one token per sequence): ``causal_conv1d_decode`` then
+  ``gated_delta_rule_decode``, which computes the gates itself from ``a``/``b`` (no host sync; a
+  state slot of -1 marks a padding row that touches no state: CUDA-graph padding).
+- prefill / mixed: on CUDA the conv runs as a cuDNN depthwise ``conv1d`` per sequence and the rule as
+  ``chunk_gated_delta_rule`` (fla-core's chunked kernel when installed) per multi-token sequence, the
+  single-token rows through the decode kernel; elsewhere ``causal_conv1d_varlen_ref`` and
+  ``gated_delta_rule_varlen_ref``.
 """
 
 from __future__ import annotations
@@ -16,8 +25,8 @@ from torch import nn
 from engine.model.config import ModelConfig
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.norm import GatedRMSNorm
-from kernels.conv import causal_conv1d_varlen_ref
-from kernels.gdn import gated_delta_rule_varlen_ref
+from kernels.conv import causal_conv1d_decode, causal_conv1d_varlen_ref
+from kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_decode, gated_delta_rule_varlen_ref
 
 
 class _Conv1dWeight(nn.Module):
@@ -48,30 +57,84 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.v_dim, config.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
 
+    def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        query, key, value = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        return (
+            query.unflatten(-1, (self.num_k_heads, self.k_dim)),
+            key.unflatten(-1, (self.num_k_heads, self.k_dim)),
+            value.unflatten(-1, (self.num_v_heads, self.v_dim)),
+        )
+
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         num_tokens = x.shape[0]
-        mixed = causal_conv1d_varlen_ref(
-            self.in_proj_qkv(x),
-            self.conv1d.weight.squeeze(1),
-            cache.conv_state[self.state_index],
-            batch.query_start_loc,
-            batch.state_slots,
-            batch.has_initial_state,
-            activation="silu",
-        )
-        query, key, value = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        beta = torch.sigmoid(self.in_proj_b(x))
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
-        core = gated_delta_rule_varlen_ref(
-            query.reshape(num_tokens, self.num_k_heads, self.k_dim),
-            key.reshape(num_tokens, self.num_k_heads, self.k_dim),
-            value.reshape(num_tokens, self.num_v_heads, self.v_dim),
-            g,
-            beta,
-            cache.recurrent_state[self.state_index],
-            batch.query_start_loc,
-            batch.state_slots,
-            batch.has_initial_state,
-        )
+        qkv = self.in_proj_qkv(x)
+        a, b = self.in_proj_a(x), self.in_proj_b(x)
+        conv_state = cache.conv_state[self.state_index]
+        states = cache.recurrent_state[self.state_index]
+        weight = self.conv1d.weight.squeeze(1)
+        if num_tokens == batch.num_sequences:
+            mixed = causal_conv1d_decode(qkv, weight, conv_state, batch.state_slots, batch.has_initial_state)
+            query, key, value = self._heads(mixed)
+            core = gated_delta_rule_decode(
+                query, key, value, a, b, self.A_log, self.dt_bias, states,
+                batch.state_slots, batch.has_initial_state,
+            )  # fmt: skip
+        elif x.is_cuda:
+            core = self._prefill_cuda(qkv, a, b, weight, conv_state, states, batch)
+        else:
+            mixed = causal_conv1d_varlen_ref(
+                qkv, weight, conv_state, batch.query_start_loc, batch.state_slots, batch.has_initial_state,
+                activation="silu",
+            )  # fmt: skip
+            query, key, value = self._heads(mixed)
+            beta = torch.sigmoid(b)
+            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+            core = gated_delta_rule_varlen_ref(
+                query, key, value, g, beta, states,
+                batch.query_start_loc, batch.state_slots, batch.has_initial_state,
+            )  # fmt: skip
         z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.v_dim)
         return self.out_proj(self.norm(core, z).reshape(num_tokens, self.value_dim))
+
+    def _prefill_cuda(
+        self,
+        qkv: torch.Tensor,  # [T, conv_dim]
+        a: torch.Tensor,  # [T, Hv]
+        b: torch.Tensor,
+        weight: torch.Tensor,  # [conv_dim, K]
+        conv_state: torch.Tensor,  # [slots, conv_dim, K - 1]
+        states: torch.Tensor,  # [slots, Hv, Dk, Dv] fp32
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """Per sequence: depthwise conv from the saved conv state, then the chunked rule (syncs once)."""
+        bounds = batch.query_start_loc.tolist()
+        slots, cont = batch.state_slots.tolist(), batch.has_initial_state.tolist()
+        channels, kernel = weight.shape
+        core = qkv.new_empty(qkv.shape[0], self.num_v_heads, self.v_dim)
+        g_all = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        beta_all = torch.sigmoid(b)
+        for i, slot in enumerate(slots):
+            start, end = bounds[i], bounds[i + 1]
+            if end == start:
+                continue
+            x = qkv[start:end]
+            prev = conv_state[slot] if cont[i] else conv_state.new_zeros(channels, kernel - 1)
+            history = torch.cat([prev.to(x.dtype), x.t()], dim=1)  # [C, K - 1 + t]
+            conv_state[slot] = history[:, history.shape[1] - (kernel - 1) :]
+            conv = F.conv1d(history.unsqueeze(0), weight.unsqueeze(1), groups=channels)[0]
+            mixed = F.silu(conv.t().contiguous())
+            query, key, value = self._heads(mixed)
+            if end - start == 1:
+                core[start:end] = gated_delta_rule_decode(
+                    query, key, value, a[start:end], b[start:end], self.A_log, self.dt_bias, states,
+                    batch.state_slots[i : i + 1], batch.has_initial_state[i : i + 1],
+                )  # fmt: skip
+                continue
+            initial = states[slot : slot + 1] if cont[i] else None
+            out, final = chunk_gated_delta_rule(
+                query.unsqueeze(0).contiguous(), key.unsqueeze(0).contiguous(), value.unsqueeze(0).contiguous(),
+                g_all[start:end].unsqueeze(0), beta_all[start:end].unsqueeze(0), initial,
+            )  # fmt: skip
+            core[start:end] = out[0]
+            states[slot] = final[0]
+        return core

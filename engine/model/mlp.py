@@ -3,6 +3,11 @@
 MoE (HF ``Qwen3_5MoeSparseMoeBlock``): ``gate`` is the router ([E, H]); experts are stored fused
 (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I]); the output is the routed sum
 plus ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``.
+
+Expert paths (chosen from shapes only): a few tokens (``T * top_k <= GATHER_MAX_ROWS``, decode) gather
+their experts' weights and run two batched matmuls, with no host sync (CUDA-graph safe, and each row's
+math independent of the batch); on CUDA a larger batch groups its rows by expert and runs each
+expert's rows as one matmul in the model dtype; elsewhere ``moe_experts_ref``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from torch import nn
 
 from engine.model.config import ModelConfig
 from kernels.moe import moe_experts_ref, moe_route_ref
+
+GATHER_MAX_ROWS = 64  # T * top_k at or below this takes the gathered-weights path
 
 
 class MLP(nn.Module):
@@ -57,9 +64,114 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = moe_route_ref(F.linear(x, self.gate.weight), self.top_k)
-        routed = moe_experts_ref(x, self.experts.gate_up_proj, self.experts.down_proj, weights, expert_ids)
+        gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
+        if expert_ids.numel() <= GATHER_MAX_ROWS:
+            routed = _experts_gathered(x, gate_up, down, weights, expert_ids)
+        elif x.is_cuda:
+            routed = _experts_grouped(x, gate_up, down, weights, expert_ids)
+        else:
+            routed = moe_experts_ref(x, gate_up, down, weights, expert_ids)
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return routed + shared
+
+
+def _experts_gathered(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    expert_ids: torch.Tensor,
+) -> torch.Tensor:
+    """``moe_experts_ref`` for few tokens: gather the chosen experts' weights, two batched matmuls."""
+    num_tokens, top_k = expert_ids.shape
+    flat = expert_ids.reshape(-1)
+    xs = x.unsqueeze(1).expand(-1, top_k, -1).reshape(-1, x.shape[-1], 1)  # [T * k, H, 1]
+    gate, up = torch.bmm(gate_up[flat], xs).squeeze(-1).chunk(2, dim=-1)  # [T * k, I] each
+    act = (F.silu(gate.float()) * up.float()).to(x.dtype).unsqueeze(-1)
+    ys = torch.bmm(down[flat], act).squeeze(-1).float()  # [T * k, H]
+    out = (ys.view(num_tokens, top_k, -1) * weights.float().unsqueeze(-1)).sum(dim=1)
+    return out.to(x.dtype)
+
+
+def _experts_grouped(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    expert_ids: torch.Tensor,
+) -> torch.Tensor:
+    """``moe_experts_ref`` for a large batch on CUDA: rows sorted by expert, each expert's rows padded to
+    a multiple of ``_GROUP_ALIGN`` and run as one grouped GEMM (``torch._grouped_mm``) in the model
+    dtype; one matmul per expert where the grouped GEMM is unavailable. Syncs once for the counts."""
+    num_experts = gate_up.shape[0]
+    top_k = expert_ids.shape[1]
+    flat = expert_ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    token_of = order // top_k
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    xs = x[token_of]
+    if _grouped_mm_ok(x, gate_up):
+        ys = _grouped_rows(xs, flat[order], counts, gate_up, down)
+    else:
+        ys = torch.empty(xs.shape, dtype=torch.float32, device=x.device)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count:
+                rows = slice(start, start + count)
+                gate, up = (xs[rows] @ gate_up[expert].t()).chunk(2, dim=-1)
+                act = (F.silu(gate.float()) * up.float()).to(x.dtype)
+                ys[rows] = (act @ down[expert].t()).float()
+                start += count
+    ys = ys * weights.reshape(-1)[order].float().unsqueeze(-1)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    out.index_add_(0, token_of, ys)
+    return out.to(x.dtype)
+
+
+_GROUP_ALIGN = 16  # rows per expert group padded to this (grouped-GEMM alignment)
+
+
+def _grouped_mm_ok(x: torch.Tensor, gate_up: torch.Tensor) -> bool:
+    return (
+        hasattr(torch, "_grouped_mm")
+        and x.is_cuda
+        and x.dtype == torch.bfloat16
+        and torch.cuda.get_device_capability(x.device) >= (9, 0)
+        and x.shape[-1] % 16 == 0
+        and gate_up.shape[1] % 32 == 0
+    )
+
+
+def _grouped_rows(
+    xs: torch.Tensor,
+    sorted_experts: torch.Tensor,
+    counts: list[int],
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
+    """Expert MLP of rows already sorted by expert -> fp32 [rows, H], through two grouped GEMMs."""
+    padded = [-(-c // _GROUP_ALIGN) * _GROUP_ALIGN for c in counts]
+    ends, starts, src_starts = [], [], []
+    total = src = 0
+    for count, size in zip(counts, padded, strict=True):
+        starts.append(total)
+        src_starts.append(src)
+        total += size
+        src += count
+        ends.append(total)
+    device = xs.device
+    dest = (
+        torch.tensor(starts, device=device)[sorted_experts]
+        + torch.arange(xs.shape[0], device=device)
+        - torch.tensor(src_starts, device=device)[sorted_experts]
+    )
+    offs = torch.tensor(ends, dtype=torch.int32, device=device)
+    grouped = xs.new_zeros(max(total, _GROUP_ALIGN), xs.shape[-1])
+    grouped[dest] = xs
+    gate_up_out = torch._grouped_mm(grouped, gate_up.transpose(1, 2), offs=offs)
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    act = (F.silu(gate.float()) * up.float()).to(xs.dtype)
+    return torch._grouped_mm(act, down.transpose(1, 2), offs=offs)[dest].float()
 
 
 def make_feed_forward(config: ModelConfig) -> nn.Module:

@@ -16,7 +16,7 @@ from engine.model.decoder import DecoderLayer
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.mtp import MultiTokenPredictor
 from engine.model.norm import RMSNorm
-from kernels.rope import rope_cos_sin_ref
+from kernels.rope import mrope_axis_map_ref, rope_inv_freq_ref
 
 
 class Qwen3_5TextModel(nn.Module):
@@ -30,18 +30,38 @@ class Qwen3_5TextModel(nn.Module):
             layers.append(DecoderLayer(config, layer_type, ids.index(layer_id)))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self._rope_consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [T, rotary_dim] for [T] text or [3, T] multimodal positions."""
+        """cos/sin [T, rotary_dim] for [T] text or [3, T] multimodal positions.
+
+        The math of ``kernels.rope.rope_cos_sin_ref``, with its constant tables (inverse frequencies,
+        mrope axis map) built once per device: no host-to-device copy per step, so a decode step can
+        be captured in a CUDA graph.
+        """
         c = self.config
-        return rope_cos_sin_ref(positions, c.rotary_dim, c.rope_theta, c.mrope_section)
+        consts = self._rope_consts.get(positions.device)
+        if consts is None:
+            inv_freq = rope_inv_freq_ref(c.rotary_dim, c.rope_theta, positions.device)
+            axis = mrope_axis_map_ref(inv_freq.numel(), c.mrope_section).to(positions.device)
+            consts = self._rope_consts[positions.device] = (inv_freq, axis)
+        inv_freq, axis = consts
+        pos3 = positions.unsqueeze(0).expand(3, -1) if positions.dim() == 1 else positions
+        freqs = pos3.to(torch.float32).unsqueeze(-1) * inv_freq  # [3, T, rotary_dim / 2]
+        chosen = freqs.gather(0, axis.view(1, 1, -1).expand(1, freqs.shape[1], -1)).squeeze(0)
+        table = torch.cat([chosen, chosen], dim=-1)
+        return table.cos(), table.sin()
 
     def forward(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
-        hidden = self.embed_tokens(batch.input_ids)
+        residual = self.embed_tokens(batch.input_ids)
         rope = self.rope(batch.positions)
-        for layer in self.layers:
-            hidden = layer(hidden, rope, batch, cache)
-        return self.norm(hidden)
+        if not self.layers:
+            return self.norm(residual)
+        normed = self.layers[0].input_layernorm(residual)
+        for i, layer in enumerate(self.layers):
+            next_norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            normed, residual = layer.forward_fused(normed, residual, rope, batch, cache, next_norm)
+        return normed
 
 
 class Qwen3_5ForCausalLM(nn.Module):

@@ -114,12 +114,10 @@ def test_convert_refuses_unregistered_identity_and_bad_dirs(tmp_path: Path) -> N
     assert not (tmp_path / "o.ninfer").exists()
 
 
-def test_stub_commands_say_not_yet_available() -> None:
-    for script in ("ninfer-bench",):
-        result = subprocess.run(
-            [str(Path(sys.executable).with_name(script))], capture_output=True, text=True, check=False
-        )
-        assert result.returncode == 2 and "not yet available" in result.stderr
+def test_bench_needs_a_geometry_and_says_so() -> None:
+    script = str(Path(sys.executable).with_name("ninfer-bench"))
+    result = subprocess.run([script], capture_output=True, text=True, check=False)
+    assert result.returncode == 2 and "--synthetic" in result.stderr
 
 
 def test_progress_shows_on_a_terminal_only(tiny_dense: Path) -> None:
