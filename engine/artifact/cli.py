@@ -124,11 +124,37 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_build_tiny(args: argparse.Namespace) -> int:
+    if args.script is not None:
+        return _build_scripted(args)
     from engine.artifact.tiny import build_tiny
 
     out = build_tiny(args.out, arch=args.arch, seed=args.seed)
     print(f"wrote {out} ({out.stat().st_size:,} bytes): tiny {args.arch} model, seed {args.seed}")
     return 0
+
+
+def _build_scripted(args: argparse.Namespace) -> int:
+    from engine.artifact.script import Script, ScriptError, build_scripted
+
+    if args.arch != "dense":
+        print("build-tiny: --script builds the dense layout only (drop --arch moe)", file=sys.stderr)
+        return 2
+    try:
+        script = Script.from_file(args.script)
+        out = build_scripted(args.out, script, seed=args.seed)
+    except ScriptError as exc:
+        print(f"build-tiny: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out} ({out.stat().st_size:,} bytes): scripted tiny model from {args.script}, verified")
+    return 0
+
+
+_SCRIPT_HELP = """\
+a JSON file {"reasoning": "...", "content": "..."} ("reasoning" optional): build a model whose greedy output
+is that script instead of random weights. After a thinking-on generation prompt it emits
+reasoning + "\\n</think>\\n\\n" + content, after a thinking-off one the content, then <|im_end|>, whatever
+the conversation before. Every run of 7 tokens in the output must be followed by one and the same token
+(the model sees 7 tokens of context); the build decodes the model through the engine before it returns."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out")
     p.add_argument("--arch", choices=["dense", "moe"], default="dense")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--script", metavar="FILE", help=_SCRIPT_HELP)
     p.set_defaults(func=_cmd_build_tiny)
     return parser
 
