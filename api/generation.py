@@ -51,6 +51,7 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    host_cached_tokens: int = 0  # of cached_tokens, restored from host RAM (host KV parking)
     reasoning_tokens: int = 0
     tool_parse_fallbacks: tuple[str, ...] = ()
     queue_start: float = 0.0
@@ -184,6 +185,7 @@ class Generation:
         outcome.prompt_tokens = event.num_prompt_tokens or outcome.prompt_tokens
         outcome.completion_tokens = max(outcome.completion_tokens, event.num_output_tokens)
         outcome.cached_tokens = event.num_cached_tokens
+        outcome.host_cached_tokens = event.num_host_cached_tokens
         outcome.queue, outcome.prefill = event.queue_seconds, event.prefill_seconds
         events: list[StreamEvent] = []
         if self._detok.stop_matched is None:

@@ -7,8 +7,10 @@ exits with status 2 and the reason before anything is loaded.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import logging
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -93,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--prefill-chunk", type=_positive_int, default=1024, help="a multiple of 128")
     cap.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16")
     cap.add_argument("--no-prefix-reuse", action="store_true")
+    cap.add_argument(
+        "--host-kv-cache-mib",
+        type=_nonneg_int,
+        default=0,
+        help="park evicted sessions' KV + GDN state in this much host RAM and restore by copy; 0 = off",
+    )
     cap.add_argument("--default-max-tokens", type=_positive_int, default=8192)
     log = p.add_argument_group("logging and response store")
     log.add_argument("--request-log-jsonl", type=Path, help="append request events (never text) here")
@@ -126,6 +134,11 @@ def _check_combinations(args: argparse.Namespace) -> None:
         raise ValueError(f"--prefill-chunk {args.prefill_chunk}: must be a multiple of 128")
     if isinstance(args.kv_capacity, int) and args.kv_capacity < args.max_context:
         raise ValueError(f"--kv-capacity {args.kv_capacity} must be >= --max-context {args.max_context}")
+    if args.host_kv_cache_mib and args.no_prefix_reuse:
+        raise ValueError(
+            f"--host-kv-cache-mib {args.host_kv_cache_mib} needs prefix reuse: with --no-prefix-reuse "
+            "nothing parked could ever be restored"
+        )
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key must not be empty")
     if args.model_id is not None and not args.model_id.strip():
@@ -177,6 +190,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
             prefill_chunk=args.prefill_chunk,
             kv_dtype=args.kv_dtype,
             prefix_reuse=not args.no_prefix_reuse,
+            host_kv_cache_mib=args.host_kv_cache_mib,
             default_max_tokens=args.default_max_tokens,
             greedy=args.greedy,
         )
@@ -243,6 +257,19 @@ class _DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: Any) -> None:
         self._app.state.draining = True
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Keep listening while admitted requests finish, so a new request gets a 503
+        (`server_shutting_down`) rather than a refused connection; then uvicorn's graceful shutdown."""
+        state = self._app.state.server
+        while not self.force_exit and _busy(state):
+            await asyncio.sleep(0.05)
+        await super().shutdown(sockets)
+
+
+def _busy(state: Any) -> bool:
+    stats = state.engine.stats()
+    return bool(state.in_flight or getattr(stats, "num_running", 0) or getattr(stats, "num_waiting", 0))
 
 
 EngineFactory = Callable[[str, EngineConfig, SamplingParams], Any]

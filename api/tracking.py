@@ -89,7 +89,8 @@ class Tracker:
                 "completion_tokens": outcome.completion_tokens,
                 "reasoning_tokens": outcome.reasoning_tokens,
                 "prefix_cache_hit_tokens": outcome.cached_tokens,
-                "prefix_reuse_path": "checkpoint" if outcome.cached_tokens else "none",
+                "host_cache_hit_tokens": outcome.host_cached_tokens,
+                "prefix_reuse_path": _reuse_path(outcome.cached_tokens, outcome.host_cached_tokens),
                 "stop_sequence_matched": outcome.stop_sequence is not None,
                 "tool_call_parse": {"fallbacks": list(outcome.tool_parse_fallbacks)},
             },
@@ -128,3 +129,10 @@ async def collect(tracker: Tracker, generation: Generation) -> list[StreamEvent]
     if generation.outcome.finish == "aborted":
         raise ApiError(503, "request_aborted", "the request was aborted by the server")
     return events
+
+
+def _reuse_path(cached_tokens: int, host_cached_tokens: int) -> str:
+    """The request log's `prefix_reuse_path`: host_restore | checkpoint | none."""
+    if host_cached_tokens:
+        return "host_restore"
+    return "checkpoint" if cached_tokens else "none"

@@ -43,6 +43,9 @@ class CacheConfig:
     max_checkpoints: int = 16
     # Message-boundary checkpoints saved per request (the last ones of its prompt beyond the reuse).
     max_boundary_saves: int = 4
+    # Host-RAM parking budget in MiB (`--host-kv-cache-mib`, 0 = off): evicted checkpoints are
+    # parked there and restored by copy (engine/scheduler/host.py, engine/parking.py).
+    host_kv_cache_mib: int = 0
 
     def __post_init__(self) -> None:
         _require(_is_int(self.page_size) and self.page_size >= 1, "page_size", self.page_size, "must be >= 1")
@@ -66,6 +69,14 @@ class CacheConfig:
             "max_boundary_saves",
             self.max_boundary_saves,
             "must be >= 0",
+        )
+        mib = self.host_kv_cache_mib
+        _require(_is_int(mib) and mib >= 0, "host_kv_cache_mib", mib, "must be >= 0 (0 = off)")
+        _require(
+            mib == 0 or self.prefix_reuse,
+            "host_kv_cache_mib",
+            mib,
+            "needs prefix reuse (with --no-prefix-reuse nothing parked could ever be restored)",
         )
 
     def num_pages(self, max_context: int, *, auto_pages: int | None = None) -> int:
@@ -145,9 +156,11 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     greedy: bool = False  # --greedy forces temperature 0 whatever the request says
+    cuda_graph: bool = True  # --no-cuda-graph -> False: every decode step eager (engine/graphs.py)
 
     def __post_init__(self) -> None:
         _require(isinstance(self.greedy, bool), "greedy", self.greedy, "must be a bool")
+        _require(isinstance(self.cuda_graph, bool), "cuda_graph", self.cuda_graph, "must be a bool")
 
     @property
     def num_pages(self) -> int:
@@ -162,6 +175,7 @@ class EngineConfig:
             **{f.name: "cache" for f in dataclasses.fields(CacheConfig)},
             **{f.name: "scheduler" for f in dataclasses.fields(SchedulerConfig)},
             "greedy": "engine",
+            "cuda_graph": "engine",
         }
         for name, value in flags.items():
             if name not in owners:

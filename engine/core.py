@@ -29,6 +29,7 @@ from engine.config import EngineConfig
 from engine.model.config import ModelConfig
 from engine.model.loader import load_model
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.parking import attach_host_parking, host_stat_fields
 from engine.request import Event, FinishEvent, FinishKind, FinishReason, Request, SamplingParams, TokenEvent
 from engine.runner import ModelRunner, resolve_num_pages
 from engine.sampling import default_sampling, resolve_sampling
@@ -59,6 +60,19 @@ class EngineStats:
     num_requests_added: int
     num_requests_finished: dict[str, int] = field(default_factory=dict)  # by finish kind
     num_requests_rejected: dict[str, int] = field(default_factory=dict)  # by reject code
+    # Host KV parking (`--host-kv-cache-mib`; all zero when off; engine/parking.py host_stat_fields).
+    host_kv_capacity_bytes: int = 0
+    host_kv_used_bytes: int = 0
+    host_kv_allocated_bytes: int = 0
+    host_kv_entries: int = 0
+    host_kv_parks: int = 0
+    host_kv_restores: int = 0
+    host_kv_park_bytes: int = 0
+    host_kv_restore_bytes: int = 0
+    host_kv_park_seconds: float = 0.0
+    host_kv_restore_seconds: float = 0.0
+    host_kv_evictions: dict[str, int] = field(default_factory=dict)  # by reason (lru, replaced, ...)
+    host_kv_park_refusals: dict[str, int] = field(default_factory=dict)  # by reason (oversize, pinned)
 
 
 @dataclass(frozen=True)
@@ -147,7 +161,10 @@ class EngineCore:
             num_state_slots=self.scheduler.slots.num_slots,
             kv_dtype=config.cache.kv_dtype,
             seed=seed,
+            cuda_graph=config.cuda_graph,
+            max_context=config.scheduler.max_context,
         )
+        self.host = attach_host_parking(config.cache, self.scheduler, self.runner)  # None when off
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.num_requests_added = 0
         self.finished: Counter[str] = Counter()
@@ -282,6 +299,7 @@ class EngineCore:
             num_requests_added=self.num_requests_added,
             num_requests_finished=dict(self.finished),
             num_requests_rejected=dict(self.rejected),
+            **host_stat_fields(self.host),
         )
 
     def check_integrity(self) -> None:

@@ -169,6 +169,7 @@ class Request:
     num_prompt_tokens: int = field(init=False)
     num_computed_tokens: int = field(default=0, init=False)
     num_cached_tokens: int = field(default=0, init=False)  # tokens reused from a prefix checkpoint
+    num_host_cached_tokens: int = field(default=0, init=False)  # ... of which restored from host RAM
     admitted_time: float | None = field(default=None, init=False)  # scheduler clock when given a lane
     first_token_time: float | None = field(default=None, init=False)  # ... when its first token was sampled
     finish_reason: FinishReason | None = field(default=None, init=False)
@@ -228,6 +229,7 @@ class FinishEvent:
     num_cached_tokens: int
     queue_seconds: float | None = None
     prefill_seconds: float | None = None
+    num_host_cached_tokens: int = 0  # of num_cached_tokens, restored from host RAM (host parking)
 
 
 Event = TokenEvent | FinishEvent

@@ -14,7 +14,10 @@ snapshots (`save_state_to`).
 KV pool size (`--kv-capacity`): omitted = one `max_context` worth of pages; N tokens = ceil(N / page)
 pages; `auto` = the largest page count that fits in free device memory after the weights with 1 GiB
 of headroom on CUDA, and on the CPU a stated default of `CPU_AUTO_KV_BYTES` (256 MiB) of KV.
-CUDA graphs and persistent input buffers (STYLE 2.5) are not built yet: every step is eager.
+CUDA graphs (`engine/graphs.py`): on CUDA with a model-dtype KV cache, a step whose rows are all
+single-token sampling rows (a decode step) replays a graph captured per batch size 1..8 over static
+input buffers; every other step (prefill, mixed, int8 KV, the CPU, `cuda_graph=False` /
+`--no-cuda-graph`) runs eagerly. Graphs are captured at construction (`graphs_captured`).
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.cache.host import HostParking
 from engine.config import CacheConfig
+from engine.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner, DecodeRow
 from engine.model.config import ModelConfig
 from engine.model.forward import ForwardBatch, ModelCache, allocate_model_cache, make_forward_batch
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.parking import run_host_copies
 from engine.request import SamplingParams
 from engine.sampling import Sampler, output_token_counts
 from engine.scheduler.output import ScheduledRequest, SchedulerOutput
@@ -85,7 +91,12 @@ class ModelRunner:
         num_state_slots: int,
         kv_dtype: str = "bf16",
         seed: int | None = None,
+        cuda_graph: bool = True,
+        max_context: int | None = None,
+        graph_sizes: Sequence[int] = DEFAULT_GRAPH_SIZES,
     ) -> None:
+        """max_context bounds a request's page-table row (the graphs' page-table width); None = the
+        whole pool. cuda_graph=False keeps every step eager."""
         if kv_dtype not in ("bf16", "int8"):
             raise ValueError(f"kv_dtype={kv_dtype!r}: must be 'bf16' or 'int8'")
         self.model = model
@@ -105,13 +116,25 @@ class ModelRunner:
             kv_dtype="int8" if kv_dtype == "int8" else "model",
         )
         self.sampler = Sampler(self.device, seed)
+        self.host: HostParking | None = None  # host KV parking, set by engine.parking when enabled
         self._output_token_ids: dict[str, list[int]] = {}  # for presence / frequency penalties
         self.num_steps = 0
+        self.num_graph_steps = 0
+        self.graphs: CudaGraphRunner | None = None
+        if cuda_graph and self.device.type == "cuda" and kv_dtype == "bf16":
+            max_pages = num_pages if max_context is None else min(num_pages, -(-max_context // page_size))
+            self.graphs = CudaGraphRunner(model, self.cache, max_pages_per_seq=max_pages, sizes=graph_sizes)
+            self.graphs.capture()
+
+    @property
+    def graphs_captured(self) -> bool:
+        return self.graphs is not None and self.graphs.captured
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> list[int]:
         """Run one step; one sampled token per row with `sample`, in row order."""
         self.release(output.released_request_ids)
+        run_host_copies(self.host, self.cache, output)  # parks, unparks: before anything writes the cache
         if output.is_empty:
             return []
         self.num_steps += 1
@@ -121,18 +144,38 @@ class ModelRunner:
         for row in rows:
             if row.copy_state_from is not None:
                 self._copy_state(row.copy_state_from, row.state_slot)
-        batch = self._batch(rows)
-        hidden = self.model(batch, self.cache)  # [T, hidden]
-        sample_rows = [i for i, row in enumerate(rows) if row.sample]
-        sampled: list[int] = []
-        if sample_rows:
-            last = batch.last_token_indices()[torch.tensor(sample_rows, device=self.device)]
-            logits = self.model.compute_logits(hidden, last)  # [num_sampled, vocab] fp32
-            sampled = self._sample(logits, [rows[i] for i in sample_rows])
+        if self._graph_eligible(rows):
+            sampled = self._execute_graph(rows)
+        else:
+            sampled = self._execute_eager(rows)
         for row in rows:
             if row.save_state_to is not None:
                 self._copy_state(row.state_slot, row.save_state_to)
         return sampled
+
+    def _execute_eager(self, rows: Sequence[ScheduledRequest]) -> list[int]:
+        batch = self._batch(rows)
+        hidden = self.model(batch, self.cache)  # [T, hidden]
+        sample_rows = [i for i, row in enumerate(rows) if row.sample]
+        if not sample_rows:
+            return []
+        last = batch.last_token_indices()[torch.tensor(sample_rows, device=self.device)]
+        logits = self.model.compute_logits(hidden, last)  # [num_sampled, vocab] fp32
+        return self._sample(logits, [rows[i] for i in sample_rows])
+
+    def _execute_graph(self, rows: Sequence[ScheduledRequest]) -> list[int]:
+        assert self.graphs is not None
+        logits = self.graphs.run([
+            DecodeRow(row.token_ids[0], row.start_pos, row.page_ids, row.state_slot, not row.reset_state)
+            for row in rows
+        ])  # fmt: skip
+        self.num_graph_steps += 1
+        return self._sample(logits, rows)
+
+    def _graph_eligible(self, rows: Sequence[ScheduledRequest]) -> bool:
+        if self.graphs is None or not all(row.num_tokens == 1 and row.sample for row in rows):
+            return False
+        return self.graphs.can_run(len(rows), max(len(row.page_ids) for row in rows))
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Drop the sampler state of requests that ended."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 
@@ -62,6 +62,7 @@ class Checkpoint:
     page_ids: tuple[int, ...]  # pages covering [0, L): ceil(L / page_size), one reference each
     state_slot: int
     num_pins: int = 0  # admitted requests whose restore from this checkpoint has not run yet
+    token_ids: tuple[int, ...] | None = None  # [0, L), kept only with `keep_token_ids` (host parking)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +77,19 @@ class PrefixIndex:
     """At most `max_checkpoints` checkpoints, LRU-ordered (lookup hits and inserts refresh them).
 
     Pinned checkpoints (a restore from them is scheduled but not yet executed) are never evicted.
+    `on_evict(cp)` (host parking) is called with each evicted checkpoint while it still holds its
+    pages and state slot; `keep_token_ids` stores each checkpoint's tokens for that caller.
     """
 
-    def __init__(self, pages: PagePool, slots: StateSlotPool, max_checkpoints: int) -> None:
+    def __init__(
+        self, pages: PagePool, slots: StateSlotPool, max_checkpoints: int, *, keep_token_ids: bool = False
+    ) -> None:
         self.pages = pages
         self.slots = slots
         self.page_size = pages.page_size
         self.max_checkpoints = max_checkpoints
+        self.keep_token_ids = keep_token_ids
+        self.on_evict: Callable[[Checkpoint], None] | None = None
         self._lru: OrderedDict[int, Checkpoint] = OrderedDict()  # oldest first
         self._next_id = 0
         self.num_evictions = 0
@@ -148,6 +155,8 @@ class PrefixIndex:
             self.slots.free(state_slot)
             return None
         cp = Checkpoint(self._next_id, num_tokens, prefix_hash, tail, tuple(page_ids[:num_pages]), state_slot)
+        if self.keep_token_ids:
+            cp.token_ids = tuple(token_ids[:num_tokens])
         self._next_id += 1
         self.pages.incref(cp.page_ids)
         self._lru[cp.checkpoint_id] = cp
@@ -171,6 +180,8 @@ class PrefixIndex:
         return False
 
     def _drop(self, cp: Checkpoint) -> None:
+        if self.on_evict is not None:
+            self.on_evict(cp)
         del self._lru[cp.checkpoint_id]
         self.pages.free(cp.page_ids)
         self.slots.free(cp.state_slot)

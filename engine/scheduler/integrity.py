@@ -20,6 +20,8 @@ def check_integrity(scheduler: Scheduler) -> None:
     checkpoints = scheduler.prefix.checkpoints if scheduler.prefix is not None else []
     if scheduler.prefix is not None:
         scheduler.prefix.check_integrity()
+    if scheduler.host is not None:
+        scheduler.host.check_integrity()
     expected = [0] * scheduler.pages.num_pages
     held_slots: list[int] = [cp.state_slot for cp in checkpoints]
     pins: dict[int, int] = {}

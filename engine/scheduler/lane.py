@@ -25,3 +25,4 @@ class Lane:
     boundaries: deque[int] = field(default_factory=deque)  # checkpoint positions still to save
     initialized: bool = False  # the first step (reset / restore / copy-on-write) was emitted
     pending_save: tuple[int, int] | None = None  # (slot, position) of the step in flight
+    host_restored: bool = False  # admitted with a host unpark into its pages and slot: no state reset

@@ -3,6 +3,11 @@
 Nothing here references a live `Request`: the runner builds its tensors from these ints alone.
 
 How a runner executes one `SchedulerOutput`, in this order:
+  0. host parking (`--host-kv-cache-mib`; `engine/parking.py`): every `host_parks` entry (copy a
+     retained sequence's pages and states to host RAM; the scheduler has already freed those ids, so
+     this must precede anything that writes them), then every `host_unparks` entry (copy a parked
+     entry into a just-admitted lane's own pages and working slot), then make the forward wait for
+     the copies.
   1. `page_copies`: for each (src, dst), copy KV page src into page dst in every attention layer
      (copy-on-write of a reused checkpoint's partial last page).
   2. per row, before the forward: if `reset_state`, zero the GDN state in `state_slot`; if
@@ -56,12 +61,35 @@ class ScheduledRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class HostPark:
+    """Copy a retained sequence to host RAM as entry `key` (`HostParking.park`)."""
+
+    key: int
+    page_ids: tuple[int, ...]  # pages covering [0, max L)
+    token_ids: tuple[int, ...]  # [0, max L)
+    checkpoints: tuple[tuple[int, int], ...]  # (L, state slot holding the state after token L-1)
+
+
+@dataclass(frozen=True, slots=True)
+class HostUnpark:
+    """Copy checkpoint `num_tokens` of parked entry `key` into a lane (`HostParking.unpark`)."""
+
+    key: int
+    page_ids: tuple[int, ...]  # the lane's first ceil(num_tokens / page_size) pages
+    state_slot: int  # the lane's working slot
+    num_tokens: int
+    keep: bool  # keep the entry parked (it holds later checkpoints than the one restored)
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerOutput:
     step_id: int
     requests: tuple[ScheduledRequest, ...]
     page_copies: tuple[tuple[int, int], ...]  # (src_page, dst_page), before the forward
     # Requests that ended since the previous output: the runner drops their sampler state.
     released_request_ids: tuple[str, ...]
+    host_parks: tuple[HostPark, ...] = ()
+    host_unparks: tuple[HostUnpark, ...] = ()
 
     @property
     def is_empty(self) -> bool:

@@ -20,6 +20,10 @@ is blocked) reserves everything a request can need up front: a lane, a state slo
 admitted request can therefore always finish; there is no preemption. A request that could not fit
 even in an empty pool is refused at `add_request` with the numbers. A blocked admission scan is not
 retried every step: only after an arrival, a release (finish / abort / unpin) or a queue timeout.
+
+Host parking (`attach_host`, engine/scheduler/host.py): evicted checkpoints are parked in host RAM,
+and a request whose prompt matches a parked entry better than any device checkpoint restores it
+into its own pages and working slot at admission, then prefills only the rest.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
+from engine.cache.host import HostMatch, HostParking
 from engine.cache.pages import PagePool
 from engine.cache.prefix import PrefixIndex, PrefixMatch, extend_page_hashes
 from engine.cache.state import StateSlotPool
@@ -42,6 +47,7 @@ from engine.request import (
     RequestStatus,
     TokenEvent,
 )
+from engine.scheduler.host import HostPlanner
 from engine.scheduler.integrity import check_integrity
 from engine.scheduler.lane import Lane
 from engine.scheduler.output import ScheduledRequest, SchedulerOutput, SchedulerStats
@@ -86,6 +92,14 @@ class Scheduler:
         self.num_prefix_hit_tokens = 0
         self.num_prefill_tokens = 0
         self.num_decode_tokens = 0
+        self.host: HostPlanner | None = None
+
+    def attach_host(self, host: HostParking) -> None:
+        """Park evicted checkpoints in `host` and restore from it at admission (needs prefix reuse)."""
+        if self.prefix is None:
+            raise ValueError("host parking needs prefix reuse: nothing parked could ever be restored")
+        assert self.host is None and len(self.prefix) == 0, "attach_host before the first request"
+        self.host = HostPlanner(host, self.prefix)
 
     # ---- requests in ----------------------------------------------------------------------------
 
@@ -183,7 +197,8 @@ class Scheduler:
             rows.append(self._row(lane, n, copies))
             budget -= n
         released, self._released = tuple(self._released), []
-        return SchedulerOutput(self._step_id, tuple(rows), tuple(copies), released)
+        parks, unparks = self.host.take() if self.host is not None else ((), ())
+        return SchedulerOutput(self._step_id, tuple(rows), tuple(copies), released, parks, unparks)
 
     def _expire_waiting(self) -> None:
         now = self.clock()
@@ -212,10 +227,21 @@ class Scheduler:
         max_num_tokens, limit_kind = self._limit(request)
         num_pages = self.pages.pages_for(max_num_tokens - 1)  # the last token is never fed
         match = self._lookup(request)
+        host_match = self._host_lookup(request, match)
+        if host_match is not None and match is not None:
+            self.prefix.unpin(match.checkpoint)  # type: ignore[union-attr]
+            match = None  # the parked entry holds a longer prefix
+        if not self._slot_available():  # checked first: a failed admission must evict (park) nothing
+            if match is not None:
+                self.prefix.unpin(match.checkpoint)  # type: ignore[union-attr]
+            return False
+        if host_match is not None and not self._reclaim(num_pages):  # may park idle retained sequences
+            host_match = None
+            match = self._lookup(request)  # a device match needs fewer new pages
         if match is not None and not self._reclaim(num_pages - len(match.shared_page_ids)):
             self.prefix.unpin(match.checkpoint)  # type: ignore[union-attr]
             match = None  # its pinned partial page may be what is missing: try cold
-        if match is None and not self._reclaim(num_pages):
+        if match is None and host_match is None and not self._reclaim(num_pages):
             return False
         slot = self.prefix.allocate_slot() if self.prefix is not None else self.slots.allocate()
         if slot is None:  # every other slot is a pinned checkpoint; the unpin at commit retries
@@ -229,6 +255,10 @@ class Scheduler:
         if match is not None and match.partial_page_id is not None:
             cow = (match.partial_page_id, page_ids[len(shared)])
         reused = match.num_tokens if match is not None else 0
+        if host_match is not None:
+            assert self.host is not None
+            self.host.restore(host_match, page_ids, slot)
+            reused = request.num_host_cached_tokens = host_match.num_tokens
         boundaries: deque[int] = deque()
         if self.prefix is not None and self.cache_config.max_boundary_saves:
             later = [p for p in request.checkpoint_positions if p > reused]
@@ -245,11 +275,12 @@ class Scheduler:
             match.checkpoint if match is not None else None,
             cow,
             boundaries,
+            host_restored=host_match is not None,
         )
         request.status = RequestStatus.RUNNING
         request.admitted_time = self.clock()
         request.num_computed_tokens = request.num_cached_tokens = reused
-        if match is not None:
+        if reused:
             self.num_prefix_hits += 1
             self.num_prefix_hit_tokens += reused
         return True
@@ -264,6 +295,22 @@ class Scheduler:
         if match is not None:
             self.prefix.pin(match.checkpoint)
         return match
+
+    def _host_lookup(self, request: Request, match: PrefixMatch | None) -> HostMatch | None:
+        """A parked checkpoint longer than the device match (pure: nothing pinned, nothing moved)."""
+        if self.host is None:
+            return None
+        limit = request.num_prompt_tokens - 1
+        extend_page_hashes(request.page_hashes, request.token_ids, limit, self.pages.page_size)
+        found = self.host.match(request.token_ids, request.page_hashes, limit)
+        best = match.num_tokens if match is not None else 0
+        return found if found is not None and found.num_tokens > best else None
+
+    def _slot_available(self) -> bool:
+        """Whether a working slot can be had: a free one, or an unpinned checkpoint to evict."""
+        if self.slots.num_free or self.prefix is None:
+            return self.slots.num_free > 0
+        return any(cp.num_pins == 0 for cp in self.prefix.checkpoints)
 
     def _reclaim(self, num_pages: int) -> bool:
         if self.prefix is None:
@@ -284,7 +331,7 @@ class Scheduler:
         reset, copy_from = False, None
         if not lane.initialized:
             lane.initialized = True
-            reset = lane.restore is None
+            reset = lane.restore is None and not lane.host_restored
             copy_from = lane.restore.state_slot if lane.restore is not None else None
             if lane.cow is not None:
                 copies.append(lane.cow)
@@ -388,6 +435,7 @@ class Scheduler:
             request.num_cached_tokens,
             queue_seconds=max(queued_until - request.arrival_time, 0.0),
             prefill_seconds=None if admitted is None or first is None else max(first - admitted, 0.0),
+            num_host_cached_tokens=request.num_host_cached_tokens,
         )
 
     # ---- introspection --------------------------------------------------------------------------
@@ -401,7 +449,8 @@ class Scheduler:
         return len(self.waiting)
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or self.num_running > 0 or bool(self._outbox)
+        host_pending = self.host is not None and self.host.has_pending()
+        return bool(self.waiting) or self.num_running > 0 or bool(self._outbox) or host_pending
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
