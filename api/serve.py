@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="park evicted sessions' KV + GDN state in this much host RAM and restore by copy; 0 = off",
     )
     cap.add_argument("--default-max-tokens", type=_positive_int, default=8192)
+    cap.add_argument("--no-cuda-graph", action="store_true", help="run every decode step eagerly (debugging)")
     log = p.add_argument_group("logging and response store")
     log.add_argument("--request-log-jsonl", type=Path, help="append request events (never text) here")
     log.add_argument(
@@ -193,6 +194,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
             host_kv_cache_mib=args.host_kv_cache_mib,
             default_max_tokens=args.default_max_tokens,
             greedy=args.greedy,
+            cuda_graph=not args.no_cuda_graph,
         )
     except ValueError as exc:
         parser.error(str(exc))

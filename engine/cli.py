@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-capacity", type=_kv_capacity, default=None, help="'auto' or a token count")
     p.add_argument("--prefill-chunk", type=int, default=1024)
     p.add_argument("--no-prefix-reuse", action="store_true")
+    p.add_argument("--no-cuda-graph", action="store_true", help="run every decode step eagerly (debugging)")
     p.add_argument("--greedy", action="store_true", help="temperature 0, whatever else is set")
     p.add_argument("--temperature", type=float)
     p.add_argument("--top-p", type=float)
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         prefill_chunk=args.prefill_chunk,
         prefix_reuse=not args.no_prefix_reuse,
         greedy=args.greedy,
+        cuda_graph=not args.no_cuda_graph,
     )
     params = SamplingParams(
         max_tokens=args.max_new,

@@ -50,6 +50,7 @@ def test_good_flags_map_to_engine_config_and_options(tmp_path: Path) -> None:
             "--max-context", "4096", "--kv-capacity", "auto", "--max-concurrency", "4", "--no-prefix-reuse",
             "--prefill-chunk", "256", "--kv-dtype", "int8", "--greedy", "--top-p", "0.5", "--model-id", "alias",
             "--request-log-jsonl", str(log), "--request-log-max-mib", "2", "--request-log-keep", "3", "--cors",
+            "--no-cuda-graph",
         ]
     )  # fmt: skip
     assert config.scheduler.max_context == 4096 and config.scheduler.max_concurrency == 4
@@ -58,6 +59,8 @@ def test_good_flags_map_to_engine_config_and_options(tmp_path: Path) -> None:
     assert options.sampling.top_p == 0.5 and options.model_id == "alias" and options.cors
     assert options.request_log_keep == 3 and options.request_log_max_mib == 2.0
     assert (args.host, args.port) == ("127.0.0.1", 8080)
+    assert config.cuda_graph is False
+    assert parse_args([])[1].cuda_graph is True
 
 
 def test_api_key_is_redacted_from_logged_argv() -> None:

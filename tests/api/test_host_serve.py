@@ -1,0 +1,62 @@
+"""`ninfer-serve --host-kv-cache-mib`: a real server on the demo model parks a session that a side
+request evicts, restores it when the conversation comes back, and shows it on /stats, /metrics and in
+the request log (`host_cache_hit_tokens`, `prefix_reuse_path: host_restore`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+from conftest import VENV_BIN, free_port, start_server, stop_server
+
+
+def _metric(text: str, name: str) -> float:
+    match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.MULTILINE)
+    assert match is not None, f"{name} not exported"
+    return float(match.group(1))
+
+
+def test_host_parking_through_a_real_server(tmp_path: Path) -> None:
+    port = free_port()
+    request_log = tmp_path / "requests.jsonl"
+    cmd = [
+        str(VENV_BIN / "ninfer-serve"),
+        "--port", str(port),
+        "--max-context", "256",  # one max-context of pages: the side request needs all of them
+        "--max-concurrency", "1",
+        "--host-kv-cache-mib", "16",
+        "--greedy",
+        "--no-thinking",
+        "--request-log-jsonl", str(request_log),
+        "--log-stats-interval-ms", "0",
+        "--model-id", "m",
+    ]  # fmt: skip
+    url, process = start_server(cmd, tmp_path / "server.log", port)
+    try:
+        cats = [{"role": "user", "content": "Tell me about cats."}]
+        session = {"model": "m", "messages": cats, "max_tokens": 8}
+        side = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 225}
+        with httpx.Client(base_url=url, timeout=120) as client:
+            first = client.post("/v1/chat/completions", json=session).json()
+            assert client.post("/v1/chat/completions", json=side).status_code == 200
+            again = client.post("/v1/chat/completions", json=session).json()
+            assert again["choices"][0]["message"] == first["choices"][0]["message"]  # greedy, same tokens
+            engine = client.get("/stats").json()["engine"]
+            metrics = client.get("/metrics").text
+    finally:
+        stop_server(process)
+    assert engine["host_kv_capacity_bytes"] == 16 << 20
+    assert engine["host_kv_parks"] >= 1 and engine["host_kv_restores"] == 1
+    assert engine["host_kv_restore_bytes"] > 0 and engine["host_kv_used_bytes"] >= 0
+    assert _metric(metrics, "ninfer_host_kv_cache_capacity_bytes") == 16 << 20
+    assert _metric(metrics, "ninfer_host_kv_park_bytes_total") == engine["host_kv_park_bytes"]
+    assert _metric(metrics, "ninfer_host_kv_restore_bytes_total") == engine["host_kv_restore_bytes"]
+    records = [json.loads(line) for line in request_log.read_text().splitlines()]
+    done = [r["result"] for r in records if r.get("event") == "request_done"]
+    assert len(done) == 3
+    assert done[0]["prefix_reuse_path"] == "none" and done[0]["host_cache_hit_tokens"] == 0
+    assert done[2]["prefix_reuse_path"] == "host_restore"
+    assert 0 < done[2]["host_cache_hit_tokens"] == done[2]["prefix_cache_hit_tokens"]
+    assert 'path="host_restore"' in metrics
