@@ -1,0 +1,403 @@
+"""Compile every Triton kernel in ``kernels/`` ahead of time for GPUs that are not here (sm_120, sm_90).
+
+Proof that the kernels build for the RTX 5090 (sm_120) without one: Triton's compiler needs only the
+kernel source, a signature and a ``GPUTarget``; ptxas ships inside the triton wheel, so no GPU, driver
+or torch is involved. Runs under the tools venv that ``scripts/setup/40-triton-aot.sh`` builds (the
+project's venv has no triton):
+
+    ~/.cache/ninfer-tools/triton-venv/bin/python bench/kernels/aot_compile.py \\
+        --json bench/results/triton_aot_sm120_<date>.json
+
+Kernels are found in the source, not by import (the kernel modules import torch): every function in
+``kernels/*.py`` decorated with ``triton.jit`` whose name is ``_<op>_kernel``. The jit functions of each
+module are copied into a torch-free module of their own and compiled from there. Each kernel needs an
+entry in ``VARIANTS`` (the constexpr values and dtypes its launcher uses at the Qwen3.6-27B geometry); a
+kernel without one is an error, so a new kernel cannot slip past. ``discover`` and ``VARIANTS`` import
+without triton, for tests/kernels/test_aot_sm120.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+KERNELS_DIR = REPO / "kernels"
+KERNEL_NAME = re.compile(r"^_\w+_kernel$")
+DEFAULT_TARGETS = ("cuda:120", "cuda:90")
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """One @triton.jit function as found in the source."""
+
+    module: str  # e.g. "kernels.norm"
+    name: str
+    args: tuple[str, ...]
+    constexprs: tuple[str, ...]  # the args annotated tl.constexpr
+    lineno: int
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One launch configuration of a kernel: what its launcher passes at the 27B geometry.
+
+    ptrs: element type of every pointer arg (Triton's names: bf16, fp32, i64, i1, ...); floats: the
+    scalar args that are Python floats (fp32); every other non-constexpr arg is an int (i32).
+    """
+
+    label: str
+    ptrs: dict[str, str]
+    constexprs: dict[str, int | bool]
+    floats: tuple[str, ...] = ()
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def _is_triton_jit(decorator: ast.expr) -> bool:
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return (isinstance(target, ast.Attribute) and target.attr == "jit") or (
+        isinstance(target, ast.Name) and target.id == "jit"
+    )
+
+
+def _is_constexpr(annotation: ast.expr | None) -> bool:
+    return annotation is not None and ast.unparse(annotation).split(".")[-1] == "constexpr"
+
+
+def _jit_functions(tree: ast.Module) -> list[ast.FunctionDef]:
+    """The jit functions at module level, also inside ``if HAS_TRITON:`` blocks (not inside functions)."""
+    found: list[ast.FunctionDef] = []
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop(0)
+        if isinstance(node, ast.FunctionDef) and any(_is_triton_jit(d) for d in node.decorator_list):
+            found.append(node)
+        elif isinstance(node, ast.If | ast.Try):
+            pending.extend(node.body + node.orelse)
+    return found
+
+
+def discover(kernels_dir: Path = KERNELS_DIR) -> list[KernelSource]:
+    """Every ``_<op>_kernel`` @triton.jit function in ``kernels_dir/*.py``, module order then line order."""
+    kernels = []
+    for path in sorted(kernels_dir.glob("*.py")):
+        for fn in _jit_functions(ast.parse(path.read_text(), filename=str(path))):
+            if not KERNEL_NAME.match(fn.name):
+                continue
+            args = tuple(a.arg for a in fn.args.args)
+            constexprs = tuple(a.arg for a in fn.args.args if _is_constexpr(a.annotation))
+            kernels.append(
+                KernelSource(f"{kernels_dir.name}.{path.stem}", fn.name, args, constexprs, fn.lineno)
+            )
+    return kernels
+
+
+# ---------------------------------------------------------------------------------------------------
+# What the launchers pass at the Qwen3.6-27B geometry (engine/bench.py GEOMETRIES["qwen3.6-27b"]):
+# hidden 5120, attention 24 q / 4 kv heads x 256, GDN 16 k / 48 v heads x 128, conv kernel 4, page size 64,
+# bf16 activations, weights and caches, fp32 GDN state, int64 slots, bool flags, int32 page tables.
+
+_NORM_PTRS = {p: "bf16" for p in ("x_ptr", "res_ptr", "gate_ptr", "w_ptr", "out_ptr", "sum_ptr")}
+# paged_attention_decode's split count at B=1, page table capacity 8192: min(256 / (1 * 4), 8192 / 128)
+_ATTN_SPLITS = 64
+
+VARIANTS: dict[str, list[Variant]] = {
+    # kernels/norm.py _launch_rms_norm: BLOCK_D = next_pow2(D), BLOCK_ROWS = max(1, min(16, 2048 // BLOCK_D)),
+    # num_warps 8 when BLOCK_D >= 4096
+    "_rms_norm_kernel": [
+        Variant(
+            "add_rms_norm D=5120",
+            _NORM_PTRS,
+            dict(HAS_RESIDUAL=True, HAS_GATE=False, ONE_PLUS_WEIGHT=True, BLOCK_ROWS=1, BLOCK_D=8192),
+            floats=("eps",),
+            num_warps=8,
+        ),
+        Variant(
+            "rms_norm q/k heads D=256",
+            _NORM_PTRS,
+            dict(HAS_RESIDUAL=False, HAS_GATE=False, ONE_PLUS_WEIGHT=True, BLOCK_ROWS=8, BLOCK_D=256),
+            floats=("eps",),
+        ),
+        Variant(
+            "gated_rms_norm GDN D=128",
+            _NORM_PTRS,
+            dict(HAS_RESIDUAL=False, HAS_GATE=True, ONE_PLUS_WEIGHT=False, BLOCK_ROWS=16, BLOCK_D=128),
+            floats=("eps",),
+        ),
+    ],
+    # kernels/conv.py causal_conv1d_decode: C = 2 * 16 * 128 + 48 * 128 = 10240, K = 4, BLOCK_C = 256
+    "_causal_conv1d_decode_kernel": [
+        Variant(
+            "decode K=4 silu",
+            dict(
+                x_ptr="bf16", w_ptr="bf16", states_ptr="bf16", slots_ptr="i64", keep_ptr="i1", out_ptr="bf16"
+            ),
+            dict(KERNEL=4, SILU=True, BLOCK_C=256),
+        ),
+    ],
+    # kernels/gdn.py gated_delta_rule_decode: BLOCK_K = next_pow2(Dk), BLOCK_V = min(32, next_pow2(Dv))
+    "_gated_delta_rule_decode_kernel": [
+        Variant(
+            "decode Hv=48 Hk=16 Dk=Dv=128",
+            dict(
+                q_ptr="bf16",
+                k_ptr="bf16",
+                v_ptr="bf16",
+                a_ptr="bf16",
+                b_ptr="bf16",
+                a_log_ptr="bf16",
+                dt_bias_ptr="bf16",
+                states_ptr="fp32",
+                slots_ptr="i64",
+                keep_ptr="i1",
+                out_ptr="bf16",
+            ),
+            dict(
+                NUM_V_HEADS=48,
+                HEAD_RATIO=3,
+                K_DIM=128,
+                V_DIM=128,
+                BLOCK_K=128,
+                BLOCK_V=32,
+                USE_QK_L2NORM=True,
+            ),
+            floats=("scale",),
+        ),
+    ],
+    # kernels/attention.py store_kv: BLOCK_D = next_pow2(head_dim)
+    "_store_kv_kernel": [
+        Variant(
+            "Hkv=4 D=256 bf16 cache",
+            dict(
+                key_ptr="bf16",
+                value_ptr="bf16",
+                key_cache_ptr="bf16",
+                value_cache_ptr="bf16",
+                slot_mapping_ptr="i64",
+            ),
+            dict(HEAD_DIM=256, BLOCK_D=256),
+        ),
+    ],
+    # kernels/attention.py paged_attention_decode: BLOCK_N = 32 for head_dim > 128, BLOCK_G = max(16, group)
+    "_paged_attention_decode_kernel": [
+        Variant(
+            "Hq=24 Hkv=4 D=256 page 64",
+            dict(
+                q_ptr="bf16",
+                key_cache_ptr="bf16",
+                value_cache_ptr="bf16",
+                page_table_ptr="i32",
+                seq_lens_ptr="i32",
+                part_out_ptr="fp32",
+                part_lse_ptr="fp32",
+            ),
+            dict(NUM_Q_HEADS=24, GROUP=6, HEAD_DIM=256, PAGE_SIZE=64, BLOCK_G=16, BLOCK_N=32, BLOCK_D=256),
+            floats=("scale_log2",),
+        ),
+    ],
+    "_paged_attention_reduce_kernel": [
+        Variant(
+            f"Hq=24 D=256 {_ATTN_SPLITS} splits",
+            dict(part_out_ptr="fp32", part_lse_ptr="fp32", out_ptr="bf16"),
+            dict(NUM_Q_HEADS=24, HEAD_DIM=256, BLOCK_S=_ATTN_SPLITS, BLOCK_D=256),
+        ),
+    ],
+}
+
+
+def signature(kernel: KernelSource, variant: Variant) -> tuple[dict[str, str], dict[str, int | bool]]:
+    """(Triton signature {arg: type}, constexprs {arg: value}) for one variant; raises on a mismatch."""
+    missing = set(kernel.constexprs) - set(variant.constexprs)
+    extra = set(variant.constexprs) - set(kernel.constexprs)
+    if missing or extra:
+        raise ValueError(
+            f"{kernel.name} [{variant.label}]: constexprs missing {missing or '{}'}, unknown {extra or '{}'}"
+        )
+    pointers = {a for a in kernel.args if a.endswith("_ptr")}
+    if pointers != set(variant.ptrs):
+        raise ValueError(
+            f"{kernel.name} [{variant.label}]: pointer args {sorted(pointers)} != {sorted(variant.ptrs)}"
+        )
+    sig: dict[str, str] = {}
+    for arg in kernel.args:
+        if arg in variant.constexprs:
+            sig[arg] = "constexpr"
+        elif arg in variant.ptrs:
+            sig[arg] = "*" + variant.ptrs[arg]
+        else:
+            sig[arg] = "fp32" if arg in variant.floats else "i32"
+    return sig, dict(variant.constexprs)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Compiling (needs triton: the tools venv)
+
+
+def _torch_free_module(path: Path, out_dir: Path) -> ModuleType:
+    """The jit functions of one kernels/ module, copied into a module that imports only triton."""
+    source = path.read_text()
+    lines = source.splitlines()
+    chunks = ["import triton\nimport triton.language as tl\n"]
+    for fn in _jit_functions(ast.parse(source)):
+        first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+        assert fn.end_lineno is not None
+        chunks.append(textwrap.dedent("\n".join(lines[first - 1 : fn.end_lineno])))
+    out = out_dir / f"aot_{path.stem}.py"
+    out.write_text("\n\n".join(chunks) + "\n")
+    spec = importlib.util.spec_from_file_location(f"aot_{path.stem}", out)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # inspect.getsource (used by triton.jit) looks modules up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def _resource_usage(cuobjdump: str, cubin: bytes, work: Path) -> dict[str, Any]:
+    """cuobjdump's per-function resource usage (REG, STACK, SHARED, LOCAL) and the ELF's arch."""
+    path = work / "kernel.cubin"
+    path.write_bytes(cubin)
+    usage = subprocess.run(
+        [cuobjdump, "--dump-resource-usage", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    found = dict(re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    elf = subprocess.run(
+        [cuobjdump, "--dump-elf", str(path)], capture_output=True, text=True, check=False
+    ).stdout
+    arch = re.search(r"\bsm_\d+[af]?\b", elf)
+    return {
+        "registers": int(found["REG"]) if "REG" in found else None,
+        "stack_bytes": int(found["STACK"]) if "STACK" in found else None,
+        "static_shared_bytes": int(found["SHARED"]) if "SHARED" in found else None,
+        "local_bytes": int(found["LOCAL"]) if "LOCAL" in found else None,
+        "elf_arch": arch.group(0) if arch else None,
+    }
+
+
+def _ptx_target(ptx: str) -> str | None:
+    found = re.search(r"^\s*\.target\s+(\w+)", ptx, re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def compile_all(
+    targets: tuple[str, ...] = DEFAULT_TARGETS, kernels_dir: Path = KERNELS_DIR
+) -> dict[str, Any]:
+    """Compile every discovered kernel's every variant for every target; a report with one row each."""
+    import triton
+    import triton.backends.nvidia.compiler as nvidia
+    from triton.backends.compiler import GPUTarget
+
+    kernels = discover(kernels_dir)
+    unspecified = [k.name for k in kernels if k.name not in VARIANTS]
+    if unspecified:
+        raise SystemExit(
+            f"no AOT variants for {unspecified}: add their launch values to VARIANTS in {__file__}"
+        )
+    cuobjdump = nvidia.knobs.nvidia.cuobjdump.path
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="ninfer-aot-") as tmp:
+        work = Path(tmp)
+        modules: dict[str, ModuleType] = {}
+        for kernel in kernels:
+            stem = kernel.module.rsplit(".", 1)[1]
+            if stem not in modules:
+                modules[stem] = _torch_free_module(kernels_dir / f"{stem}.py", work)
+            fn = getattr(modules[stem], kernel.name)
+            for variant in VARIANTS[kernel.name]:
+                sig, constexprs = signature(kernel, variant)
+                attrs = {
+                    (i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.args) if a in variant.ptrs
+                }
+                for target in targets:
+                    backend, arch = target.split(":")
+                    row: dict[str, Any] = {
+                        "kernel": kernel.name, "module": kernel.module, "variant": variant.label,
+                        "target": target, "num_warps": variant.num_warps, "num_stages": variant.num_stages,
+                    }  # fmt: skip
+                    start = time.perf_counter()
+                    try:
+                        src = triton.compiler.ASTSource(
+                            fn=fn, signature=sig, constexprs=constexprs, attrs=attrs
+                        )
+                        compiled = triton.compile(
+                            src,
+                            target=GPUTarget(backend, int(arch), 32),
+                            options={"num_warps": variant.num_warps, "num_stages": variant.num_stages},
+                        )
+                    except Exception as exc:  # noqa: BLE001  (recorded per row; the caller fails on it)
+                        row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[-4000:])
+                        rows.append(row)
+                        continue
+                    cubin = compiled.asm.get("cubin", b"")
+                    meta = compiled.metadata
+                    row.update(
+                        ok=bool(cubin),
+                        compile_s=round(time.perf_counter() - start, 3),
+                        cubin_bytes=len(cubin),
+                        ptx_target=_ptx_target(compiled.asm.get("ptx", "")),
+                        triton_shared_bytes=meta.shared,
+                        **(_resource_usage(cuobjdump, cubin, work) if cubin else {}),
+                    )
+                    rows.append(row)
+    return {
+        "what": "Triton ahead-of-time compile of every kernels/ @triton.jit kernel, 27B launch values",
+        "date": datetime.date.today().isoformat(),
+        "triton": triton.__version__,
+        "ptxas": {  # the wheel's two: ptxas-blackwell for arch >= 100, ptxas below
+            t: nvidia.get_ptxas(int(t.split(":")[1])).path.rsplit("/", 1)[-1]
+            + " "
+            + nvidia.get_ptxas_version(int(t.split(":")[1])).strip().splitlines()[-1]
+            for t in targets
+        },
+        "commit": _commit(),
+        "targets": list(targets),
+        "kernels": [k.name for k in kernels],
+        "ok": all(r["ok"] for r in rows),
+        "rows": rows,
+    }
+
+
+def _commit() -> str:
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    )
+    dirty = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "--", "kernels"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    commit = head.stdout.strip() or "unknown"
+    return commit + (" (+ uncommitted changes)" if dirty.stdout.strip() else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", type=Path, required=True, help="where to write the report")
+    p.add_argument("--target", action="append", help="backend:arch, repeatable (default cuda:120, cuda:90)")
+    p.add_argument("--kernels-dir", type=Path, default=KERNELS_DIR)
+    args = p.parse_args(argv)
+    report = compile_all(tuple(args.target or DEFAULT_TARGETS), args.kernels_dir)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    for row in report["rows"]:
+        status = f"{row['cubin_bytes']:>7} B cubin, {row.get('registers')} regs" if row["ok"] else "FAILED"
+        print(f"{row['target']:<9} {row['kernel']:<32} {row['variant']:<30} {status}")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Every Triton kernel in kernels/ compiles ahead of time for sm_120 (RTX 5090), and for sm_90 beside it.
+
+No GPU: Triton's compiler and the ptxas in its wheel build the cubins on this CPU machine. Triton lives in
+the tools venv of ``scripts/setup/40-triton-aot.sh`` (never in the project's venv), so the compile runs in
+a subprocess with that venv's python through ``bench/kernels/aot_compile.py``, which also writes the
+recorded report in bench/results/. Kernels are discovered from the source (``_<op>_kernel`` @triton.jit
+functions), so a new kernel is compiled here, or fails here until it has launch values in ``VARIANTS``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "kernels" / "aot_compile.py"
+TARGETS = ("cuda:120", "cuda:90")
+KNOWN_KERNELS = {
+    "_rms_norm_kernel",
+    "_causal_conv1d_decode_kernel",
+    "_gated_delta_rule_decode_kernel",
+    "_store_kv_kernel",
+    "_paged_attention_decode_kernel",
+    "_paged_attention_reduce_kernel",
+}
+
+
+def _tools_python() -> Path:
+    tools = Path(os.environ.get("NINFER_TOOLS") or Path.home() / ".cache" / "ninfer-tools")
+    return tools / "triton-venv" / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def aot() -> ModuleType:
+    """bench/kernels/aot_compile.py, imported without triton (discovery and launch values only)."""
+    spec = importlib.util.spec_from_file_location("ninfer_aot_compile", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The AOT report for every kernel and target, compiled fresh (own Triton cache) in the tools venv."""
+    python = _tools_python()
+    if not python.exists():
+        pytest.fail(
+            f"{python} is missing: the Triton AOT tools venv is built by scripts/setup/40-triton-aot.sh "
+            "(`make system`); this test must not skip without it"
+        )
+    tmp = tmp_path_factory.mktemp("aot")
+    out = tmp / "triton_aot_sm120.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_")}
+    env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")
+    cmd = [str(python), str(SCRIPT), "--json", str(out)] + [f"--target={t}" for t in TARGETS]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert out.exists(), f"no report (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr[-6000:]}"
+    data: dict[str, Any] = json.loads(out.read_text())
+    failed = [
+        f"{r['target']} {r['kernel']} [{r['variant']}]: {r.get('error')}" for r in data["rows"] if not r["ok"]
+    ]
+    assert proc.returncode == 0 and not failed, "\n".join(failed) or proc.stderr[-6000:]
+    return data
+
+
+def test_discovery_finds_every_kernel(aot: ModuleType) -> None:
+    found = {k.name for k in aot.discover()}
+    assert KNOWN_KERNELS <= found, f"discovery missed {KNOWN_KERNELS - found}"
+    assert found <= set(aot.VARIANTS), f"no AOT launch values in VARIANTS for {found - set(aot.VARIANTS)}"
+    assert set(aot.VARIANTS) <= found, (
+        f"VARIANTS names kernels that no longer exist: {set(aot.VARIANTS) - found}"
+    )
+
+
+def test_launch_values_match_signatures(aot: ModuleType) -> None:
+    for kernel in aot.discover():
+        for variant in aot.VARIANTS[kernel.name]:
+            sig, constexprs = aot.signature(kernel, variant)  # raises on a missing or unknown argument
+            assert list(sig) == list(kernel.args)
+            assert (
+                {a for a, t in sig.items() if t == "constexpr"} == set(constexprs) == set(kernel.constexprs)
+            )
+
+
+def test_discovery_covers_a_new_kernel(aot: ModuleType, tmp_path: Path) -> None:
+    pkg = tmp_path / "kernels"
+    pkg.mkdir()
+    (pkg / "new_op.py").write_text(
+        "import torch\nfrom kernels._dispatch import HAS_TRITON\n"
+        "if HAS_TRITON:\n    import triton\n    import triton.language as tl\n\n"
+        "    @triton.jit\n    def _helper(x):\n        return x\n\n"
+        "    @triton.jit\n    def _new_op_kernel(x_ptr, n, BLOCK: tl.constexpr):\n        pass\n"
+    )
+    (kernel,) = aot.discover(pkg)
+    assert (kernel.module, kernel.name, kernel.args, kernel.constexprs) == (
+        "kernels.new_op",
+        "_new_op_kernel",
+        ("x_ptr", "n", "BLOCK"),
+        ("BLOCK",),
+    )
+    assert kernel.name not in aot.VARIANTS  # so compile_all would refuse it until it has launch values
+
+
+def test_every_kernel_compiles_for_sm120_and_sm90(aot: ModuleType, report: dict[str, Any]) -> None:
+    assert set(report["kernels"]) == {k.name for k in aot.discover()}
+    assert report["targets"] == list(TARGETS) and report["ok"] is True
+    assert report["triton"] and report["commit"]
+    rows = {(r["kernel"], r["variant"], r["target"]): r for r in report["rows"]}
+    for kernel in aot.discover():
+        for variant in aot.VARIANTS[kernel.name]:
+            for target in TARGETS:
+                row = rows[(kernel.name, variant.label, target)]
+                arch = "sm_" + target.split(":")[1]
+                where = f"{target} {kernel.name} [{variant.label}]"
+                assert row["ok"] and row["cubin_bytes"] > 0, where
+                assert row["elf_arch"].startswith(arch), f"{where}: cubin is {row['elf_arch']}"
+                assert row["ptx_target"].startswith(arch), f"{where}: PTX targets {row['ptx_target']}"
+                assert 0 < row["registers"] <= 255, f"{where}: {row['registers']} registers"
+                assert row["triton_shared_bytes"] >= 0 and row["local_bytes"] >= 0, where
