@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="park evicted sessions' KV + GDN state in this much host RAM and restore by copy; 0 = off",
     )
+    cap.add_argument(
+        "--spec",
+        choices=["mtp", "dflash"],
+        help="speculative decoding (not available in this build: refused at startup with the reason)",
+    )
     cap.add_argument("--default-max-tokens", type=_positive_int, default=8192)
     cap.add_argument("--no-cuda-graph", action="store_true", help="run every decode step eagerly (debugging)")
     log = p.add_argument_group("logging and response store")
@@ -140,6 +145,13 @@ def _check_combinations(args: argparse.Namespace) -> None:
             f"--host-kv-cache-mib {args.host_kv_cache_mib} needs prefix reuse: with --no-prefix-reuse "
             "nothing parked could ever be restored"
         )
+    if args.spec == "dflash" and args.host_kv_cache_mib:
+        raise ValueError(
+            f"--spec dflash cannot run with --host-kv-cache-mib {args.host_kv_cache_mib}: host parking does "
+            "not capture DFlash draft caches, so a restored session would continue with a stale draft"
+        )
+    if args.spec is not None:
+        raise ValueError(f"--spec {args.spec}: speculative decoding is not available in this build")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key must not be empty")
     if args.model_id is not None and not args.model_id.strip():

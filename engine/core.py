@@ -229,7 +229,7 @@ class EngineCore:
     def step(self) -> list[Event]:
         output = self.scheduler.schedule()
         sampled = self.runner.execute(output)
-        events = self.scheduler.commit(output, sampled)
+        events = self.scheduler.commit(output, sampled, self.runner.take_host_reports())
         events = self._match_stop_strings(events)
         for event in events:
             if isinstance(event, FinishEvent):

@@ -1,13 +1,22 @@
 """Host parking, runner half: build the `HostParking` budget, execute a step's parks and unparks, stats.
 
-Owns: nothing beyond one step's copies. The scheduler decides (engine/scheduler/host.py) and emits
-`HostPark` / `HostUnpark` lists in its output; `ModelRunner.execute` calls `run_host_copies` first
-thing each step. Must not touch: requests, page / slot ownership, the model.
+Owns: one step's copies and the restores still in flight (`HostCopies`). The scheduler decides
+(engine/scheduler/host.py) and emits `HostPark` / `HostUnpark` lists in its output; `ModelRunner.execute`
+calls `HostCopies.run` first thing each step and `finish` last. Must not touch: requests, page / slot
+ownership, the model.
 
-Order inside a step: every park (the scheduler has already freed those page and slot ids, and they
-may be handed to this step's rows or unparks), then every unpark, then the compute stream waits for
-the copy stream (`wait_copies`, no host block), so the step's page copies and forward see the bytes.
-On the CPU the copies are synchronous and the wait is a no-op.
+Order inside a step (`HostCopies.run`): every park (the scheduler has already freed those page and
+slot ids, and they may be handed to this step's rows or unparks), then every unpark; the compute
+stream then waits for the parks only (no host block), so this step may overwrite the ids they read.
+
+Per-request readiness: a restoring lane has no row in the step that carries its unpark, nor in any
+later step until `HostCopies.finish` reports the unpark's copy event complete (`HostRestoreReport`,
+which the engine loop hands to `Scheduler.commit`). Other lanes keep decoding meanwhile; a step with
+no rows blocks on the pending restores instead of spinning. A restore that fails (a corrupt entry or
+one that does not match the cache: `ValueError` from `unpark`) drops the entry and is reported with
+`ok=False`, and the scheduler re-plans that lane as a cold prefill. A lane released while its restore
+is in flight makes the compute stream wait for that copy first (its pages may be reused at once).
+On the CPU the copies are synchronous, so every restore is reported at the end of its own step.
 """
 
 from __future__ import annotations
@@ -15,15 +24,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from engine.cache.host import HostParking
+from engine.cache.host import HostParking, ParkHandle
 from engine.cache.host_blocks import DEFAULT_BLOCK_BYTES, MIB
 from engine.cache.host_layout import CacheGeometry
 from engine.config import CacheConfig
+from engine.scheduler.output import HostRestoreReport, HostUnpark, SchedulerOutput
 
 if TYPE_CHECKING:
     from engine.model.forward import ModelCache
     from engine.scheduler import Scheduler
-    from engine.scheduler.output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -62,22 +71,60 @@ def attach_host_parking(cache_config: CacheConfig, scheduler: Scheduler, runner:
     if host is not None:
         scheduler.attach_host(host)
         runner.host = host
+        runner.host_copies = HostCopies(host)
     return host
 
 
-def run_host_copies(host: HostParking | None, cache: ModelCache, output: SchedulerOutput) -> None:
-    """Execute `output`'s parks, then its unparks; make the current stream wait for them."""
-    if host is None:
-        return
-    for park in output.host_parks:
-        host.park(park.key, cache, page_ids=park.page_ids, token_ids=park.token_ids,
-                  checkpoints=park.checkpoints)  # fmt: skip
-    for unpark in output.host_unparks:
-        host.unpark(unpark.key, cache, page_ids=unpark.page_ids, state_slot=unpark.state_slot,
-                    num_tokens=unpark.num_tokens, keep=unpark.keep)  # fmt: skip
-    if output.host_parks or output.host_unparks:
-        host.wait_copies()
-    host.poll()
+class HostCopies:
+    """Runner side of one budget. Use: `run(cache, output)` first thing in a step, `finish(idle)` last."""
+
+    def __init__(self, host: HostParking) -> None:
+        self.host = host
+        self._pending: dict[str, tuple[HostUnpark, ParkHandle]] = {}  # request id -> restore in flight
+        self._failed: list[HostRestoreReport] = []
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    def run(self, cache: ModelCache, output: SchedulerOutput) -> None:
+        """Execute `output`'s parks, then its unparks; make the current stream wait for the parks."""
+        host = self.host
+        for request_id in output.released_request_ids:  # released mid-restore: its pages may be reused now
+            pending = self._pending.pop(request_id, None)
+            if pending is not None:
+                pending[1].wait()
+        last_park: ParkHandle | None = None
+        for park in output.host_parks:
+            handle = host.park(park.key, cache, page_ids=park.page_ids, token_ids=park.token_ids,
+                               checkpoints=park.checkpoints)  # fmt: skip
+            last_park = handle or last_park
+        if last_park is not None:
+            last_park.wait()  # one copy stream, FIFO: the last park's event covers every earlier one
+        for unpark in output.host_unparks:
+            try:
+                handle = host.unpark(unpark.key, cache, page_ids=unpark.page_ids, state_slot=unpark.state_slot,
+                                     num_tokens=unpark.num_tokens, keep=unpark.keep)  # fmt: skip
+            except ValueError as exc:  # HostEntryMismatch (already dropped) or a corrupt entry
+                if unpark.key in host:
+                    host.drop(unpark.key, "corrupt")
+                logger.warning("host restore of entry %r failed, prefilling cold: %s", unpark.key, exc)
+                self._failed.append(HostRestoreReport(unpark.request_id, unpark.lane, False, str(exc)))
+                continue
+            self._pending[unpark.request_id] = (unpark, handle)
+        host.poll()
+
+    def finish(self, idle: bool) -> tuple[HostRestoreReport, ...]:
+        """Reports for every restore now complete or failed. `idle` (the step ran no rows): block until
+        every pending restore is complete, so a step with nothing else to do never spins."""
+        reports, self._failed = self._failed, []
+        for request_id, (unpark, handle) in list(self._pending.items()):
+            if idle:
+                handle.synchronize()
+            if handle.done():
+                del self._pending[request_id]
+                reports.append(HostRestoreReport(request_id, unpark.lane, True))
+        return tuple(reports)
 
 
 def host_stat_fields(host: HostParking | None) -> dict[str, Any]:

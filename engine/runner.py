@@ -32,10 +32,10 @@ from engine.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner, DecodeRow
 from engine.model.config import ModelConfig
 from engine.model.forward import ForwardBatch, ModelCache, allocate_model_cache, make_forward_batch
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
-from engine.parking import run_host_copies
+from engine.parking import HostCopies
 from engine.request import SamplingParams
 from engine.sampling import Sampler, output_token_counts
-from engine.scheduler.output import ScheduledRequest, SchedulerOutput
+from engine.scheduler.output import HostRestoreReport, ScheduledRequest, SchedulerOutput
 from kernels.attention import kv_int8_group_size
 
 CPU_AUTO_KV_BYTES = 256 * 1024**2  # `--kv-capacity auto` on the CPU: this much KV
@@ -117,6 +117,8 @@ class ModelRunner:
         )
         self.sampler = Sampler(self.device, seed)
         self.host: HostParking | None = None  # host KV parking, set by engine.parking when enabled
+        self.host_copies: HostCopies | None = None  # its parks / unparks and restores in flight
+        self._host_reports: tuple[HostRestoreReport, ...] = ()
         self._output_token_ids: dict[str, list[int]] = {}  # for presence / frequency penalties
         self.num_steps = 0
         self.num_graph_steps = 0
@@ -134,9 +136,19 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput) -> list[int]:
         """Run one step; one sampled token per row with `sample`, in row order."""
         self.release(output.released_request_ids)
-        run_host_copies(self.host, self.cache, output)  # parks, unparks: before anything writes the cache
-        if output.is_empty:
-            return []
+        if self.host_copies is not None:  # parks, unparks: before anything writes the cache
+            self.host_copies.run(self.cache, output)
+        sampled = self._execute(output) if not output.is_empty else []
+        if self.host_copies is not None:
+            self._host_reports += self.host_copies.finish(idle=output.is_empty)
+        return sampled
+
+    def take_host_reports(self) -> tuple[HostRestoreReport, ...]:
+        """Restores completed (or failed) since the last call; the engine loop hands them to `commit`."""
+        reports, self._host_reports = self._host_reports, ()
+        return reports
+
+    def _execute(self, output: SchedulerOutput) -> list[int]:
         self.num_steps += 1
         rows = output.requests
         for src, dst in output.page_copies:

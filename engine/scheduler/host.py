@@ -23,6 +23,11 @@ slot; the lane then starts at that checkpoint like a device prefix hit, with no 
 the restore come from `reclaim_pages`, which parks other idle retained sequences if needed (the
 evicting restore); running lanes' pages and the pinned entry being restored are never touched.
 Admission probes of a request that is not admitted therefore move no bytes.
+
+Readiness. The restoring lane gets no row until the runner reports its copies complete
+(`HostRestoreReport` in `Scheduler.commit`): other lanes keep decoding while the bytes move. A failed
+restore (a corrupt or mismatched entry, dropped by the runner) re-plans the lane as a cold prefill in
+the pages and slot it already holds (`Scheduler._restore_failed`).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class HostPlanner:
         self._unparks: list[HostUnpark] = []
         self.num_restores = 0  # committed restores (admissions)
         self.num_restored_tokens = 0  # prompt tokens they reused
+        self.num_restore_failures = 0  # reported failed by the runner: the lane prefilled cold
 
     # ---- park on eviction --------------------------------------------------------------------------
     def _on_evict(self, cp: Checkpoint) -> None:
@@ -72,18 +78,27 @@ class HostPlanner:
             return None
         return self.host.lookup(token_ids, page_hashes, max_tokens)
 
-    def restore(self, match: HostMatch, page_ids: Sequence[int], state_slot: int) -> None:
+    def restore(
+        self, match: HostMatch, page_ids: Sequence[int], state_slot: int, request_id: str, lane: int
+    ) -> None:
         """Commit: pin the entry and emit its unpark into `page_ids[:match.num_pages]` / `state_slot`."""
         entry = self.host.entry(match.entry_key)
         assert isinstance(entry.key, int) and match.num_tokens in entry.checkpoints, "stale host match"
         self.host.pin(entry.key)
         # Restoring an earlier checkpoint keeps the entry: its later ones may still be wanted (branching).
         keep = match.num_tokens != entry.checkpoints[-1]
+        pages = tuple(page_ids[: match.num_pages])
         self._unparks.append(
-            HostUnpark(entry.key, tuple(page_ids[: match.num_pages]), state_slot, match.num_tokens, keep)
+            HostUnpark(entry.key, pages, state_slot, match.num_tokens, keep, request_id, lane)
         )
         self.num_restores += 1
         self.num_restored_tokens += match.num_tokens
+
+    def failed(self, num_tokens: int) -> None:
+        """A committed restore of `num_tokens` failed in the runner (the lane now prefills cold)."""
+        self.num_restores -= 1
+        self.num_restored_tokens -= num_tokens
+        self.num_restore_failures += 1
 
     # ---- step output ------------------------------------------------------------------------------------
     def has_pending(self) -> bool:

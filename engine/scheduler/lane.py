@@ -26,3 +26,4 @@ class Lane:
     initialized: bool = False  # the first step (reset / restore / copy-on-write) was emitted
     pending_save: tuple[int, int] | None = None  # (slot, position) of the step in flight
     host_restored: bool = False  # admitted with a host unpark into its pages and slot: no state reset
+    restoring: bool = False  # that unpark is not yet reported complete: the lane gets no row

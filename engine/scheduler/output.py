@@ -7,7 +7,8 @@ How a runner executes one `SchedulerOutput`, in this order:
      retained sequence's pages and states to host RAM; the scheduler has already freed those ids, so
      this must precede anything that writes them), then every `host_unparks` entry (copy a parked
      entry into a just-admitted lane's own pages and working slot), then make the forward wait for
-     the copies.
+     the parks only. A restoring lane has no row until the runner reports its copies complete
+     (`HostRestoreReport`, handed to `Scheduler.commit` by the engine loop).
   1. `page_copies`: for each (src, dst), copy KV page src into page dst in every attention layer
      (copy-on-write of a reused checkpoint's partial last page).
   2. per row, before the forward: if `reset_state`, zero the GDN state in `state_slot`; if
@@ -79,6 +80,19 @@ class HostUnpark:
     state_slot: int  # the lane's working slot
     num_tokens: int
     keep: bool  # keep the entry parked (it holds later checkpoints than the one restored)
+    request_id: str = ""  # the restoring request (its lane is not runnable until the report)
+    lane: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class HostRestoreReport:
+    """Runner -> scheduler (through the engine loop): a `HostUnpark` finished. `ok=False`: the entry was
+    corrupt or did not match the cache; it has been dropped and the lane must prefill cold."""
+
+    request_id: str
+    lane: int
+    ok: bool
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,9 @@ retried every step: only after an arrival, a release (finish / abort / unpin) or
 
 Host parking (`attach_host`, engine/scheduler/host.py): evicted checkpoints are parked in host RAM,
 and a request whose prompt matches a parked entry better than any device checkpoint restores it
-into its own pages and working slot at admission, then prefills only the rest.
+into its own pages and working slot at admission, then prefills only the rest. The lane is not
+runnable until the runner reports the restore's copies complete (`commit(..., host_reports)`); a
+failed restore (corrupt or mismatched entry) makes it prefill cold instead.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from engine.request import (
 from engine.scheduler.host import HostPlanner
 from engine.scheduler.integrity import check_integrity
 from engine.scheduler.lane import Lane
-from engine.scheduler.output import ScheduledRequest, SchedulerOutput, SchedulerStats
+from engine.scheduler.output import HostRestoreReport, ScheduledRequest, SchedulerOutput, SchedulerStats
 
 
 class Scheduler:
@@ -181,7 +183,7 @@ class Scheduler:
             self._admit()
         rows: list[ScheduledRequest] = []
         copies: list[tuple[int, int]] = []
-        running = [lane for lane in self.lanes if lane is not None]
+        running = [lane for lane in self.lanes if lane is not None and not lane.restoring]
         for lane in running:  # decode-ready first, compacted in lane order
             if lane.request.num_tokens - lane.request.num_computed_tokens == 1:
                 rows.append(self._row(lane, 1, copies))
@@ -257,7 +259,7 @@ class Scheduler:
         reused = match.num_tokens if match is not None else 0
         if host_match is not None:
             assert self.host is not None
-            self.host.restore(host_match, page_ids, slot)
+            self.host.restore(host_match, page_ids, slot, request.request_id, lane_id)
             reused = request.num_host_cached_tokens = host_match.num_tokens
         boundaries: deque[int] = deque()
         if self.prefix is not None and self.cache_config.max_boundary_saves:
@@ -276,6 +278,7 @@ class Scheduler:
             cow,
             boundaries,
             host_restored=host_match is not None,
+            restoring=host_match is not None,
         )
         request.status = RequestStatus.RUNNING
         request.admitted_time = self.clock()
@@ -355,8 +358,14 @@ class Scheduler:
 
     # ---- commit ---------------------------------------------------------------------------------
 
-    def commit(self, output: SchedulerOutput, sampled_token_ids: Sequence[int]) -> list[Event]:
-        """Apply one executed step. `sampled_token_ids`: one token per row with `sample`, in row order.
+    def commit(
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: Sequence[int],
+        host_reports: Sequence[HostRestoreReport] = (),
+    ) -> list[Event]:
+        """Apply one executed step. `sampled_token_ids`: one token per row with `sample`, in row order;
+        `host_reports`: the runner's restores completed or failed by this step (lanes become runnable).
 
         Returns the step's events (and any produced by `schedule()`, such as queue timeouts).
         """
@@ -367,6 +376,13 @@ class Scheduler:
             )
         self._in_step = False
         events, self._outbox = self._outbox, []
+        for report in host_reports:
+            lane = self.lanes[report.lane]
+            if lane is None or lane.request.request_id != report.request_id or not lane.restoring:
+                continue  # released while its restore was in flight
+            lane.restoring = False
+            if not report.ok:
+                self._restore_failed(lane)
         sampled = iter(sampled_token_ids)
         for row in output.requests:
             lane = self.lanes[row.lane]
@@ -392,6 +408,22 @@ class Scheduler:
                     events.append(self._release(lane, reason, retain=True))
         return events
 
+    def _restore_failed(self, lane: Lane) -> None:
+        """Re-plan a lane whose host restore failed as a cold prefill (same pages and slot, no row ran)."""
+        assert not lane.initialized and lane.host_restored, "restore failure reported for a lane that ran"
+        request = lane.request
+        reused = request.num_computed_tokens
+        assert self.host is not None
+        self.host.failed(reused)
+        self.num_prefix_hits -= 1
+        self.num_prefix_hit_tokens -= reused
+        lane.host_restored = False  # its first row resets the state
+        request.num_computed_tokens = request.num_cached_tokens = request.num_host_cached_tokens = 0
+        lane.boundaries.clear()
+        if self.cache_config.max_boundary_saves:
+            later = [p for p in request.checkpoint_positions if p > 0]
+            lane.boundaries.extend(later[-self.cache_config.max_boundary_saves :])
+
     def _finish_reason(self, lane: Lane, token: int) -> FinishReason | None:
         params = lane.request.sampling_params
         if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
@@ -410,7 +442,7 @@ class Scheduler:
         if lane.restore is not None:
             self.prefix.unpin(lane.restore)  # type: ignore[union-attr]
         num_done = request.num_computed_tokens
-        if retain and self.prefix is not None and num_done >= 1:
+        if retain and self.prefix is not None and num_done >= 1 and not lane.restoring:
             self.prefix.insert(
                 request.token_ids, request.page_hashes, num_done, lane.page_ids, lane.state_slot
             )

@@ -1,6 +1,7 @@
 """`ninfer-serve --host-kv-cache-mib`: a real server on the demo model parks a session that a side
 request evicts, restores it when the conversation comes back, and shows it on /stats, /metrics and in
-the request log (`host_cache_hit_tokens`, `prefix_reuse_path: host_restore`)."""
+the request log (`host_cache_hit_tokens`, `prefix_reuse_path: host_restore`). `--spec` is refused at
+startup with the reason (DFlash + host parking first: its draft caches are not parked)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import re
 from pathlib import Path
 
 import httpx
+import pytest
 from conftest import VENV_BIN, free_port, start_server, stop_server
+
+from api.serve import parse_args
 
 
 def _metric(text: str, name: str) -> float:
@@ -60,3 +64,21 @@ def test_host_parking_through_a_real_server(tmp_path: Path) -> None:
     assert done[2]["prefix_reuse_path"] == "host_restore"
     assert 0 < done[2]["host_cache_hit_tokens"] == done[2]["prefix_cache_hit_tokens"]
     assert 'path="host_restore"' in metrics
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (
+            ["--spec", "dflash", "--host-kv-cache-mib", "64"],
+            "host parking does not capture DFlash draft caches",
+        ),
+        (["--spec", "dflash"], "--spec dflash: speculative decoding is not available in this build"),
+        (["--spec", "mtp", "--host-kv-cache-mib", "64"], "--spec mtp: speculative decoding is not available"),
+    ],
+)
+def test_spec_flag_is_refused_with_the_reason(argv: list[str], reason: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    assert reason in capsys.readouterr().err
