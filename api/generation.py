@@ -6,6 +6,14 @@ refuses (overloaded, queue timeout, context) becomes an HTTP error before any st
 parser. Stop strings are matched on the detokenized text (reasoning and content alike); a match ends the
 request in the engine at once. Leaving the iteration early (client disconnect, cancellation) aborts the
 engine request, so no lane stays held (DESIGN invariant 5).
+
+Thinking budget (Anthropic `thinking.budget_tokens`): once the reasoning holds `thinking_budget` tokens
+without having ended, the engine request is aborted and the turn continues in a second engine request
+whose prompt is the first prompt, the tokens generated so far and `\n</think>\n\n` (THINK_CLOSE): the
+model then writes its answer after a closed reasoning, exactly as the chat template renders such a turn.
+The injected tokens pass through the detokenizer and parser like generated ones and count as output. The
+engine needs no change; the cost is one prefill of the reasoning (the prompt's checkpoints are reused).
+Usage adds both parts; `max_tokens` bounds the whole turn.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from engine.request import FinishEvent, FinishKind, RejectCode, SamplingParams, 
 from engine.tokenizer import IncrementalDetokenizer
 
 logger = logging.getLogger("ninfer.api")
+
+THINK_CLOSE = "\n</think>\n\n"  # how the chat template closes a reasoning before the answer
 
 _REJECT_STATUS = {
     RejectCode.OVERLOADED: 429,
@@ -82,6 +92,7 @@ class Generation:
         *,
         tools: Sequence[Mapping[str, Any]] | None,
         calls_in_reasoning: bool = False,
+        thinking_budget: int | None = None,
     ) -> None:
         self.engine = engine
         self.request_id = request_id
@@ -91,10 +102,17 @@ class Generation:
         tokenizer = engine.tokenizer
         self._detok = IncrementalDetokenizer(tokenizer, stop=params.stop)
         self._parser = StreamingParser(
-            tools or None, in_reasoning=prompt.in_reasoning, calls_in_reasoning=calls_in_reasoning
+            tools or None,
+            in_reasoning=prompt.in_reasoning,
+            calls_in_reasoning=calls_in_reasoning,
+            tolerant=calls_in_reasoning,  # `--tolerant-tool-calls` turns on every recovery
         )
         self._think_end_id = tokenizer.special_ids.think_end_id
         self._in_reasoning = prompt.in_reasoning
+        self._thinking_budget = thinking_budget
+        self._output_ids: list[int] = []  # kept only while a thinking budget may still cut the reasoning
+        self._budget_hit = False  # the reasoning reached the budget; the continuation is not started yet
+        self._continued = False  # the answer runs in the continuation request
         self._stream: AsyncIterator[Any] | None = None
         self._first: Any = None
         self._done = False
@@ -103,15 +121,7 @@ class Generation:
     async def start(self) -> None:
         """Submit and wait for the first event; raise `ApiError` if the engine refused the request."""
         self.outcome.queue_start = time.monotonic()
-        self._stream = aiter(
-            self.engine.generate(
-                self.request_id,
-                self.prompt.token_ids,
-                self.params,
-                checkpoint_positions=self.prompt.checkpoint_positions,
-                thinking=self.prompt.thinking,
-            )
-        )
+        self._stream = self._submit(self.request_id, self.prompt.token_ids, self.params)
         try:
             first = await anext(self._stream)
         except ValueError as exc:  # malformed input the engine refused (ids outside the vocabulary...)
@@ -125,6 +135,34 @@ class Generation:
             raise rejection_error(first)
         self._first = first
 
+    def _submit(self, request_id: str, token_ids: list[int], params: SamplingParams) -> AsyncIterator[Any]:
+        return aiter(
+            self.engine.generate(
+                request_id,
+                token_ids,
+                params,
+                checkpoint_positions=self.prompt.checkpoint_positions,
+                thinking=self.prompt.thinking,
+            )
+        )
+
+    async def _continue_after_budget(self) -> tuple[Any, list[StreamEvent]]:
+        """Close the reasoning (THINK_CLOSE) and start the answer as a second engine request."""
+        self._budget_hit, self._thinking_budget = False, None
+        close = self.engine.tokenizer.encode(THINK_CLOSE)
+        events = self._on_tokens(close)  # reasoning ends here, as if generated
+        token_ids = [*self.prompt.token_ids, *self._output_ids, *close]
+        self._output_ids, self._continued = [], True
+        limit = self.params.max_tokens
+        remaining = None if limit is None else max(limit - self.outcome.completion_tokens, 1)
+        params = replace(self.params, max_tokens=remaining)
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        self.request_id = f"{self.request_id}-answer"
+        self._stream = self._submit(self.request_id, token_ids, params)
+        return await anext(self._stream), events
+
     async def events(self) -> AsyncIterator[StreamEvent]:
         assert self._stream is not None, "call start() first"
         try:
@@ -133,6 +171,13 @@ class Generation:
                 if isinstance(event, TokenEvent):
                     for out in self._on_tokens(event.token_ids):
                         yield out
+                elif isinstance(event, FinishEvent) and self._budget_hit:  # the budget's abort
+                    self.outcome.cached_tokens = event.num_cached_tokens
+                    self.outcome.host_cached_tokens = event.num_host_cached_tokens
+                    event, closing = await self._continue_after_budget()
+                    for out in closing:
+                        yield out
+                    continue
                 elif isinstance(event, FinishEvent):
                     for out in self._on_finish(event):
                         yield out
@@ -157,8 +202,8 @@ class Generation:
         outcome = self.outcome
         if outcome.first_token_at is None:
             outcome.first_token_at = time.monotonic()
-        if self._detok.stop_matched is not None:
-            return []  # already stopped; the engine's finish is on its way
+        if self._detok.stop_matched is not None or self._budget_hit:
+            return []  # already stopped (or cut by the thinking budget); the engine's finish is on its way
         text = []
         for tid in token_ids:
             outcome.completion_tokens += 1
@@ -166,10 +211,19 @@ class Generation:
                 self._in_reasoning = tid != self._think_end_id
                 outcome.reasoning_tokens += 1
             text.append(self._detok.add(tid))
+            if self._thinking_budget is not None:
+                self._output_ids.append(tid)
             if self._detok.stop_matched is not None:
                 outcome.stop_sequence = self._detok.stop_matched
                 self.engine.abort(self.request_id)
                 break
+            budget = self._thinking_budget
+            if budget is not None and (not self._in_reasoning or outcome.reasoning_tokens >= budget):
+                if self._in_reasoning:  # the budget is spent and the reasoning goes on: cut it here
+                    self._budget_hit = True
+                    self.engine.abort(self.request_id)
+                    break
+                self._thinking_budget, self._output_ids = None, []  # ended within the budget
         events = self._parser.feed("".join(text))
         if self._detok.stop_matched is not None:
             events += self._parser.finish()
@@ -182,10 +236,11 @@ class Generation:
         self._done = True
         outcome = self.outcome
         outcome.end_at = time.monotonic()
-        outcome.prompt_tokens = event.num_prompt_tokens or outcome.prompt_tokens
-        outcome.completion_tokens = max(outcome.completion_tokens, event.num_output_tokens)
-        outcome.cached_tokens = event.num_cached_tokens
-        outcome.host_cached_tokens = event.num_host_cached_tokens
+        if not self._continued:  # a continuation's prompt and output are not the turn's
+            outcome.prompt_tokens = event.num_prompt_tokens or outcome.prompt_tokens
+            outcome.completion_tokens = max(outcome.completion_tokens, event.num_output_tokens)
+            outcome.cached_tokens = event.num_cached_tokens
+            outcome.host_cached_tokens = event.num_host_cached_tokens
         outcome.queue, outcome.prefill = event.queue_seconds, event.prefill_seconds
         events: list[StreamEvent] = []
         if self._detok.stop_matched is None:

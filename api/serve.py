@@ -121,7 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     prompt = p.add_argument_group("prompt and template")
     prompt.add_argument("--no-thinking", action="store_true", help="thinking off unless a request asks")
     prompt.add_argument("--preserve-thinking", action="store_true", help="keep all past reasoning in prompts")
-    prompt.add_argument("--tolerant-tool-calls", action="store_true", help="a call inside <think> ends it")
+    prompt.add_argument(
+        "--tolerant-tool-calls",
+        action="store_true",
+        help="recover drifted tool-call markup (wrappers, <<, dropped <, leaked markers); a call ends <think>",
+    )
     samp = p.add_argument_group("sampling defaults (request fields win; --greedy forces temperature 0)")
     samp.add_argument("--greedy", action="store_true")
     samp.add_argument("--temperature", type=float)

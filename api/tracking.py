@@ -7,6 +7,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from starlette.requests import Request
+
 from api.errors import ApiError
 from api.generation import Generation
 from api.state import ServerState
@@ -70,7 +72,7 @@ class Tracker:
         outcome = generation.outcome
         state.prompt_tokens_total += outcome.prompt_tokens
         state.completion_tokens_total += outcome.completion_tokens
-        disconnected = isinstance(error, GeneratorExit | asyncio.CancelledError)
+        disconnected = isinstance(error, GeneratorExit | asyncio.CancelledError | ClientDisconnected)
         if error is not None and not disconnected:
             state.num_errors += 1
             state.log(
@@ -115,11 +117,21 @@ class Tracker:
             self.finish(generation, error)
 
 
-async def collect(tracker: Tracker, generation: Generation) -> list[StreamEvent]:
-    """Run a non-streamed generation to its end; an abort by the server is a 503."""
+async def collect(
+    tracker: Tracker, generation: Generation, request: Request | None = None
+) -> list[StreamEvent]:
+    """Run a non-streamed generation to its end; an abort by the server is a 503.
+
+    With `request`, the connection is watched while the engine works: a client that goes away aborts the
+    engine request at once (its lane is freed at the next engine step, as for a cut stream), the request
+    log records `client_disconnected`, and the answer (never delivered) is a 499.
+    """
     error: BaseException | None = None
     try:
-        events = [event async for event in generation.events()]
+        if request is None:
+            events = [event async for event in generation.events()]
+        else:
+            events = await _unless_disconnected(request, generation)
     except BaseException as exc:
         error = exc
         raise
@@ -129,6 +141,35 @@ async def collect(tracker: Tracker, generation: Generation) -> list[StreamEvent]
     if generation.outcome.finish == "aborted":
         raise ApiError(503, "request_aborted", "the request was aborted by the server")
     return events
+
+
+class ClientDisconnected(ApiError):
+    def __init__(self) -> None:
+        super().__init__(499, "client_disconnected", "the client closed the connection before the answer")
+
+
+async def _unless_disconnected(request: Request, generation: Generation) -> list[StreamEvent]:
+    """All of the generation's events, or `ClientDisconnected` as soon as the client goes away."""
+
+    async def run() -> list[StreamEvent]:
+        return [event async for event in generation.events()]
+
+    async def watch() -> None:  # the body is read: the next ASGI message is the disconnect
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work, watcher = asyncio.ensure_future(run()), asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this handler itself is cancelled
+        for task in (watcher, work):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(watcher, work, return_exceptions=True)
+    if work.cancelled():  # the watcher saw the disconnect first
+        logger.info("client disconnected from non-streamed request %s", generation.request_id)
+        raise ClientDisconnected() from asyncio.CancelledError()
+    return work.result()
 
 
 def _reuse_path(cached_tokens: int, host_cached_tokens: int) -> str:

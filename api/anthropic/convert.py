@@ -34,6 +34,7 @@ class MessagesPlan:
     prefill: bool
     params: SamplingParams
     max_tokens: int
+    thinking_budget: int | None = None  # `thinking.budget_tokens`, enforced by `Generation`
 
 
 def tool_use_id() -> str:
@@ -221,7 +222,11 @@ def messages_plan(req: MessagesRequest, options: ServerOptions) -> MessagesPlan:
     thinking = thinking_mode(req.thinking, max_tokens, options)
     stops = stop_strings(req.stop_sequences, param="stop_sequences")
     params = sampling_params(req, max_tokens=max_tokens, stop=stops)
-    return MessagesPlan(messages, tools, thinking, prefill, params, max_tokens)
+    budget = (req.thinking or {}).get("budget_tokens") if thinking else None
+    enabled = (req.thinking or {}).get("type") == "enabled"
+    return MessagesPlan(
+        messages, tools, thinking, prefill, params, max_tokens, budget if enabled and budget else None
+    )
 
 
 def count_plan(

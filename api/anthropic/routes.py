@@ -46,6 +46,7 @@ async def create_message(request: Request) -> Any:
         num_tools=len(plan.tools or ()),
         thinking=plan.thinking,
         thinking_type=(req.thinking or {}).get("type"),
+        thinking_budget=plan.thinking_budget,
         max_tokens=plan.max_tokens,
         prompt_tokens=len(prompt.token_ids),
     )
@@ -61,11 +62,12 @@ async def create_message(request: Request) -> Any:
         plan.params,
         tools=plan.tools,
         calls_in_reasoning=state.options.tolerant_tool_calls,
+        thinking_budget=plan.thinking_budget,
     )
     await tracker.begin(generation)
     message_id = new_id("msg_")
     if not req.stream:
-        events = await collect(tracker, generation)
+        events = await collect(tracker, generation, request)
         return JSONResponse(convert.message_response(message_id, req.model, events, generation.outcome))
     frames = _message_frames(generation, message_id, req.model)
     body = with_keepalive(tracker.stream(generation, frames), state.options.keepalive_seconds)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.errors import ApiError, invalid
@@ -436,7 +437,9 @@ class ResponseBuilder:
 # ------------------------------------------------------------------------------------------ the route
 
 
-async def create(state: ServerState, request_id: str, req: ResponsesRequest) -> Any:
+async def create(
+    state: ServerState, request_id: str, req: ResponsesRequest, request: Request | None = None
+) -> Any:
     state.check_model(req.model)
     _refuse_unsupported(req)
     plan = _plan_prompt(state, req)
@@ -473,7 +476,7 @@ async def create(state: ServerState, request_id: str, req: ResponsesRequest) -> 
     await tracker.begin(generation)
     builder = ResponseBuilder(state, req)
     if not req.stream:
-        for event in await collect(tracker, generation):
+        for event in await collect(tracker, generation, request):
             builder.event(event)
         builder.close_item()
         _, terminal = builder.finish(generation.outcome)

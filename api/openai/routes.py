@@ -95,7 +95,7 @@ async def chat_completions(request: Request) -> Any:
     )
     await tracker.begin(generation)
     if not req.stream:
-        events = await collect(tracker, generation)
+        events = await collect(tracker, generation, request)
         return JSONResponse(convert.chat_response(completion_id, model, events, generation.outcome))
     include_usage = bool((req.stream_options or {}).get("include_usage"))
     frames = _chat_frames(generation, convert.ChunkWriter(completion_id, model), include_usage)
@@ -133,7 +133,7 @@ async def _chat_frames(
 async def create_response(request: Request) -> Any:
     state = server_state(request)
     req = validate(ResponsesRequest, await read_json(request))
-    return await responses.create(state, request.state.request_id, req)
+    return await responses.create(state, request.state.request_id, req, request)
 
 
 @router.post("/v1/responses/input_tokens", openapi_extra=json_body_doc(InputTokensRequest))

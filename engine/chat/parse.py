@@ -16,6 +16,14 @@ structure leaves the whole block as content text, and the reason is recorded and
 missing only `</tool_call>` is still a call. Opt-in tolerance (`calls_in_reasoning`): a tool call
 inside unclosed reasoning ends the reasoning.
 
+Opt-in recoveries (`tolerant`, the server's `--tolerant-tool-calls`; UPSTREAM.md 7.5): drifted wrappers
+(`<tool_calls>`, `<toolcall>`, `<tool-call>`, `<function_call>` and their closing forms, any close ending
+any open); a block that a new open tag ends before its `</tool_call>`; and, inside a block, a doubled `<<`,
+a dropped `<`, leaked `<|im_start|>` / `<|im_end|>` markers, a missing `function` keyword (`<=NAME>` or
+`<NAME>` for a declared tool) and a missing `</function>`. Repairs are tried only after the strict
+parse failed, so a well-formed call is never changed; a repaired call is logged, and a block that still
+fails stays text with the strict reason.
+
 `parse_output` reads a finished text; `StreamingParser` reads deltas and emits the same result as
 events. They are written independently and tests hold them equal under any chunking.
 """
@@ -33,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 THINK_START, THINK_END = "<think>", "</think>"
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+
+TOLERANT_OPENS = (TOOL_CALL_START, "<tool_calls>", "<toolcall>", "<tool-call>", "<function_call>")
+TOLERANT_CLOSES = (TOOL_CALL_END, "</tool_calls>", "</toolcall>", "</tool-call>", "</function_call>")
 
 _FUNCTION_RE = re.compile(r"\s*<function=([^>\n]*)>(.*)</function>\s*", re.DOTALL)
 _PARAMETER_RE = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", re.DOTALL)
@@ -180,12 +191,72 @@ def parse_tool_call(block: str, schemas: Schemas | None) -> ToolCall:
     return ToolCall(name, arguments)
 
 
+_DOUBLED_LT_RE = re.compile(r"<<+(?=/?(?:function|parameter)\b)")
+_DROPPED_LT_RE = re.compile(r"(?<![<\w/])(/?(?:function|parameter)(?:=[^<>\n]*)?>)")
+_NO_KEYWORD_RE = re.compile(r"<=([^<>\n]*)>")
+_LEAKED_MARKER_RE = re.compile(r"<\|im_start\|>(?:assistant\n?)?|<\|im_end\|>")
+
+
+def repair_tool_call(block: str, schemas: Schemas | None) -> tuple[str, list[str]]:
+    """`block` with the tolerated drift undone, and what was repaired (empty: nothing to repair)."""
+    fixes: list[str] = []
+
+    def sub(pattern: re.Pattern[str], repl: str, text: str, what: str) -> str:
+        out, n = pattern.subn(repl, text)
+        if n:
+            fixes.append(what)
+        return out
+
+    text = sub(_LEAKED_MARKER_RE, "", block, "leaked <|im_start|>")
+    text = sub(_DOUBLED_LT_RE, "<", text, "doubled <<")
+    text = sub(_DROPPED_LT_RE, r"<\1", text, "dropped <")
+    text = sub(_NO_KEYWORD_RE, r"<function=\1>", text, "missing function keyword")
+    if "<function=" not in text:
+        for name in schemas or ():
+            bare = re.compile(rf"<{re.escape(name)}>(.*?)(?:</{re.escape(name)}>|</function>|$)", re.DOTALL)
+            text = sub(bare, rf"<function={name}>\1</function>", text, "missing function keyword")
+            if "<function=" in text:
+                break
+    if "<function=" in text and "</function>" not in text:
+        text = text.rstrip() + "\n</function>\n"
+        fixes.append("missing </function>")
+    return text, fixes
+
+
+def read_tool_call(block: str, schemas: Schemas | None, *, tolerant: bool) -> ToolCall:
+    """`parse_tool_call`, then (tolerant) the same on the repaired block; raises the strict reason."""
+    try:
+        return parse_tool_call(block, schemas)
+    except ToolCallError:
+        if not tolerant:
+            raise
+        repaired, fixes = repair_tool_call(block, schemas)
+        if not fixes:
+            raise
+        try:
+            call = parse_tool_call(repaired, schemas)
+        except ToolCallError:
+            pass
+        else:
+            logger.info("tool call recovered (%s): %r", ", ".join(fixes), call.name)
+            return call
+        raise
+
+
+def _first(text: str, tags: Sequence[str], pos: int = 0) -> tuple[int, str]:
+    """(position, tag) of the earliest of `tags` in `text` from `pos`; (-1, "") when none occurs."""
+    found = [(at, tag) for tag in tags if (at := text.find(tag, pos)) >= 0]
+    return min(found) if found else (-1, "")
+
+
 def _trim(text: str, *, lead: bool, trail: bool) -> str:
     text = text.lstrip() if lead else text
     return text.rstrip() if trail else text
 
 
-def _split_reasoning(text: str, in_reasoning: bool, calls_in_reasoning: bool) -> tuple[str | None, str]:
+def _split_reasoning(
+    text: str, in_reasoning: bool, calls_in_reasoning: bool, opens: Sequence[str]
+) -> tuple[str | None, str]:
     stripped = text.lstrip()
     if stripped.startswith(THINK_START):
         body = stripped[len(THINK_START) :]
@@ -194,7 +265,7 @@ def _split_reasoning(text: str, in_reasoning: bool, calls_in_reasoning: bool) ->
     else:
         return None, text
     end = body.find(THINK_END)
-    call = body.find(TOOL_CALL_START) if calls_in_reasoning else -1
+    call = _first(body, opens)[0] if calls_in_reasoning else -1
     if call >= 0 and (end < 0 or call < end):
         return body[:call].strip(), body[call:]  # the call closes the reasoning; keep its tag
     if end < 0:
@@ -208,39 +279,53 @@ def parse_output(
     *,
     in_reasoning: bool = False,
     calls_in_reasoning: bool = False,
+    tolerant: bool = False,
 ) -> ParsedOutput:
     """Split a finished generation into reasoning, content and tool calls.
 
     `calls_in_reasoning` (tolerant, opt-in): a `<tool_call>` inside the reasoning ends the reasoning, as
     if `</think>` had come first (models sometimes call a tool without closing their thinking).
+    `tolerant` (opt-in): the wrapper and in-block recoveries of the module docstring.
     """
     schemas = tool_schemas(tools) if tools else None
-    reasoning, rest = _split_reasoning(text, in_reasoning, calls_in_reasoning)
+    opens = TOLERANT_OPENS if tolerant else (TOOL_CALL_START,)
+    closes = TOLERANT_CLOSES if tolerant else (TOOL_CALL_END,)
+    reasoning, rest = _split_reasoning(text, in_reasoning, calls_in_reasoning, opens)
     content, calls, fallbacks = [], [], []
     pos, run_start = 0, True  # run_start: the next content text starts a run (trim its start)
     while True:
-        start = rest.find(TOOL_CALL_START, pos)
+        start, open_tag = _first(rest, opens, pos)
         if start < 0:
             content.append(_trim(rest[pos:], lead=run_start, trail=True))
             break
-        end = rest.find(TOOL_CALL_END, start)
+        body_start = start + len(open_tag)
+        end, close_tag = _first(rest, closes, body_start)
+        reopen = _first(rest, opens, body_start)[0] if tolerant else -1
+        if reopen >= 0 and (end < 0 or reopen < end):  # a new block opens first: this one ends there
+            end, close_tag = reopen, ""
         block_end = len(rest) if end < 0 else end
         before = rest[pos:start]
         try:
-            call = parse_tool_call(rest[start + len(TOOL_CALL_START) : block_end], schemas)
+            call = read_tool_call(rest[body_start:block_end], schemas, tolerant=tolerant)
         except ToolCallError as exc:
             fallbacks.append(str(exc))
             logger.info("tool call left as text: %s", exc)
-            raw_end = len(rest) if end < 0 else end + len(TOOL_CALL_END)
-            content.append(_trim(before + rest[start:raw_end], lead=run_start, trail=end < 0))
-            run_start = run_start and not (before + rest[start:raw_end]).strip()
-        else:
-            content.append(_trim(before, lead=run_start, trail=True))
-            calls.append(call)
-            run_start = True
+            raw_end = len(rest) if end < 0 else end + len(close_tag)
+            if close_tag == "" and end >= 0:  # ended by a new open: its trailing space leads the next run
+                raw_end = start + len(rest[start:raw_end].rstrip())
+            raw = before + rest[start:raw_end]
+            content.append(_trim(raw, lead=run_start, trail=end < 0))
+            run_start = run_start and not raw.strip()
+            if end < 0:
+                break
+            pos = raw_end
+            continue
+        content.append(_trim(before, lead=run_start, trail=True))
+        calls.append(call)
+        run_start = True
         if end < 0:
             break
-        pos = end + len(TOOL_CALL_END)
+        pos = end + len(close_tag)
     return ParsedOutput(reasoning, "".join(content), tuple(calls), tuple(fallbacks))
 
 
@@ -265,12 +350,17 @@ class StreamingParser:
         *,
         in_reasoning: bool = False,
         calls_in_reasoning: bool = False,
+        tolerant: bool = False,
     ) -> None:
         self._schemas = tool_schemas(tools) if tools else None
         self._in_reasoning = in_reasoning
         self._calls_in_reasoning = calls_in_reasoning
+        self._tolerant = tolerant
+        self._opens = TOLERANT_OPENS if tolerant else (TOOL_CALL_START,)
+        self._closes = TOLERANT_CLOSES if tolerant else (TOOL_CALL_END,)
         self._mode = "start"  # start -> reasoning | content; content <-> tool
         self._buf = ""  # received, not yet consumed
+        self._open_tag = ""  # the tag that opened the current block
         self._run_start = True  # trim the start of the next text
         self._ws = ""  # trailing whitespace of the current run, held until more text follows
         self._ws_before_call = ""  # the run's held whitespace when a block opened
@@ -288,7 +378,7 @@ class StreamingParser:
         while self._step(events, final=True):
             pass
         if self._mode == "tool":
-            self._close_block(self._buf, closed=False, events=events)
+            self._close_block(self._buf, "", events=events)
         elif self._buf:
             self._text(self._buf, events)
         self._buf = ""
@@ -307,24 +397,28 @@ class StreamingParser:
                 self._mode = "reasoning" if self._in_reasoning else "content"
             return True
         if self._mode == "tool":
-            end = buf.find(TOOL_CALL_END)
+            end, close_tag = _first(buf, self._closes)
+            reopen = _first(buf, self._opens)[0] if self._tolerant else -1
+            if reopen >= 0 and (end < 0 or reopen < end):  # a new block opens first: this one ends there
+                self._buf, self._mode = buf[reopen:], "content"
+                self._close_block(buf[:reopen], "", events=events)
+                return True
             if end < 0:
                 return False
-            self._buf = buf[end + len(TOOL_CALL_END) :]
+            self._buf = buf[end + len(close_tag) :]
             self._mode = "content"
-            self._close_block(buf[:end], closed=True, events=events)
+            self._close_block(buf[:end], close_tag, events=events)
             return True
         if self._mode == "reasoning":
-            tags = (THINK_END, TOOL_CALL_START) if self._calls_in_reasoning else (THINK_END,)
+            tags = (THINK_END, *self._opens) if self._calls_in_reasoning else (THINK_END,)
         else:
-            tags = (TOOL_CALL_START,)
-        found = [(at, tag) for tag in tags if (at := buf.find(tag)) >= 0]
-        if not found:
+            tags = self._opens
+        at, tag = _first(buf, tags)
+        if at < 0:
             keep = 0 if final else max(_partial_suffix(buf, tag) for tag in tags)
             self._text(buf[: len(buf) - keep], events)
             self._buf = buf[len(buf) - keep :]
             return False
-        at, tag = min(found)
         self._text(buf[:at], events)
         if self._mode == "reasoning":
             # `</think>` is consumed; a `<tool_call>` that ends the reasoning stays for content mode.
@@ -332,7 +426,7 @@ class StreamingParser:
             self._mode, self._ws, self._run_start = "content", "", True
         else:
             self._buf = buf[at + len(tag) :]
-            self._mode, self._ws_before_call, self._ws = "tool", self._ws, ""
+            self._mode, self._ws_before_call, self._ws, self._open_tag = "tool", self._ws, "", tag
         return True
 
     def _text(self, text: str, events: list[StreamEvent]) -> None:
@@ -349,15 +443,15 @@ class StreamingParser:
         self._ws = text[len(body) :]
         events.append(ReasoningDelta(out) if self._mode == "reasoning" else ContentDelta(out))
 
-    def _close_block(self, block: str, *, closed: bool, events: list[StreamEvent]) -> None:
+    def _close_block(self, block: str, close_tag: str, *, events: list[StreamEvent]) -> None:
+        """End the current block (`close_tag` "" when it was not closed) as a call or as text."""
         try:
-            call = parse_tool_call(block, self._schemas)
+            call = read_tool_call(block, self._schemas, tolerant=self._tolerant)
         except ToolCallError as exc:
             self.fallbacks.append(str(exc))
             logger.info("tool call left as text: %s", exc)
             self._mode = "content"
-            raw = TOOL_CALL_START + block + (TOOL_CALL_END if closed else "")
-            self._text(self._ws_before_call + raw, events)
+            self._text(self._ws_before_call + self._open_tag + block + close_tag, events)
         else:
             events.append(ToolCallEvent(call))
             self._run_start = True

@@ -35,7 +35,18 @@ SCRIPTS: dict[str, tuple[str, str, float]] = {
     "stop": ("Counting.", "one two STOP three four", 0.0),
     "after_tool": ("The tool answered.", "It will be sunny in Paris.", 0.0),
     "long": ("Thinking for a long while. " * 10, "word " * 200, 0.005),
-    "pause": ("", "", 0.0),  # special-cased: one token, a pause, then the rest
+    "pause": ("", "", 0.0),
+    "drifted": (  # tool-call markup a tolerant server recovers (wrapper, dropped <, <<, no </function>)
+        "Weather needed.",
+        "Checking.\n\n<toolcall>\n<function=get_weather>\nparameter=city>\nParis\n</parameter>\n"
+        "<<parameter=days>\n3\n</parameter>\n</toolcall>",
+        0.0,
+    ),
+    "overthink": (
+        "Step. " * 700,
+        "Final answer.",
+        0.0,
+    ),  # ~1400 reasoning tokens  # special-cased: one token, a pause, then the rest
 }
 _MARKER = re.compile(r"\[\[(\w+)\]\]")
 

@@ -50,6 +50,21 @@ def call(name: str, **params: str) -> str:
     return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
 
 
+TZ = "<parameter=tz>\nUTC\n</parameter>\n"
+DRIFTED = [  # each is get_time(tz=UTC) once repaired
+    f"<tool_calls>\n<function=get_time>\n{TZ}</function>\n</tool_calls>",
+    f"<toolcall>\n<function=get_time>\n{TZ}</function>\n</tool_call>",
+    f"<function_call>\n<function=get_time>\n{TZ}</function>\n</function_call>",
+    f"<tool_call>\n<function=get_time>\n{TZ}</tool_call>",
+    "<tool_call>\nfunction=get_time>\nparameter=tz>\nUTC\n/parameter>\n/function>\n</tool_call>",
+    "<tool_call>\n<<function=get_time>\n<<parameter=tz>\nUTC\n<</parameter>\n</function>\n</tool_call>",
+    f"<tool_call>\n<|im_start|>assistant\n<function=get_time>\n{TZ}</function>\n<|im_end|></tool_call>",
+    f"<tool_call>\n<=get_time>\n{TZ}</function>\n</tool_call>",
+    f"<tool_call>\n<get_time>\n{TZ}</get_time>\n</tool_call>",
+    f"<tool_call>\n<function=get_time>\n{TZ}</function>\n<tool_call>\n<function=get_time>\n{TZ}</function>\n</tool_call>",
+]
+
+
 def test_reasoning_then_content_when_prompt_opened_think() -> None:
     parsed = parse_output("Let me think.\nStill thinking.\n</think>\n\nThe answer is 4.", in_reasoning=True)
     assert parsed == ParsedOutput("Let me think.\nStill thinking.", "The answer is 4.", (), ())
@@ -174,6 +189,36 @@ def test_call_before_end_of_thinking_is_recovered_when_tolerant() -> None:
     assert tolerant == ParsedOutput("I need the time.", "", (ToolCall("get_time", {"tz": "UTC"}),), ())
 
 
+@pytest.mark.parametrize("block", DRIFTED)
+def test_drifted_calls_are_recovered_only_when_tolerant(block: str) -> None:
+    text = f"Sure.\n\n{block}\n\nDone."
+    strict = parse_output(text, TOOLS)
+    assert strict.tool_calls == ()  # strict: left as text
+    tolerant = parse_output(text, TOOLS, tolerant=True)
+    assert tolerant.tool_calls and all(c == ToolCall("get_time", {"tz": "UTC"}) for c in tolerant.tool_calls)
+    assert tolerant.fallbacks == () and tolerant.content == "Sure.Done."
+
+
+def test_tolerant_unparseable_block_stays_text_with_the_strict_reason() -> None:
+    text = "<toolcall>\n<function=delete_everything>\n</function>\n</toolcall>"
+    parsed = parse_output(text, TOOLS, tolerant=True)
+    assert parsed.tool_calls == () and parsed.content == text
+    assert parsed.fallbacks == ("undeclared tool 'delete_everything'",)
+
+
+def test_tolerant_streaming_never_shows_partial_drifted_markup() -> None:
+    text = "Checking.\n\n" + DRIFTED[1]
+    parser = StreamingParser(TOOLS, tolerant=True)
+    shown, events = "", []
+    for ch in text:
+        new = parser.feed(ch)
+        events += new
+        shown += "".join(e.text for e in new if isinstance(e, ContentDelta))
+        assert "<" not in shown
+    events += parser.finish()
+    assert shown == "Checking." and collect(events)[2] == [ToolCall("get_time", {"tz": "UTC"})]
+
+
 def test_without_tools_every_call_is_text() -> None:
     text = call("search", query="x")
     assert parse_output(text).content == text
@@ -226,6 +271,19 @@ SAMPLES: list[tuple[str, bool]] = [
     ("I will call it.\n" + call("get_time", tz="UTC") + "\n</think>\n\nafter", True),
     ("", True),
     ("\n\n", False),
+    *((f"Sure.\n\n{block}\n\nDone.", False) for block in DRIFTED),
+    ("a <tool_calls>\n<function=get_time>\n</function>\n</toolcall> b <tool_cal", False),
+    (
+        "x\n"
+        + call("nope")
+        + "\n"
+        + call("get_time", tz="UTC").removesuffix("</tool_call>")
+        + " \n"
+        + call("search", query="q"),
+        False,
+    ),
+    ("<tool_call>\n<function=nope>\n \n<tool_call> \n<tool_call>\n<function=nope>\n\n", False),
+    ("think <toolcall>\n<function=get_time>\n</function>\n</toolcall> more", True),
 ]
 
 
@@ -241,11 +299,15 @@ def _chunks(text: str, rng: random.Random) -> list[str]:
 @pytest.mark.parametrize("tolerant", [False, True])
 @pytest.mark.parametrize(("text", "in_reasoning"), SAMPLES)
 def test_streaming_equals_non_streaming(text: str, in_reasoning: bool, tolerant: bool) -> None:
-    expected = parse_output(text, TOOLS, in_reasoning=in_reasoning, calls_in_reasoning=tolerant)
+    expected = parse_output(
+        text, TOOLS, in_reasoning=in_reasoning, calls_in_reasoning=tolerant, tolerant=tolerant
+    )
     rng = random.Random(len(text))
     chunkings = [[text], list(text), *(_chunks(text, rng) for _ in range(20))]
     for chunks in chunkings:
-        parser = StreamingParser(TOOLS, in_reasoning=in_reasoning, calls_in_reasoning=tolerant)
+        parser = StreamingParser(
+            TOOLS, in_reasoning=in_reasoning, calls_in_reasoning=tolerant, tolerant=tolerant
+        )
         events = [e for chunk in chunks for e in parser.feed(chunk)] + parser.finish()
         reasoning, content, calls = collect(events)
         assert reasoning == (expected.reasoning or "")
