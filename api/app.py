@@ -201,6 +201,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.log(
         "server_start",
         artifact=state.artifact,
+        synthetic=state.synthetic,  # geometry name when the weights are random (`--synthetic`), else null
         model_id=state.engine.model_id,
         served_model_id=state.served_model_id,
         engine_config=dataclasses.asdict(state.engine.config),

@@ -59,3 +59,11 @@ def load_engine(path: str, config: EngineConfig, server_sampling: SamplingParams
 
     engine: EngineClient = AsyncEngine.from_artifact(path, config, server_sampling=server_sampling)
     return engine
+
+
+def load_synthetic_engine(name: str, config: EngineConfig, server_sampling: SamplingParams) -> EngineClient:
+    """The real engine over random weights of geometry `name` (engine/synthetic.py), built on the device."""
+    from engine.serving import AsyncEngine
+
+    engine: EngineClient = AsyncEngine.from_synthetic(name, config, server_sampling=server_sampling)
+    return engine

@@ -56,6 +56,7 @@ async def get_stats(request: Request) -> JSONResponse:
                 "model_id": state.engine.model_id,
                 "served_model_id": state.served_model_id,
                 "artifact": state.artifact,
+                "synthetic": state.synthetic,  # geometry name when the weights are random, else null
                 "load_seconds": state.load_seconds,
                 "uptime_seconds": time.time() - state.started_at,
             },

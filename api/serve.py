@@ -1,7 +1,11 @@
-"""`ninfer-serve [ARTIFACT] [flags]`: parse and validate every flag, load the engine, run uvicorn.
+"""`ninfer-serve [ARTIFACT | --synthetic GEOMETRY] [flags]`: parse and validate every flag, load the engine,
+run uvicorn.
 
-No artifact = the embedded demo model (built once into the user cache). A bad flag or flag combination
-exits with status 2 and the reason before anything is loaded.
+No artifact = the embedded demo model (built once into the user cache). `--synthetic GEOMETRY` serves random
+weights of a real geometry built on the device (engine/synthetic.py; model id `<GEOMETRY>-synthetic`, and
+/v1/models, /stats and the request log's server_start say `synthetic`): for load tests and benchmarks at the
+real sizes without the checkpoints. A bad flag or flag combination exits with status 2 and the reason before
+anything is loaded.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from api.options import ServerOptions
 from engine.artifact.digest import is_sha256_hex, sha256_file
 from engine.config import KV_DTYPES, EngineConfig
 from engine.request import SamplingParams
+from engine.synthetic import SYNTHETIC_NAMES, TINY_GEOMETRY, needs_cuda, synthetic_model_id
 
 logger = logging.getLogger("ninfer.serve")
 
@@ -70,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4317); see api/tracing.py.",
     )
     p.add_argument("artifact", nargs="?", help="the .ninfer file (default: the embedded tiny demo model)")
+    p.add_argument(
+        "--synthetic",
+        choices=SYNTHETIC_NAMES,
+        help="serve RANDOM weights of this geometry, built on the device, instead of an artifact (load tests "
+        f"and benchmarks; model id GEOMETRY-synthetic; {TINY_GEOMETRY} runs on the CPU, the others need a GPU)",
+    )
     net = p.add_argument_group("network and identity")
     net.add_argument("--host", default="127.0.0.1")
     net.add_argument("--port", type=_nonneg_int, default=8080, help="0 = pick a free port")
@@ -140,6 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_combinations(args: argparse.Namespace) -> None:
     """Cross-flag rules; raise ValueError with the reason."""
+    if args.synthetic is not None:
+        if args.artifact is not None:
+            raise ValueError(f"--synthetic {args.synthetic} and artifact {args.artifact}: give one, not both")
+        if args.expected_sha256 is not None:
+            raise ValueError(f"--synthetic {args.synthetic} has no file to check: drop --expected-sha256")
+        if needs_cuda(args.synthetic) and not _cuda_available():
+            raise ValueError(
+                f"--synthetic {args.synthetic} needs a CUDA device; use --synthetic {TINY_GEOMETRY} on the CPU"
+            )
     if args.prefill_chunk % 128:
         raise ValueError(f"--prefill-chunk {args.prefill_chunk}: must be a multiple of 128")
     if isinstance(args.kv_capacity, int) and args.kv_capacity < args.max_context:
@@ -180,6 +200,12 @@ def _check_combinations(args: argparse.Namespace) -> None:
         raise ValueError(f"artifact {args.artifact}: no such file")
     if args.expected_sha256 is not None and not is_sha256_hex(args.expected_sha256):
         raise ValueError(f"--expected-sha256 {args.expected_sha256!r}: must be 64 hex digits")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, EngineConfig, ServerOptions]:
@@ -300,16 +326,28 @@ def main(argv: Sequence[str] | None = None, *, engine_factory: EngineFactory | N
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S")
     from api.app import create_app
 
-    artifact = args.artifact
-    if artifact is None:
+    artifact: str | None = args.artifact
+    if args.synthetic is not None:
+        logger.warning(
+            "serving RANDOM weights of the %s geometry (--synthetic): output is noise; model id %s",
+            args.synthetic,
+            synthetic_model_id(args.synthetic),
+        )
+    elif artifact is None:
         from engine.artifact.demo import demo_artifact_path
 
         artifact = str(demo_artifact_path())
-    if args.expected_sha256 is not None:
+    if args.expected_sha256 is not None and artifact is not None:
         options = dataclasses.replace(options, artifact_sha256=_verify_digest(artifact, args.expected_sha256))
     try:
-        factory = engine_factory or _load
-        engine = factory(artifact, dataclasses.replace(config, artifact=artifact), options.sampling)
+        if args.synthetic is not None:
+            # engine_factory (tests) receives the geometry name in place of the artifact path.
+            factory = engine_factory or _load_synthetic
+            engine = factory(args.synthetic, config, options.sampling)
+        else:
+            assert artifact is not None
+            factory = engine_factory or _load
+            engine = factory(artifact, dataclasses.replace(config, artifact=artifact), options.sampling)
     except ValueError as exc:  # ArtifactError and config errors are ValueErrors
         print(f"ninfer-serve: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -330,6 +368,12 @@ def _load(artifact: str, config: EngineConfig, sampling: SamplingParams) -> Any:
     from api.engine_client import load_engine
 
     return load_engine(artifact, config, sampling)
+
+
+def _load_synthetic(name: str, config: EngineConfig, sampling: SamplingParams) -> Any:
+    from api.engine_client import load_synthetic_engine
+
+    return load_synthetic_engine(name, config, sampling)
 
 
 if __name__ == "__main__":

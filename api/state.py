@@ -36,6 +36,12 @@ class ServerState:
     tracing: RequestTracing | None = None  # OpenTelemetry, when the OTEL_* variables configure it
 
     @property
+    def synthetic(self) -> str | None:
+        """The geometry name when the engine serves random weights (`--synthetic`), else None."""
+        name = getattr(self.engine, "synthetic", None)
+        return name if isinstance(name, str) else None
+
+    @property
     def served_model_id(self) -> str:
         return self.options.model_id or self.engine.model_id
 

@@ -46,50 +46,10 @@ from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
 from engine.runner import ModelRunner
 from engine.scheduler.output import ScheduledRequest, SchedulerOutput
+from engine.synthetic import GEOMETRIES, build_synthetic
 
 PAGE_SIZE = 64
 GREEDY = SamplingParams(temperature=0.0)
-
-
-def _layer_types(num_layers: int, interval: int = 4) -> tuple[str, ...]:
-    return tuple(
-        "full_attention" if i % interval == interval - 1 else "linear_attention" for i in range(num_layers)
-    )
-
-
-_COMMON: dict[str, Any] = dict(
-    vocab_size=248320, head_dim=256, rms_norm_eps=1e-6, rope_theta=1e7, partial_rotary_factor=0.25,
-    mrope_section=(11, 11, 10), linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
-    linear_num_key_heads=16, max_position_embeddings=262144, mtp_num_hidden_layers=1,
-)  # fmt: skip
-
-GEOMETRIES: dict[str, ModelConfig] = {
-    "qwen3.6-27b": ModelConfig(
-        model_type="qwen3_5_text",
-        hidden_size=5120,
-        intermediate_size=17408,
-        num_hidden_layers=64,
-        layer_types=_layer_types(64),
-        num_attention_heads=24,
-        num_key_value_heads=4,
-        linear_num_value_heads=48,
-        **_COMMON,
-    ),  # fmt: skip
-    "qwen3.6-35b-a3b": ModelConfig(
-        model_type="qwen3_5_moe_text",
-        hidden_size=2048,
-        num_hidden_layers=40,
-        layer_types=_layer_types(40),
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        linear_num_value_heads=32,
-        num_experts=256,
-        num_experts_per_tok=8,
-        moe_intermediate_size=512,
-        shared_expert_intermediate_size=512,
-        **_COMMON,
-    ),  # fmt: skip
-}
 
 
 def _ints(text: str) -> list[int]:
@@ -159,32 +119,7 @@ def measure_limits() -> dict[str, float]:
     return {"read_GBps": nbytes / read_s / 1e9, "bf16_matmul_TFLOPs": 2 * 8192**3 / mm_s / 1e12}
 
 
-# ---- the synthetic model -------------------------------------------------------------------------
-
-
-def build_synthetic(config: ModelConfig, seed: int = 0) -> Qwen3_5ForCausalLM:
-    """The geometry with random bf16 weights, allocated and drawn on the GPU (no host copy)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("meta"):
-            model = Qwen3_5ForCausalLM(config)
-    finally:
-        torch.set_default_dtype(previous)
-    model = model.to_empty(device="cuda")
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() >= 2:
-                param.normal_(0.0, 0.02, generator=gen)
-            elif name.endswith("A_log"):
-                param.uniform_(0.0, 2.7, generator=gen)  # decay rates exp(A_log) in 1 .. 15
-            elif name.endswith("dt_bias") or name.endswith("norm.weight") and "linear_attn" in name:
-                param.fill_(1.0)
-            else:
-                param.zero_()  # (1 + w) RMSNorm weights
-    model.eval()
-    return model
+# ---- the synthetic model (engine/synthetic.py builds it) ------------------------------------------
 
 
 def weight_bytes(model: Qwen3_5ForCausalLM) -> dict[str, float]:

@@ -73,6 +73,9 @@ class AsyncEngine:
         self._stats = self._core.stats()
         self.error: BaseException | None = None
         self._keep: object = None  # keeps the artifact (and its memory map) alive
+        # The geometry name when the weights are random (engine/synthetic.py), else None; servers must say so.
+        self.synthetic: str | None = None
+        self.weights_id: str | None = None  # what the metrics' model-info labels name ("" when None)
 
     @classmethod
     def from_artifact(
@@ -96,6 +99,27 @@ class AsyncEngine:
             server_sampling=server_sampling,
         )
         engine._keep = loaded.artifact
+        return engine
+
+    @classmethod
+    def from_synthetic(
+        cls,
+        name: str,
+        config: EngineConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        seed: int | None = None,
+        server_sampling: SamplingParams | None = None,
+    ) -> AsyncEngine:
+        """Random weights of geometry `name` built on the device, the real Qwen3.5 tokenizer and chat
+        template, model id `<name>-synthetic` (engine/synthetic.py). Not started: call `start()`."""
+        from engine.synthetic import SYNTHETIC_WEIGHTS_ID, load_synthetic
+
+        model, tokenizer, model_id = load_synthetic(name, device=device, dtype=dtype)
+        engine = cls(model, tokenizer, config, model_id=model_id, seed=seed, server_sampling=server_sampling)
+        engine.synthetic = name
+        engine.weights_id = SYNTHETIC_WEIGHTS_ID
         return engine
 
     # ---- lifecycle ------------------------------------------------------------------------------

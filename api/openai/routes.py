@@ -24,7 +24,7 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _model_card(state: ServerState, name: str) -> dict[str, Any]:
-    return {
+    card: dict[str, Any] = {
         "id": name,
         "object": "model",
         "created": int(state.started_at),
@@ -32,6 +32,10 @@ def _model_card(state: ServerState, name: str) -> dict[str, Any]:
         "root": state.engine.model_id,
         "max_model_len": state.max_context,
     }
+    if state.synthetic is not None:  # random weights of a real geometry: never pass for the real model
+        card["synthetic"] = True
+        card["synthetic_geometry"] = state.synthetic
+    return card
 
 
 @router.get("/v1/models")
