@@ -6,7 +6,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from conftest import API_KEY, Server
+from api_helpers import API_KEY, Server
 
 WEATHER_TOOL: dict[str, Any] = {
     "name": "get_weather",

@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import Server
+from api_helpers import Server
 
 PROMPT = [{"role": "system", "content": "Disconnect test."}, {"role": "user", "content": "Talk for a while."}]
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import API_KEY, HERE, free_port, start_server
+from api_helpers import API_KEY, HERE, free_port, start_server
 
 
 def test_sigterm_lets_the_stream_in_flight_finish(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import API_KEY, Server
+from api_helpers import API_KEY, Server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

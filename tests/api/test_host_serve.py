@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import VENV_BIN, free_port, start_server, stop_server
+from api_helpers import VENV_BIN, free_port, start_server, stop_server
 
 from api.serve import parse_args
 

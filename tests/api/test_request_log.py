@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import openai
-from conftest import Server
+from api_helpers import Server
 
 from api.request_log import RequestLog
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import openai
 import pytest
-from conftest import API_KEY, Server
+from api_helpers import API_KEY, Server
 
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",

@@ -18,7 +18,7 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from conftest import Server, free_port, start_server, stop_server
+from api_helpers import Server, free_port, start_server, stop_server
 
 from engine.artifact.script import Script, build_scripted
 

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
-from conftest import VENV_BIN, free_port, start_server, stop_server
+from api_helpers import VENV_BIN, free_port, start_server, stop_server
 
 from engine.artifact.demo import demo_artifact_path
 from engine.artifact.digest import sha256_file

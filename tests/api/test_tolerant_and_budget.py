@@ -13,7 +13,7 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from conftest import HERE, Server, free_port, start_server, stop_server
+from api_helpers import HERE, Server, free_port, start_server, stop_server
 from scripted import SCRIPTS
 
 FULL_REASONING = SCRIPTS["overthink"][0].strip()

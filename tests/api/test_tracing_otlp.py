@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from conftest import VENV_BIN, free_port, start_server, stop_server
+from api_helpers import VENV_BIN, free_port, start_server, stop_server
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import sample_objects
+from artifact_samples import sample_objects
 
 from engine.artifact.container import (
     MAGIC_V1,

@@ -1,0 +1,148 @@
+"""Synthetic models: random weights of a real Qwen3.5-family geometry, drawn directly on the device.
+
+Used by `ninfer-bench --synthetic` (engine/bench.py) and `ninfer-serve --synthetic` (api/serve.py): the
+speed of a step does not depend on the weight values, so the real geometries can be measured and load-tested
+without the checkpoints. The weights are noise; whatever serves them must say so (model id
+``<geometry>-synthetic``, ``synthetic`` in /v1/models, /stats and the request log).
+
+Geometries: ``qwen3.6-27b`` and ``qwen3.6-35b-a3b`` (the real sizes; a GPU is needed) and ``tiny-dense``
+(the `build-tiny` dense layout, small enough for the CPU, so the serving path is tested in CI).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.model.config import ModelConfig
+from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.tokenizer import Tokenizer
+
+SYNTHETIC_SUFFIX = "-synthetic"
+SYNTHETIC_WEIGHTS_ID = "random-synthetic"
+TINY_GEOMETRY = "tiny-dense"
+
+
+def _layer_types(num_layers: int, interval: int = 4) -> tuple[str, ...]:
+    return tuple(
+        "full_attention" if i % interval == interval - 1 else "linear_attention" for i in range(num_layers)
+    )
+
+
+_COMMON: dict[str, Any] = dict(
+    vocab_size=248320, head_dim=256, rms_norm_eps=1e-6, rope_theta=1e7, partial_rotary_factor=0.25,
+    mrope_section=(11, 11, 10), linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+    linear_num_key_heads=16, max_position_embeddings=262144, mtp_num_hidden_layers=1,
+)  # fmt: skip
+
+# The real geometries (random weights of these sizes need a GPU: 27B is ~54 GB in bf16).
+GEOMETRIES: dict[str, ModelConfig] = {
+    "qwen3.6-27b": ModelConfig(
+        model_type="qwen3_5_text",
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=64,
+        layer_types=_layer_types(64),
+        num_attention_heads=24,
+        num_key_value_heads=4,
+        linear_num_value_heads=48,
+        **_COMMON,
+    ),  # fmt: skip
+    "qwen3.6-35b-a3b": ModelConfig(
+        model_type="qwen3_5_moe_text",
+        hidden_size=2048,
+        num_hidden_layers=40,
+        layer_types=_layer_types(40),
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        linear_num_value_heads=32,
+        num_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        **_COMMON,
+    ),  # fmt: skip
+}
+
+SYNTHETIC_NAMES: tuple[str, ...] = (*sorted(GEOMETRIES), TINY_GEOMETRY)
+
+
+def synthetic_config(name: str) -> ModelConfig:
+    """The geometry called `name` (one of SYNTHETIC_NAMES); ValueError for any other name."""
+    if name in GEOMETRIES:
+        return GEOMETRIES[name]
+    if name == TINY_GEOMETRY:
+        from engine.artifact.tiny import tiny_hf_config
+
+        return ModelConfig.from_hf(tiny_hf_config("dense"))
+    raise ValueError(f"synthetic geometry {name!r}: expected one of {', '.join(SYNTHETIC_NAMES)}")
+
+
+def needs_cuda(name: str) -> bool:
+    """Whether the geometry is too large to serve anywhere but on a GPU."""
+    return name in GEOMETRIES
+
+
+def synthetic_model_id(name: str) -> str:
+    return name + SYNTHETIC_SUFFIX
+
+
+def build_synthetic(
+    config: ModelConfig,
+    seed: int = 0,
+    *,
+    device: torch.device | str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+) -> Qwen3_5ForCausalLM:
+    """The geometry with random weights, allocated and drawn on `device` (no host copy on a GPU)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = Qwen3_5ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    dev = torch.device(device)
+    model = model.to_empty(device=dev)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 0.02, generator=gen)
+            elif name.endswith("A_log"):
+                param.uniform_(0.0, 2.7, generator=gen)  # decay rates exp(A_log) in 1 .. 15
+            elif name.endswith("dt_bias") or name.endswith("norm.weight") and "linear_attn" in name:
+                param.fill_(1.0)
+            else:
+                param.zero_()  # (1 + w) RMSNorm weights
+    model.requires_grad_(False)
+    model.eval()
+    return model
+
+
+def load_synthetic(
+    name: str,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    seed: int = 0,
+) -> tuple[Qwen3_5ForCausalLM, Tokenizer, str]:
+    """(model, the real Qwen3.5 tokenizer and chat template, model id) for geometry `name`.
+
+    Defaults: the GPU when there is one, bf16 there and float32 on the CPU (engine.core's defaults).
+    ValueError when the geometry needs a GPU and there is none.
+    """
+    from engine.core import default_device, default_dtype
+
+    config = synthetic_config(name)
+    dev = torch.device(device) if device is not None else default_device()
+    if needs_cuda(name) and dev.type != "cuda":
+        raise ValueError(
+            f"synthetic geometry {name!r} needs a CUDA device (use {TINY_GEOMETRY!r} on the CPU)"
+        )
+    model = build_synthetic(
+        config, seed, device=dev, dtype=dtype if dtype is not None else default_dtype(dev)
+    )
+    tokenizer = Tokenizer.qwen35(moe=config.is_moe)
+    return model, tokenizer, synthetic_model_id(name)
