@@ -23,7 +23,7 @@ schemathesis hypothesis-jsonschema kopf types-pyyaml types-requests pytest-cov "
 norm() { tr 'A-Z_.' 'a-z--' <<<"$1"; }
 WANT=(fla-core==0.6.0 flash-linear-attention==0.6.0)
 while IFS= read -r line; do
-  [[ $line == *==* ]] || continue
+  [[ $line == *==* && $line != "#"* && $line != -e* ]] || continue
   name=$(norm "${line%%==*}")
   [[ $DEVICE_HAS == *" $name "* || $SKIP == *" $name "* || $name == nvidia-* || $name == torch* ]] && continue
   WANT+=("$line")
