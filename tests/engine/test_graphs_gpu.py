@@ -56,14 +56,9 @@ def test_batched_equals_alone_fp32_with_graphs(arch: str) -> None:
     assert batched == _alone(arch, torch.float32, items)
 
 
-@pytest.mark.xfail(
-    strict=False, reason="bf16 kernels (cuBLAS per-M tiles, split-K per batch) are not batch-invariant"
-)
-@pytest.mark.parametrize("arch", ["dense", "moe"])
-def test_batched_equals_alone_bf16_with_graphs(arch: str) -> None:
-    items = prompts(8)
-    batched, _ = run(core(arch, torch.bfloat16, max_concurrency=8, prefill_chunk=32), items, GREEDY)
-    assert batched == _alone(arch, torch.bfloat16, items)
+# NOTE: batched == alone is asserted in fp32 only. In bf16 the kernels are not batch-invariant (cuBLAS picks
+# tiles by M, paged-attention split-K depends on the batch), so greedy tokens can differ; making the splits
+# batch-invariant is open work in the GPU issue.
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
