@@ -55,7 +55,7 @@ export PATH=/tmp/site/bin:$PATH
   python3 -c 'import fla; print("fla", getattr(fla, "__version__", "?"))'; } >"$WORK/env.log" 2>&1
 
 # ---- tests ----
-((TESTS)) && stage gpu_tests "$TESTS_T" python3 -m pytest -m gpu tests -q -p no:cacheprovider
+((TESTS)) && stage gpu_tests "$TESTS_T" python3 -m pytest -m gpu tests -q -p no:cacheprovider --timeout 150 --durations 20 -rfE
 
 # ---- bench ----
 if ((BENCH)); then
