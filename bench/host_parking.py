@@ -72,19 +72,24 @@ def measure(pages: int, host_mib: int) -> dict[str, Any]:
     tokens = list(range(pages * 64))
     runs = []
     for label in ("contiguous", "scattered"):
-        rng = random.Random(0)
+        rng = random.Random(0)  # src and dst draw different pages: a restore lands anywhere in the pool
         src = list(range(pages)) if label == "contiguous" else rng.sample(range(pages + 64), pages)
         dst = list(range(pages)) if label == "contiguous" else rng.sample(range(pages + 64), pages)
-        expected = cache.key_cache[0][src[:8]].clone()
         for rep in range(2):
+            # What must come back: every parked page of two attention layers and the checkpoint's GDN state.
+            expected = (cache.key_cache[0][src].clone(), cache.value_cache[-1][src].clone(),
+                        cache.recurrent_state[0][0].clone())  # fmt: skip
             torch.cuda.synchronize()
             park = parking.park(label, cache, page_ids=src, token_ids=tokens, checkpoints=[(len(tokens), 0)])
             assert park is not None, "park refused: raise --host-mib"
             park.synchronize()
-            cache.key_cache[0].zero_()
+            for t in (cache.key_cache[0], cache.value_cache[-1], cache.recurrent_state[0][1]):
+                t.zero_()
             restore = parking.unpark(label, cache, page_ids=dst, state_slot=1)
             restore.synchronize()
-            assert torch.equal(cache.key_cache[0][dst[:8]], expected), "restored bytes differ"
+            got = (cache.key_cache[0][dst], cache.value_cache[-1][dst], cache.recurrent_state[0][1])
+            assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), "restored bytes differ"
+            del expected, got
             runs.append({
                 "pages": label, "rep": rep, "entry_bytes": park.num_bytes,
                 "park_seconds": park.seconds, "park_gbps": park.num_bytes / park.seconds / 1e9,

@@ -9,18 +9,23 @@
 # Logs and results go to $OUT (the few files that come back) and, whole, to $OUT/session.tar.gz.
 # Usage: scripts/device/gpu_session.sh [--no-tests] [--no-bench] [--no-load] [--tests-timeout S]
 #        [--bench-timeout S] [--load-timeout S] [--geometry G] [--context N] [--users N] [--host-kv-mib N]
+#        [--no-engine-bench] [--kv-capacity TOKENS] [--park-users N] [--park-context N]
+# The server's device KV (--kv-capacity, default 524,288 tokens) holds agent_sessions_long's 4 x ~105k sessions
+# but not park_resume's --park-users x ~--park-context ones, so park_resume evicts, parks and restores.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-TESTS=1 BENCH=1 LOAD=1
+TESTS=1 BENCH=1 ENGINE_BENCH=1 LOAD=1 KV_CAPACITY=524288 PARK_USERS=12 PARK_CONTEXT=60000
 TESTS_T=240 BENCH_T=240 LOAD_T=420
 GEOMETRY=qwen3.6-27b CONTEXT=100000 USERS=4 HOST_KV_MIB=49152 MAX_CONTEXT=131072 PORT=8080
 while (($#)); do
   case $1 in
-    --no-tests) TESTS=0 ;; --no-bench) BENCH=0 ;; --no-load) LOAD=0 ;;
+    --no-tests) TESTS=0 ;; --no-bench) BENCH=0 ;; --no-load) LOAD=0 ;; --no-engine-bench) ENGINE_BENCH=0 ;;
+    --kv-capacity) KV_CAPACITY=$2; shift ;; --park-users) PARK_USERS=$2; shift ;;
+    --park-context) PARK_CONTEXT=$2; shift ;;
     --tests-timeout) TESTS_T=$2; shift ;; --bench-timeout) BENCH_T=$2; shift ;; --load-timeout) LOAD_T=$2; shift ;;
     --geometry) GEOMETRY=$2; shift ;; --context) CONTEXT=$2; shift ;; --users) USERS=$2; shift ;;
     --host-kv-mib) HOST_KV_MIB=$2; shift ;; --max-context) MAX_CONTEXT=$2; shift ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
     *) echo "gpu_session.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -59,16 +64,16 @@ export PATH=/tmp/site/bin:$PATH
 
 # ---- bench ----
 if ((BENCH)); then
-  stage bench "$BENCH_T" python3 -m engine.bench --synthetic "$GEOMETRY" --prompt-len 7680 --concurrency 1,8 \
+  ((ENGINE_BENCH)) && stage bench "$BENCH_T" python3 -m engine.bench --synthetic "$GEOMETRY" --prompt-len 7680 --concurrency 1,8 \
     --decode-tokens 32 --json "$WORK/bench_${GEOMETRY}.json"
   stage host_parking "$((BENCH_T / 2))" python3 bench/host_parking.py --json "$WORK/host_parking.json"
 fi
 
 # ---- load ----
 if ((LOAD)); then
-  log "serve: --synthetic $GEOMETRY --max-context $MAX_CONTEXT --max-concurrency $USERS --host-kv-cache-mib $HOST_KV_MIB"
+  log "serve: --kv-capacity $KV_CAPACITY --synthetic $GEOMETRY --max-context $MAX_CONTEXT --max-concurrency $USERS --host-kv-cache-mib $HOST_KV_MIB"
   timeout --kill-after=15 "$LOAD_T" python3 -m api.serve --synthetic "$GEOMETRY" --port "$PORT" \
-    --max-context "$MAX_CONTEXT" --max-concurrency "$USERS" --kv-capacity auto \
+    --max-context "$MAX_CONTEXT" --max-concurrency "$USERS" --kv-capacity "$KV_CAPACITY" --pending-timeout-ms 900000 \
     --host-kv-cache-mib "$HOST_KV_MIB" --prefill-chunk 8192 --log-stats-interval-ms 10000 \
     --request-log-jsonl "$WORK/requests.jsonl" >"$WORK/serve.log" 2>&1 &
   server=$!
@@ -87,6 +92,7 @@ if ((LOAD)); then
       --run-time "$((half - 60))s" --locust /tmp/site/bin/locust --results "$WORK/load/agent_sessions_long"
     left=$((LOAD_T - (SECONDS - started) - 20))
     stage park_resume "$left" python3 loadtest/run.py park_resume --scale gpu --host "http://127.0.0.1:$PORT" \
+      --users "$PARK_USERS" --param "context_tokens=$PARK_CONTEXT" --param "think_time_s=[10, 30]" \
       --run-time "$((left - 60))s" --locust /tmp/site/bin/locust --results "$WORK/load/park_resume"
     python3 -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/stats').text)" >"$WORK/stats_end.json"
   else

@@ -19,7 +19,10 @@ sympy tiktoken tokenizers torch tqdm transformers triton typer typing-extensions
 wrapt yarl zipp grpcio sentencepiece ninfer "
 # Development-only tools and the operator's client: never needed on the device (and too large to carry).
 SKIP=" mypy mypy-extensions ruff kubernetes kubernetes-validate jsonschema-rs import-linter pre-commit
-schemathesis hypothesis-jsonschema kopf types-pyyaml types-requests pytest-cov "
+schemathesis hypothesis-jsonschema kopf types-pyyaml types-requests pytest-cov hypothesis hypothesis-graphql harfile
+graphql-core pyrate-limiter grimp ast-serialize librt "
+# One line each, space-delimited at both ends, so that `== *" $name "*` also matches a name that began a line.
+DEVICE_HAS=" $(echo $DEVICE_HAS) " SKIP=" $(echo $SKIP) "
 norm() { tr 'A-Z_.' 'a-z--' <<<"$1"; }
 WANT=(fla-core==0.6.0 flash-linear-attention==0.6.0)
 while IFS= read -r line; do
@@ -37,6 +40,14 @@ for spec in "${WANT[@]}"; do
   if ls "$DEST" | tr 'A-Z_' 'a-z-' | grep -q "^${name}-${spec#*==}-"; then continue; fi
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${PLAT[@]}" -d "$DEST" "$spec" || failed+=("$spec")
+done
+# Drop wheels left by earlier runs that are no longer wanted: a stale one would shadow the device's own
+# package (e.g. a huggingface-hub that the device's transformers refuses, or a pytest plugin missing its deps).
+keep=" "; for spec in "${WANT[@]}"; do keep+="$(norm "${spec%%==*}")-${spec#*==} "; done
+for whl in "$DEST"/*.whl; do
+  [[ -e $whl ]] || continue
+  base=$(basename "$whl"); name=$(norm "${base%%-*}"); rest=${base#*-}; version=${rest%%-*}
+  [[ $keep == *" $name-$version "* ]] || { echo "removing stale $base"; rm -f "$whl"; }
 done
 echo "build/wheels: $(ls "$DEST" | wc -l) wheels, $(du -sh "$DEST" | cut -f1) (the device call carries at most 64 MiB)"
 if ((${#failed[@]})); then echo "no cp312 x86-64 wheel for: ${failed[*]}" >&2; exit 1; fi
