@@ -231,13 +231,23 @@ def _loggable_options(options: ServerOptions) -> dict[str, Any]:
 
 
 async def _throughput_loop(state: ServerState) -> None:
+    """Every interval: what the engine computed (prefill and decode tokens per second: its progress, also in
+    the middle of a long prompt) and what the HTTP side finished (requests, their prompt/completion tokens)."""
     interval = state.options.log_stats_interval_ms / 1000.0
-    last = (time.monotonic(), state.prompt_tokens_total, state.completion_tokens_total, state.num_requests)
+
+    def sample() -> tuple[float, int, int, int, int, int, Any]:
+        stats = state.engine.stats()
+        return (time.monotonic(), state.prompt_tokens_total, state.completion_tokens_total, state.num_requests,
+                getattr(stats, "num_prefill_tokens", 0), getattr(stats, "num_decode_tokens", 0), stats)  # fmt: skip
+
+    last = sample()
     while True:
         await asyncio.sleep(interval)
-        now = (time.monotonic(), state.prompt_tokens_total, state.completion_tokens_total, state.num_requests)
+        now = sample()
         seconds = max(now[0] - last[0], 1e-9)
         prompt, completion = now[1] - last[1], now[2] - last[2]
+        prefill, decode = now[4] - last[4], now[5] - last[5]
+        stats = now[6]
         state.log(
             "throughput",
             interval_seconds=seconds,
@@ -245,14 +255,18 @@ async def _throughput_loop(state: ServerState) -> None:
             prompt_tokens=prompt,
             completion_tokens=completion,
             completion_tokens_per_second=completion / seconds,
+            prefill_tokens_per_second=prefill / seconds,
+            decode_tokens_per_second=decode / seconds,
             in_flight=state.in_flight,
-            engine=health.stats_dict(state.engine.stats()),
+            engine=health.stats_dict(stats),
         )
         logger.info(
-            "throughput interval=%.1fs prompt=%.1f tok/s decode=%.1f tok/s in_flight=%d",
+            "throughput interval=%.1fs prefill=%.1f tok/s decode=%.1f tok/s running=%d waiting=%d in_flight=%d",
             seconds,
-            prompt / seconds,
-            completion / seconds,
+            prefill / seconds,
+            decode / seconds,
+            getattr(stats, "num_running", 0),
+            getattr(stats, "num_waiting", 0),
             state.in_flight,
         )
         last = now

@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cap.add_argument("--default-max-tokens", type=_positive_int, default=8192)
     cap.add_argument("--no-cuda-graph", action="store_true", help="run every decode step eagerly (debugging)")
+    cap.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip running the first-use step shapes at startup (on a GPU they compile/autotune kernels: "
+        "without warm-up the first requests wait for that)",
+    )
     log = p.add_argument_group("logging and response store")
     log.add_argument("--request-log-jsonl", type=Path, help="append request events (never text) here")
     log.add_argument(
@@ -237,6 +243,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
             default_max_tokens=args.default_max_tokens,
             greedy=args.greedy,
             cuda_graph=not args.no_cuda_graph,
+            warmup=False if args.no_warmup else None,
         )
     except ValueError as exc:
         parser.error(str(exc))

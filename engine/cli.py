@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-chunk", type=int, default=1024)
     p.add_argument("--no-prefix-reuse", action="store_true")
     p.add_argument("--no-cuda-graph", action="store_true", help="run every decode step eagerly (debugging)")
+    p.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip running the first-use step shapes at startup (on a GPU they compile/autotune kernels: "
+        "without warm-up the first requests wait for that)",
+    )
     p.add_argument("--greedy", action="store_true", help="temperature 0, whatever else is set")
     p.add_argument("--temperature", type=float)
     p.add_argument("--top-p", type=float)
@@ -100,6 +106,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         prefix_reuse=not args.no_prefix_reuse,
         greedy=args.greedy,
         cuda_graph=not args.no_cuda_graph,
+        warmup=False if args.no_warmup else None,
     )
     params = SamplingParams(
         max_tokens=args.max_new,

@@ -157,10 +157,14 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     greedy: bool = False  # --greedy forces temperature 0 whatever the request says
     cuda_graph: bool = True  # --no-cuda-graph -> False: every decode step eager (engine/graphs.py)
+    # Run the first-use step shapes before serving (ModelRunner.warm_up): None = on a GPU only (where
+    # kernels compile and autotune on first use), True = always, False (--no-warmup) = never.
+    warmup: bool | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.greedy, bool), "greedy", self.greedy, "must be a bool")
         _require(isinstance(self.cuda_graph, bool), "cuda_graph", self.cuda_graph, "must be a bool")
+        _require(self.warmup in (None, True, False), "warmup", self.warmup, "must be None, True or False")
 
     @property
     def num_pages(self) -> int:
@@ -176,6 +180,7 @@ class EngineConfig:
             **{f.name: "scheduler" for f in dataclasses.fields(SchedulerConfig)},
             "greedy": "engine",
             "cuda_graph": "engine",
+            "warmup": "engine",
         }
         for name, value in flags.items():
             if name not in owners:

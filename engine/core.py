@@ -17,6 +17,7 @@ completed the match is generated.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,10 +32,12 @@ from engine.model.loader import load_model
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.parking import attach_host_parking, host_stat_fields
 from engine.request import Event, FinishEvent, FinishKind, FinishReason, Request, SamplingParams, TokenEvent
-from engine.runner import ModelRunner, resolve_num_pages
+from engine.runner import ModelRunner, WarmupReport, resolve_num_pages
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,13 @@ class EngineCore:
             cuda_graph=config.cuda_graph,
             max_context=config.scheduler.max_context,
         )
+        warm = config.warmup if config.warmup is not None else param.device.type == "cuda"
+        self.warmup: WarmupReport | None = None
+        if warm:  # before host parking attaches and before any request: its scratch pages are free after
+            logger.info("warming up: running the first-use step shapes (kernel compilation, autotuning)")
+            self.warmup = self.runner.warm_up(config.scheduler.prefill_chunk)
+            logger.info("warm-up done: %d steps, %d tokens in %.1f s", self.warmup.steps, self.warmup.tokens,
+                        self.warmup.seconds)  # fmt: skip
         self.host = attach_host_parking(config.cache, self.scheduler, self.runner)  # None when off
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.num_requests_added = 0

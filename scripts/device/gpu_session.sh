@@ -4,28 +4,34 @@
 #   install  pip install --no-index the carried wheels into /tmp/site
 #   tests    python3 -m pytest -m gpu tests
 #   bench    ninfer-bench (27B: prefill 7680, decode C=1,8) + bench/host_parking.py
-#   load     ninfer-serve --synthetic qwen3.6-27b with host parking, then loadtest/run.py
-#            agent_sessions_long (4 sessions, ~100k context) and park_resume
+#   load     per profile, its own ninfer-serve --synthetic qwen3.6-27b (host parking on), then loadtest/run.py:
+#            agent_sessions_long: 4 lanes, 4 sessions of ~--context tokens, device KV --kv-capacity (holds them all)
+#            park_resume: --park-lanes lanes, --park-users sessions of ~--park-context tokens, device KV
+#            --park-kv-capacity (smaller than their sum: sessions are evicted, parked to host RAM and restored)
 # Logs and results go to $OUT (the few files that come back) and, whole, to $OUT/session.tar.gz.
-# Usage: scripts/device/gpu_session.sh [--no-tests] [--no-bench] [--no-load] [--tests-timeout S]
-#        [--bench-timeout S] [--load-timeout S] [--geometry G] [--context N] [--users N] [--host-kv-mib N]
-#        [--no-engine-bench] [--kv-capacity TOKENS] [--park-users N] [--park-context N]
-# The server's device KV (--kv-capacity, default 524,288 tokens) holds agent_sessions_long's 4 x ~105k sessions
-# but not park_resume's --park-users x ~--park-context ones, so park_resume evicts, parks and restores.
+# Usage: scripts/device/gpu_session.sh [--no-tests] [--no-bench] [--no-engine-bench] [--load none|agent|park|both]
+#        [--tests-timeout S] [--bench-timeout S] [--load-timeout S (per profile)] [--geometry G]
+#        [--context N] [--users N] [--kv-capacity TOKENS] [--host-kv-mib N] [--max-context N]
+#        [--park-users N] [--park-context N] [--park-lanes N] [--park-kv-capacity TOKENS]
+# One call has 10 minutes: a server start (weights + warm-up compile) takes 1-2 minutes, so run one load profile
+# per call (--load agent, then --load park), each with --no-tests --no-bench.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-TESTS=1 BENCH=1 ENGINE_BENCH=1 LOAD=1 KV_CAPACITY=524288 PARK_USERS=12 PARK_CONTEXT=60000
+TESTS=1 BENCH=1 ENGINE_BENCH=1 LOAD=both
 TESTS_T=240 BENCH_T=240 LOAD_T=420
-GEOMETRY=qwen3.6-27b CONTEXT=100000 USERS=4 HOST_KV_MIB=49152 MAX_CONTEXT=131072 PORT=8080
+GEOMETRY=qwen3.6-27b CONTEXT=100000 USERS=4 KV_CAPACITY=524288 HOST_KV_MIB=49152 MAX_CONTEXT=131072 PORT=8080
+PARK_USERS=8 PARK_CONTEXT=30000 PARK_LANES=2 PARK_KV_CAPACITY=131072
 while (($#)); do
   case $1 in
-    --no-tests) TESTS=0 ;; --no-bench) BENCH=0 ;; --no-load) LOAD=0 ;; --no-engine-bench) ENGINE_BENCH=0 ;;
-    --kv-capacity) KV_CAPACITY=$2; shift ;; --park-users) PARK_USERS=$2; shift ;;
-    --park-context) PARK_CONTEXT=$2; shift ;;
+    --no-tests) TESTS=0 ;; --no-bench) BENCH=0 ;; --no-engine-bench) ENGINE_BENCH=0 ;;
+    --no-load) LOAD=none ;; --load) LOAD=$2; shift ;;
     --tests-timeout) TESTS_T=$2; shift ;; --bench-timeout) BENCH_T=$2; shift ;; --load-timeout) LOAD_T=$2; shift ;;
     --geometry) GEOMETRY=$2; shift ;; --context) CONTEXT=$2; shift ;; --users) USERS=$2; shift ;;
-    --host-kv-mib) HOST_KV_MIB=$2; shift ;; --max-context) MAX_CONTEXT=$2; shift ;;
-    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    --kv-capacity) KV_CAPACITY=$2; shift ;; --host-kv-mib) HOST_KV_MIB=$2; shift ;;
+    --max-context) MAX_CONTEXT=$2; shift ;;
+    --park-users) PARK_USERS=$2; shift ;; --park-context) PARK_CONTEXT=$2; shift ;;
+    --park-lanes) PARK_LANES=$2; shift ;; --park-kv-capacity) PARK_KV_CAPACITY=$2; shift ;;
+    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
     *) echo "gpu_session.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -60,7 +66,7 @@ export PATH=/tmp/site/bin:$PATH
   python3 -c 'import fla; print("fla", getattr(fla, "__version__", "?"))'; } >"$WORK/env.log" 2>&1
 
 # ---- tests ----
-((TESTS)) && stage gpu_tests "$TESTS_T" python3 -m pytest -m gpu tests -q -p no:cacheprovider --timeout 150 --durations 20 -rfE
+((TESTS)) && stage gpu_tests "$TESTS_T" python3 -m pytest -m gpu tests --ignore tests/operator -q -p no:cacheprovider --timeout 150 --durations 20 -rfE
 
 # ---- bench ----
 if ((BENCH)); then
@@ -70,42 +76,44 @@ if ((BENCH)); then
 fi
 
 # ---- load ----
-if ((LOAD)); then
-  log "serve: --kv-capacity $KV_CAPACITY --synthetic $GEOMETRY --max-context $MAX_CONTEXT --max-concurrency $USERS --host-kv-cache-mib $HOST_KV_MIB"
+# serve_and_load PROFILE LANES KV_CAPACITY LOADTEST_ARGS...: a fresh server for one profile, bounded by LOAD_T.
+serve_and_load() {
+  local profile=$1 lanes=$2 capacity=$3; shift 3
+  log "serve ($profile): --synthetic $GEOMETRY --max-context $MAX_CONTEXT --max-concurrency $lanes --kv-capacity $capacity --host-kv-cache-mib $HOST_KV_MIB"
   timeout --kill-after=15 "$LOAD_T" python3 -m api.serve --synthetic "$GEOMETRY" --port "$PORT" \
-    --max-context "$MAX_CONTEXT" --max-concurrency "$USERS" --kv-capacity "$KV_CAPACITY" --pending-timeout-ms 900000 \
+    --max-context "$MAX_CONTEXT" --max-concurrency "$lanes" --kv-capacity "$capacity" --pending-timeout-ms 900000 \
     --host-kv-cache-mib "$HOST_KV_MIB" --prefill-chunk 8192 --log-stats-interval-ms 10000 \
-    --request-log-jsonl "$WORK/requests.jsonl" >"$WORK/serve.log" 2>&1 &
-  server=$!
-  started=$SECONDS up=0
+    --request-log-jsonl "$WORK/requests_$profile.jsonl" >"$WORK/serve_$profile.log" 2>&1 &
+  local server=$! started=$SECONDS up=0
   while ((SECONDS - started < 300)) && kill -0 "$server" 2>/dev/null; do
     python3 -c "import httpx, sys; sys.exit(httpx.get('http://127.0.0.1:$PORT/health').status_code != 200)" \
       2>/dev/null && { up=1; break; }
     sleep 2
   done
   if ((up)); then
-    log "serve: healthy after $((SECONDS - started))s"
-    left=$((LOAD_T - (SECONDS - started) - 20))
-    half=$((left / 2))
-    stage agent_sessions_long "$half" python3 loadtest/run.py agent_sessions_long --scale gpu \
-      --host "http://127.0.0.1:$PORT" --users "$USERS" --param "context_tokens=$CONTEXT" \
-      --run-time "$((half - 60))s" --locust /tmp/site/bin/locust --results "$WORK/load/agent_sessions_long"
-    left=$((LOAD_T - (SECONDS - started) - 20))
-    stage park_resume "$left" python3 loadtest/run.py park_resume --scale gpu --host "http://127.0.0.1:$PORT" \
-      --users "$PARK_USERS" --param "context_tokens=$PARK_CONTEXT" --param "think_time_s=[10, 30]" \
-      --run-time "$((left - 60))s" --locust /tmp/site/bin/locust --results "$WORK/load/park_resume"
-    python3 -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/stats').text)" >"$WORK/stats_end.json"
+    log "serve ($profile): healthy after $((SECONDS - started))s"
+    local left=$((LOAD_T - (SECONDS - started) - 30))
+    stage "$profile" "$left" python3 loadtest/run.py "$profile" --scale gpu --host "http://127.0.0.1:$PORT" \
+      --run-time "$((left - 60))s" --locust "$(command -v locust)" --results "$WORK/load/$profile" "$@"
+    python3 -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/stats').text)" >"$WORK/stats_$profile.json"
   else
-    log "serve: not healthy (see serve.log)"; status=1
+    log "serve ($profile): not healthy (see serve_$profile.log)"; status=1
   fi
   kill -TERM "$server" 2>/dev/null; wait "$server" 2>/dev/null
+}
+if [[ $LOAD == agent || $LOAD == both ]]; then
+  serve_and_load agent_sessions_long "$USERS" "$KV_CAPACITY" --users "$USERS" --param "context_tokens=$CONTEXT"
+fi
+if [[ $LOAD == park || $LOAD == both ]]; then
+  serve_and_load park_resume "$PARK_LANES" "$PARK_KV_CAPACITY" --users "$PARK_USERS" \
+    --param "context_tokens=$PARK_CONTEXT" --param "think_time_s=[10, 30]"
 fi
 
 # ---- results back: at most 8 files come back from $OUT ----
 log "done, status $status"
 tar -czf "$OUT/session.tar.gz" -C "$WORK" . 2>/dev/null
 cp "$WORK/session.log" "$OUT/"
-for f in gpu_tests.log bench.log serve.log; do [[ -f $WORK/$f ]] && tail -c 2000000 "$WORK/$f" >"$OUT/$f"; done
+for f in gpu_tests.log bench.log; do [[ -f $WORK/$f ]] && tail -c 2000000 "$WORK/$f" >"$OUT/$f"; done
 cat "$WORK"/load/*/summary.json >"$OUT/load_summaries.json" 2>/dev/null
 cat "$WORK/session.log"
 exit $status

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import openai
+import pytest
 from api_helpers import Server
 
 from api.request_log import RequestLog
@@ -76,6 +77,10 @@ def test_real_server_logs_request_events_without_text(real_server: Server) -> No
     assert all(
         r["artifact_type"] == "ninfer_serve_request_log" and "server_instance_id" in r for r in records
     )
+    ticks = [r for r in records if r["event"] == "throughput"]
+    # Engine progress, not request completions: the prefilled tokens appear in the intervals that ran them.
+    prefilled = sum(t["prefill_tokens_per_second"] * t["interval_seconds"] for t in ticks)
+    assert prefilled >= 1 and prefilled == pytest.approx(ticks[-1]["engine"]["num_prefill_tokens"], abs=0.5)
     done = [r for r in records if r["event"] == "request_done"][-1]
     assert done["result"]["finish_reason"] == "length" and done["result"]["completion_tokens"] == 2
     assert set(done["timings_seconds"]) >= {"ttft", "decode", "total"}

@@ -32,6 +32,9 @@ def loaded(arch: str, dtype: torch.dtype) -> LoadedArtifact:
 
 def core(arch: str, dtype: torch.dtype, **flags: Any) -> EngineCore:
     flags.setdefault("max_context", 512)
+    # A test's first steps compile the Triton kernels (a minute on a cold cache): a request waiting for pages
+    # meanwhile must not hit the 30 s pending timeout and finish with no tokens.
+    flags.setdefault("pending_timeout_ms", 600_000)
     art = loaded(arch, dtype)
     return EngineCore(art.model, art.tokenizer, EngineConfig.from_flags(**flags))
 

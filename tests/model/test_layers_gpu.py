@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import kernels.gdn
 from engine.artifact.tiny import build_tiny
 from engine.core import load_artifact
 from engine.model import allocate_model_cache, make_forward_batch
@@ -40,8 +41,26 @@ def test_grouped_experts_match_the_reference(
     assert _rel_rms(_experts_grouped(x, gate_up, down, weights, ids), expected) < 1e-2
 
 
-@pytest.mark.parametrize("arch", ["dense", "moe"])
-def test_cuda_chunked_prefill_and_decode_match_the_cpu_model(arch: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("arch", "gdn", "limit"),
+    [
+        ("dense", "reference", 2e-3),
+        ("moe", "reference", 2e-3),
+        # fla-core's chunked kernels multiply fp32 inputs in TF32 (10-bit mantissa): ~1e-3 per GDN layer. Not
+        # run for the MoE model: TF32 noise flips near-tie top-k routing choices, whose outputs then differ by
+        # whole experts. fla's kernel itself is checked against the reference in tests/kernels/test_gdn_triton.py.
+        ("dense", "fla", 2e-2),
+    ],
+)
+def test_cuda_chunked_prefill_and_decode_match_the_cpu_model(
+    arch: str, gdn: str, limit: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every other CUDA path (SDPA over pages, the conv kernels, the Triton decode kernels, grouped experts)
+    in fp32 against the CPU model; the chunked GDN runs either the torch reference on the GPU or fla-core."""
+    if gdn == "reference":
+        monkeypatch.setattr(kernels.gdn, "_fla_chunk", lambda: None)
+    else:
+        assert kernels.gdn._fla_chunk() is not None, "fla-core is not installed on this GPU machine"
     path = build_tiny(tmp_path / f"tiny-{arch}.ninfer", arch=arch, seed=0)
     logits = {}
     for device in ("cpu", "cuda"):
@@ -57,4 +76,4 @@ def test_cuda_chunked_prefill_and_decode_match_the_cpu_model(arch: str, tmp_path
                 batch = make_forward_batch([tokens[start:end]], [start], [pages], [1], 16, device=device)
                 out.append(model.compute_logits(model(batch, cache)).cpu())
         logits[device] = torch.cat(out)
-    assert _rel_rms(logits["cuda"], logits["cpu"]) < 2e-3
+    assert _rel_rms(logits["cuda"], logits["cpu"]) < limit
