@@ -24,33 +24,21 @@ import uvicorn
 
 from api.options import ServerOptions
 from engine.artifact.digest import is_sha256_hex, sha256_file
-from engine.config import KV_DTYPES, EngineConfig
+from engine.config import EngineConfig
+from engine.flags import (
+    add_engine_flags,
+    add_sampling_flags,
+    engine_config,
+    nonneg_int,
+    positive_int,
+    sampling_params,
+)
 from engine.request import SamplingParams
 from engine.synthetic import SYNTHETIC_NAMES, TINY_GEOMETRY, needs_cuda, synthetic_model_id
 
 logger = logging.getLogger("ninfer.serve")
 
 LOG_FORMAT = "%(asctime)s.%(msecs)03d  %(levelname)s  %(message)s"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
 
 
 def _nonneg_float(text: str) -> float:
@@ -61,10 +49,6 @@ def _nonneg_float(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{text} must be >= 0")
     return value
-
-
-def _kv_capacity(text: str) -> int | str:
-    return "auto" if text == "auto" else _positive_int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,11 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     net = p.add_argument_group("network and identity")
     net.add_argument("--host", default="127.0.0.1")
-    net.add_argument("--port", type=_nonneg_int, default=8080, help="0 = pick a free port")
+    net.add_argument("--port", type=nonneg_int, default=8080, help="0 = pick a free port")
     net.add_argument("--api-key", help="require this key (Authorization: Bearer or x-api-key)")
     net.add_argument("--model-id", help="the model name clients use (default: the artifact's model id)")
     net.add_argument("--cors", action="store_true", help="add permissive CORS headers")
-    net.add_argument("--max-request-mib", type=_positive_int, default=384, help="largest request body")
+    net.add_argument("--max-request-mib", type=positive_int, default=384, help="largest request body")
     net.add_argument(
         "--expected-sha256",
         help="refuse to start unless the artifact file's SHA-256 is this (streams the file once at start)",
@@ -96,19 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-vllm-aliases", action="store_true", help="also export vllm: metric names on /metrics"
     )
     cap = p.add_argument_group("capacity and queueing")
-    cap.add_argument("--max-context", type=_positive_int, default=8192)
-    cap.add_argument(
-        "--kv-capacity", type=_kv_capacity, default=None, help="auto | N tokens (>= max-context)"
-    )
-    cap.add_argument("--max-concurrency", type=_positive_int, default=1, help="lanes, 1..8")
-    cap.add_argument("--max-pending-requests", type=_nonneg_int, default=16)
-    cap.add_argument("--pending-timeout-ms", type=_positive_int, default=30_000)
-    cap.add_argument("--prefill-chunk", type=_positive_int, default=1024, help="a multiple of 128")
-    cap.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16")
-    cap.add_argument("--no-prefix-reuse", action="store_true")
+    add_engine_flags(cap)
+    cap.add_argument("--max-concurrency", type=positive_int, default=1, help="lanes, 1..8")
+    cap.add_argument("--max-pending-requests", type=nonneg_int, default=16)
+    cap.add_argument("--pending-timeout-ms", type=positive_int, default=30_000)
     cap.add_argument(
         "--host-kv-cache-mib",
-        type=_nonneg_int,
+        type=nonneg_int,
         default=0,
         help="park evicted sessions' KV + GDN state in this much host RAM and restore by copy; 0 = off",
     )
@@ -117,24 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["mtp", "dflash"],
         help="speculative decoding (not available in this build: refused at startup with the reason)",
     )
-    cap.add_argument("--default-max-tokens", type=_positive_int, default=8192)
-    cap.add_argument("--no-cuda-graph", action="store_true", help="run every decode step eagerly (debugging)")
-    cap.add_argument(
-        "--no-warmup",
-        action="store_true",
-        help="skip running the first-use step shapes at startup (on a GPU they compile/autotune kernels: "
-        "without warm-up the first requests wait for that)",
-    )
+    cap.add_argument("--default-max-tokens", type=positive_int, default=8192)
     log = p.add_argument_group("logging and response store")
     log.add_argument("--request-log-jsonl", type=Path, help="append request events (never text) here")
     log.add_argument(
         "--request-log-max-mib", type=_nonneg_float, default=0.0, help="rotate at N MiB; 0 = never"
     )
-    log.add_argument("--request-log-keep", type=_positive_int, default=4, help="rotated files kept")
-    log.add_argument("--log-stats-interval-ms", type=_nonneg_int, default=5000, help="0 = no throughput")
+    log.add_argument("--request-log-keep", type=positive_int, default=4, help="rotated files kept")
+    log.add_argument("--log-stats-interval-ms", type=nonneg_int, default=5000, help="0 = no throughput")
     log.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
-    log.add_argument("--response-store-max-records", type=_nonneg_int, default=1024)
-    log.add_argument("--response-store-max-mib", type=_nonneg_int, default=256)
+    log.add_argument("--response-store-max-records", type=nonneg_int, default=1024)
+    log.add_argument("--response-store-max-mib", type=nonneg_int, default=256)
     prompt = p.add_argument_group("prompt and template")
     prompt.add_argument("--no-thinking", action="store_true", help="thinking off unless a request asks")
     prompt.add_argument("--preserve-thinking", action="store_true", help="keep all past reasoning in prompts")
@@ -144,14 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="recover drifted tool-call markup (wrappers, <<, dropped <, leaked markers); a call ends <think>",
     )
     samp = p.add_argument_group("sampling defaults (request fields win; --greedy forces temperature 0)")
-    samp.add_argument("--greedy", action="store_true")
-    samp.add_argument("--temperature", type=float)
-    samp.add_argument("--top-p", type=float)
-    samp.add_argument("--top-k", type=int)
-    samp.add_argument("--min-p", type=float)
-    samp.add_argument("--presence-penalty", type=float)
-    samp.add_argument("--frequency-penalty", type=float)
-    samp.add_argument("--seed", type=int)
+    add_sampling_flags(samp)
     return p
 
 
@@ -220,30 +184,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
     args = parser.parse_args(argv)
     try:
         _check_combinations(args)
-        sampling = SamplingParams(
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            min_p=args.min_p,
-            presence_penalty=args.presence_penalty,
-            frequency_penalty=args.frequency_penalty,
-            seed=args.seed,
-        )
-        config = EngineConfig.from_flags(
+        sampling = sampling_params(args)
+        config = engine_config(
+            args,
             args.artifact,
-            max_context=args.max_context,
-            kv_capacity=args.kv_capacity,
             max_concurrency=args.max_concurrency,
             max_pending_requests=args.max_pending_requests,
             pending_timeout_ms=args.pending_timeout_ms,
-            prefill_chunk=args.prefill_chunk,
-            kv_dtype=args.kv_dtype,
-            prefix_reuse=not args.no_prefix_reuse,
             host_kv_cache_mib=args.host_kv_cache_mib,
             default_max_tokens=args.default_max_tokens,
-            greedy=args.greedy,
-            cuda_graph=not args.no_cuda_graph,
-            warmup=False if args.no_warmup else None,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -26,20 +26,9 @@ from engine.chat.parse import (
     ToolCallEvent,
     prompt_ends_in_reasoning,
 )
-from engine.config import EngineConfig
-from engine.request import FinishEvent, SamplingParams, TokenEvent
+from engine.flags import add_engine_flags, add_sampling_flags, engine_config, sampling_params
+from engine.request import FinishEvent, TokenEvent
 from engine.tokenizer import IncrementalDetokenizer
-
-
-def _kv_capacity(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--kv-capacity: expected 'auto' or a token count, got {value!r}"
-        ) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,26 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--messages", type=Path, help="JSON file: a list of chat messages (or {messages, tools})"
     )
     p.add_argument("--max-new", type=int, default=256, help="maximum tokens to generate (default 256)")
-    p.add_argument("--max-context", type=int, default=8192)
-    p.add_argument("--kv-dtype", choices=["bf16", "int8"], default="bf16")
-    p.add_argument("--kv-capacity", type=_kv_capacity, default=None, help="'auto' or a token count")
-    p.add_argument("--prefill-chunk", type=int, default=1024)
-    p.add_argument("--no-prefix-reuse", action="store_true")
-    p.add_argument("--no-cuda-graph", action="store_true", help="run every decode step eagerly (debugging)")
-    p.add_argument(
-        "--no-warmup",
-        action="store_true",
-        help="skip running the first-use step shapes at startup (on a GPU they compile/autotune kernels: "
-        "without warm-up the first requests wait for that)",
-    )
-    p.add_argument("--greedy", action="store_true", help="temperature 0, whatever else is set")
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--min-p", type=float)
-    p.add_argument("--presence-penalty", type=float)
-    p.add_argument("--frequency-penalty", type=float)
-    p.add_argument("--seed", type=int)
+    add_engine_flags(p)
+    add_sampling_flags(p)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--no-thinking", action="store_true", help="render the template with thinking off")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
@@ -97,28 +68,8 @@ def _write(stream: TextIO, text: str) -> None:
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from engine.core import EngineCore, load_artifact  # torch and the model stack: after parsing
 
-    config = EngineConfig.from_flags(
-        args.artifact,
-        max_context=args.max_context,
-        kv_dtype=args.kv_dtype,
-        kv_capacity=args.kv_capacity,
-        prefill_chunk=args.prefill_chunk,
-        prefix_reuse=not args.no_prefix_reuse,
-        greedy=args.greedy,
-        cuda_graph=not args.no_cuda_graph,
-        warmup=False if args.no_warmup else None,
-    )
-    params = SamplingParams(
-        max_tokens=args.max_new,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty,
-        seed=args.seed,
-        stop=tuple(args.stop),
-    )
+    config = engine_config(args, args.artifact)
+    params = sampling_params(args, max_tokens=args.max_new, stop=tuple(args.stop))
     messages, tools = _messages(args)
     print(f"loading {args.artifact} ...", file=err)
     start = time.perf_counter()

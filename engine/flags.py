@@ -1,0 +1,101 @@
+"""The engine and sampling flags that `ninfer` (engine/cli.py) and `ninfer-serve` (api/serve.py) share: one
+definition of each flag, its type check and help, and one mapping from parsed flags to `EngineConfig` /
+`SamplingParams`. Each program adds its own flags (lanes and queueing belong to the server, `--max-new` to
+the one-shot CLI) and passes them on as keywords.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Protocol
+
+from engine.config import KV_DTYPES, EngineConfig
+from engine.request import SamplingParams
+
+
+class _Adder(Protocol):  # an ArgumentParser or one of its argument groups
+    def add_argument(self, *names: str, **kwargs: Any) -> Any: ...
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def kv_capacity(text: str) -> int | str:
+    """`auto` or a positive token count."""
+    return "auto" if text == "auto" else positive_int(text)
+
+
+def add_engine_flags(p: _Adder) -> None:
+    """Context, KV pool, prefill chunk and the GPU switches."""
+    p.add_argument(
+        "--max-context", type=positive_int, default=8192, help="longest prompt + output, in tokens"
+    )
+    p.add_argument("--kv-capacity", type=kv_capacity, default=None, help="auto | N tokens (>= max-context)")
+    p.add_argument("--prefill-chunk", type=positive_int, default=1024, help="a multiple of 128")
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16")
+    p.add_argument("--no-prefix-reuse", action="store_true")
+    p.add_argument("--no-cuda-graph", action="store_true", help="run every decode step eagerly (debugging)")
+    p.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip running the first-use step shapes at startup (on a GPU they compile/autotune kernels: "
+        "without warm-up the first requests wait for that)",
+    )
+
+
+def add_sampling_flags(p: _Adder) -> None:
+    p.add_argument("--greedy", action="store_true", help="temperature 0, whatever else is set")
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--min-p", type=float)
+    p.add_argument("--presence-penalty", type=float)
+    p.add_argument("--frequency-penalty", type=float)
+    p.add_argument("--seed", type=int)
+
+
+def engine_config(args: argparse.Namespace, artifact: str | None, **more: Any) -> EngineConfig:
+    """`EngineConfig` from `add_engine_flags` + `--greedy`; `more`: the program's own engine options."""
+    return EngineConfig.from_flags(
+        artifact,
+        max_context=args.max_context,
+        kv_capacity=args.kv_capacity,
+        prefill_chunk=args.prefill_chunk,
+        kv_dtype=args.kv_dtype,
+        prefix_reuse=not args.no_prefix_reuse,
+        greedy=args.greedy,
+        cuda_graph=not args.no_cuda_graph,
+        warmup=False if args.no_warmup else None,
+        **more,
+    )
+
+
+def sampling_params(args: argparse.Namespace, **more: Any) -> SamplingParams:
+    """`SamplingParams` from `add_sampling_flags`; `more`: max_tokens, stop, ..."""
+    return SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        seed=args.seed,
+        **more,
+    )
