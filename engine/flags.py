@@ -17,24 +17,22 @@ class _Adder(Protocol):  # an ArgumentParser or one of its argument groups
     def add_argument(self, *names: str, **kwargs: Any) -> Any: ...
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{value} must be >= {low}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
 
 
 def nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+    return _int_at_least(text, 0)
 
 
 def kv_capacity(text: str) -> int | str:
