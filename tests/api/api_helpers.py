@@ -6,15 +6,14 @@ conftest.py, so `from conftest import ...` could resolve to another folder's.
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from server_process import free_port, start_process, stop_process
+
+__all__ = ["API_KEY", "HERE", "VENV_BIN", "Server", "free_port", "start_server", "stop_server"]
 
 HERE = Path(__file__).resolve().parent
 VENV_BIN = Path(sys.executable).parent
@@ -33,37 +32,12 @@ class Server:
         return f"{self.url}/v1"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_server(
     cmd: list[str], log: Path, port: int, *, timeout: float = 120.0
 ) -> tuple[str, subprocess.Popen[bytes]]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return url, process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"server did not become healthy in {timeout}s:\n{log.read_text()[-4000:]}")
+    return url, start_process(cmd, log, url, timeout=timeout)
 
 
 def stop_server(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_process(process, timeout=20)

@@ -1,6 +1,6 @@
 """A real `ninfer-serve` for the load-profile tests, and loaders for the modules they use.
 
-`tests/resilience/ninfer_proc.py` (the server helpers) is registered as `ninfer_proc`; loadtest/'s
+The server helpers are `tests/support/ninfer_proc.py` (on pytest's pythonpath); loadtest/'s
 locust-free modules load as `ninfer_loadtest_<name>` (their plain names, `report` and `text`, are too
 generic to put on sys.path). Locust itself runs only as a CLI subprocess (ECOSYSTEM.md §8): importing it
 here would monkey-patch this process with gevent.
@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import ninfer_proc
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +35,6 @@ def loadtest_module(name: str) -> ModuleType:
     return load_module(ROOT / "loadtest" / f"{name}.py", f"ninfer_loadtest_{name}")
 
 
-ninfer_proc = load_module(ROOT / "tests" / "resilience" / "ninfer_proc.py", "ninfer_proc")
 for _name in ("report", "text"):  # importable as ninfer_loadtest_report / ninfer_loadtest_text
     loadtest_module(_name)
 

@@ -2,14 +2,12 @@
 every such test ends with: the engine is healthy (0 running, every page free or reclaimable) and the
 request log accounts for every request (one start, exactly one ending).
 
-Named uniquely (not conftest) so tests/loadtest can import it too.
+Lives in tests/support (on pytest's pythonpath) so tests/resilience and tests/loadtest import it by name.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from server_process import free_port, start_process, stop_process
 
 VENV_BIN = Path(sys.executable).parent
 MODEL = "ninfer-tiny-dense"
@@ -38,40 +37,6 @@ class Server:
     @property
     def v1(self) -> str:
         return f"{self.url}/v1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_process(cmd: list[str], log: Path, url: str, *, timeout: float = 120.0) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"server did not become healthy in {timeout}s:\n{log.read_text()[-4000:]}")
-
-
-def stop_process(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 @contextmanager
