@@ -2,6 +2,7 @@
 
     ninfer-bench --synthetic qwen3.6-27b [--kv-dtype bf16|int8] [--prompt-len 7680,65536]
                  [--concurrency 1,2,4,8] [--decode-tokens 64] [--decode-context 1024] [--json OUT]
+                 [--vs-hf [--hf-max-prompt-len 16384] [--hf-concurrency 1,8]]
 
 What one run measures, in order, on one CUDA device:
 1. the device's limits, in the same run: read bandwidth (a 4 GiB fp32 ``sum``, best of 10) and the bf16
@@ -16,6 +17,15 @@ What one run measures, in order, on one CUDA device:
    fraction of limit = tok/s / (C * read bandwidth / bytes one step must read), the bytes being every
    weight a step touches (the experts the routing can reach, in expectation), the KV read and the GDN
    state read and written.
+4. ``--vs-hf``: after ours (our model and runners freed first), HF transformers' own ``Qwen3_5ForCausalLM`` /
+   ``Qwen3_5MoeForCausalLM`` of the same geometry, random bf16 weights drawn on the device, timed the same
+   way (synchronize + wall clock, one untimed warm-up run per length, median of ``--prefill-runs``; decode
+   after ``--decode-warmup`` untimed steps): prefill is one forward of the whole prompt (HF does not chunk;
+   lengths above ``--hf-max-prompt-len`` are recorded as skipped), decode is C sequences (``--hf-concurrency``,
+   default ``--concurrency``) with ``--decode-context`` tokens prefilled into HF's own ``DynamicCache``, then
+   one ``model(next_ids, cache)`` forward per step, greedy argmax fed back and copied to the host (no
+   ``generate``). HF runs eagerly with its defaults (sdpa attention, grouped_mm experts, fla's GDN kernels
+   when fla is importable); ``result["hf"]`` says which, and each row's ``speedup`` is ours / HF.
 ``--profile`` adds a kernel-time breakdown (torch.profiler) of one eager decode step at C=1 and of one
 prefill at the first prompt length: where the step spends its time when it falls short.
 
@@ -27,7 +37,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
+import inspect
 import json
 import os
 import platform
@@ -80,6 +92,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-prefill", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--vs-hf", action="store_true", help="also time HF transformers on the same geometry")
+    p.add_argument("--hf-max-prompt-len", type=int, default=16384,
+                   help="--vs-hf: skip HF prefill above this length (one unchunked forward)")  # fmt: skip
+    p.add_argument("--hf-concurrency", type=_ints, default=None,
+                   help="--vs-hf: HF decode concurrencies (default: --concurrency)")  # fmt: skip
+    p.add_argument("--hf-attn-implementation", default=None,
+                   help="--vs-hf: HF attn_implementation (default: transformers' own, sdpa)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -278,6 +297,258 @@ def profile_kernels(fn: Any) -> dict[str, Any]:
     }
 
 
+# ---- HF transformers on the same geometry (--vs-hf) ------------------------------------------------
+
+HF_CACHE = "DynamicCache"
+HF_DECODE_METHOD = (
+    "one model(next_ids, cache) forward per step, greedy argmax fed back and copied to the host (no generate)"
+)
+_HF_KERNELS = {  # the kernel HF looks for -> the function in transformers' modeling_qwen3_5
+    "chunk_gated_delta_rule": "torch_chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule": "torch_recurrent_gated_delta_rule",
+    "causal_conv1d_fn": "causal_conv1d_fn",
+    "causal_conv1d_update": "causal_conv1d_update",
+}
+
+
+def hf_text_config(config: ModelConfig) -> Any:
+    """transformers' own text config (``Qwen3_5TextConfig`` / ``Qwen3_5MoeTextConfig``) of this geometry."""
+    from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig
+
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta,
+                            "partial_rotary_factor": config.partial_rotary_factor}  # fmt: skip
+    if config.mrope_section is not None:
+        rope.update(mrope_section=list(config.mrope_section), mrope_interleaved=True)
+    fields: dict[str, Any] = dict(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+        layer_types=list(config.layer_types), num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps,
+        linear_conv_kernel_dim=config.linear_conv_kernel_dim, linear_key_head_dim=config.linear_key_head_dim,
+        linear_value_head_dim=config.linear_value_head_dim, linear_num_key_heads=config.linear_num_key_heads,
+        linear_num_value_heads=config.linear_num_value_heads, tie_word_embeddings=config.tie_word_embeddings,
+        max_position_embeddings=config.max_position_embeddings, rope_parameters=rope, hidden_act="silu",
+    )  # fmt: skip
+    if not config.is_moe:
+        return Qwen3_5TextConfig(intermediate_size=config.intermediate_size, **fields)
+    return Qwen3_5MoeTextConfig(
+        num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
+        moe_intermediate_size=config.moe_intermediate_size,
+        shared_expert_intermediate_size=config.shared_expert_intermediate_size, **fields,
+    )  # fmt: skip
+
+
+_NOT_GEOMETRY = ("bos_token_id", "eos_token_ids", "dtype", "mtp_num_hidden_layers")
+
+
+def build_hf_model(
+    config: ModelConfig, *, device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0, attn_implementation: str | None = None,
+) -> torch.nn.Module:  # fmt: skip
+    """HF's ``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM`` of this geometry, every tensor allocated and
+    drawn (HF's own init: normal, std 0.02) on `device` under it as the default device: no host copy.
+    RuntimeError when the config HF built does not read back as `config`."""
+    from transformers import Qwen3_5ForCausalLM as HFDense
+    from transformers import Qwen3_5MoeForCausalLM as HFMoe
+
+    hf_config = hf_text_config(config)
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = (HFMoe if config.is_moe else HFDense)._from_config(hf_config, dtype=dtype, **extra)
+    back = ModelConfig.from_hf(model.config.to_dict())
+    diff = {f: (getattr(back, f), getattr(config, f)) for f in config.__dataclass_fields__
+            if f not in _NOT_GEOMETRY and getattr(back, f) != getattr(config, f)}  # fmt: skip
+    if diff:
+        raise RuntimeError(f"HF model geometry differs from ours (HF, ours): {diff}")
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def _hf_kernels() -> dict[str, str]:
+    """What each of HF's GDN / conv functions resolved to at import: fla's or causal_conv1d's kernel when
+    importable, else HF's torch reference (``transformers...``); "?" when this transformers hides it."""
+    import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
+
+    found = {}
+    for kernel, attr in _HF_KERNELS.items():
+        fn, source = getattr(modeling, attr, None), "?"
+        while callable(fn) and source == "?":
+            impl = inspect.getclosurevars(fn).nonlocals.get("implementation")
+            if impl is not None:
+                source = f"{impl.__module__}.{impl.__qualname__}"
+            fn = getattr(fn, "__wrapped__", None)
+        found[kernel] = source
+    return found
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@functools.cache
+def _cache_kwarg(model_class: type) -> str:
+    """The forward's cache argument: ``past_key_values`` (transformers 5.17) or ``cache`` (later 5.x)."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+def _hf_forward(model: torch.nn.Module, ids: torch.Tensor, cache: Any) -> torch.Tensor:
+    """Next-token ids [B, 1] after ``ids`` [B, T], through HF's forward with its cache (logits of the last
+    position only, as ours and ``generate`` compute)."""
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{_cache_kwarg(type(model)): cache})
+    return out.logits[:, -1].argmax(dim=-1, keepdim=True)
+
+
+def hf_prefill_seconds(model: torch.nn.Module, prompt_len: int, device: torch.device) -> float:
+    """Seconds for one cold HF prefill of ``prompt_len`` tokens (one forward, a fresh cache)."""
+    from transformers import DynamicCache
+
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len)).to(device)
+    _sync(device)
+    start = time.perf_counter()
+    _hf_forward(model, ids, DynamicCache(config=model.config)).tolist()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def hf_decode_seconds(
+    model: torch.nn.Module, concurrency: int, context: int, warmup: int, steps: int, device: torch.device
+) -> float:
+    """Seconds per HF decode step of ``concurrency`` rows after ``context`` prompt tokens (untimed)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    ids = torch.randint(0, model.config.vocab_size, (concurrency, context)).to(device)
+    next_ids = _hf_forward(model, ids, cache)
+    for step in range(warmup + steps):
+        if step == warmup:
+            _sync(device)
+            start = time.perf_counter()
+        next_ids = _hf_forward(model, next_ids, cache)
+        next_ids.tolist()  # one host copy per step, as ours (and generate's stopping check)
+    _sync(device)
+    seconds = (time.perf_counter() - start) / steps
+    if cache.get_seq_length() != context + warmup + steps:  # the forward took our cache, not a fresh one
+        raise RuntimeError(f"HF cache holds {cache.get_seq_length()} tokens, want {context + warmup + steps}")
+    return seconds
+
+
+def _out_of_memory(fn: Any, device: torch.device) -> tuple[Any, str | None]:
+    """(fn(), None), or (None, the reason) when the device ran out of memory (the row is then skipped)."""
+    try:
+        return fn(), None
+    except torch.OutOfMemoryError as exc:
+        reason = "out of memory: " + str(exc).split("\n")[0][:200]
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return None, reason
+
+
+def time_hf(
+    config: ModelConfig, *, prompt_lens: Sequence[int] = (), max_prompt_len: int = 16384, prefill_runs: int = 3,
+    concurrency: Sequence[int] = (), decode_context: int = 1024, decode_tokens: int = 64, decode_warmup: int = 4,
+    device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+    attn_implementation: str | None = None, log: Any = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Prefill tok/s per prompt length and decode tok/s per concurrency of HF transformers' model of
+    `config` (built on `device`, freed before returning), timed as ours. Lengths above `max_prompt_len`,
+    and rows the device has no memory for, come back as ``{"prompt_len": L, "skipped": reason}``
+    (decode: ``{"concurrency": C, ..., "skipped": reason}``)."""
+    import transformers
+
+    dev = torch.device(device)
+    log = log or (lambda msg: None)
+    t0 = time.perf_counter()
+    model = build_hf_model(
+        config, device=dev, dtype=dtype, seed=seed, attn_implementation=attn_implementation
+    )
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    result: dict[str, Any] = {
+        "transformers": transformers.__version__,
+        "model_class": type(model).__name__,
+        "dtype": str(dtype).removeprefix("torch."),
+        "build_s": round(time.perf_counter() - t0, 2),
+        "weights_GB": round(nbytes / 1e9, 3),
+        "attn_implementation": model.config._attn_implementation,
+        "experts_implementation": getattr(model.config, "_experts_implementation", None) if config.is_moe else None,
+        "kernels": _hf_kernels(),
+        "cache": HF_CACHE,
+        "decode_method": HF_DECODE_METHOD,
+    }  # fmt: skip
+    log(f"hf built {result['model_class']}: {result['weights_GB']} GB in {result['build_s']} s")
+    with torch.inference_mode():
+        result["prefill"] = [
+            _hf_prefill_row(model, n, max_prompt_len, prefill_runs, dev, log) for n in prompt_lens
+        ]
+        result["decode"] = [
+            _hf_decode_row(model, c, decode_context, decode_warmup, decode_tokens, dev, log)
+            for c in concurrency
+        ]
+    del model
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def _hf_prefill_row(
+    model: torch.nn.Module, length: int, max_len: int, runs: int, device: torch.device, log: Any
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"prompt_len": length}
+    if length > max_len:
+        row["skipped"] = f"longer than --hf-max-prompt-len {max_len} (HF prefills in one unchunked forward)"
+    else:  # the first run untimed: warm-up (fla compiles and autotunes there)
+        times, reason = _out_of_memory(
+            lambda: [hf_prefill_seconds(model, length, device) for _ in range(1 + runs)][1:], device
+        )
+        if times is None:
+            row["skipped"] = reason
+        else:
+            seconds = statistics.median(times)
+            row.update(seconds=round(seconds, 4), tok_s=round(length / seconds, 1),
+                       runs_s=[round(t, 4) for t in times])  # fmt: skip
+    log(f"hf prefill {row}")
+    return row
+
+
+def _hf_decode_row(
+    model: torch.nn.Module, c: int, context: int, warmup: int, steps: int, device: torch.device, log: Any
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"concurrency": c, "context": context, "steps": steps}
+    per_step, reason = _out_of_memory(
+        lambda: hf_decode_seconds(model, c, context, warmup, steps, device), device
+    )
+    if per_step is None:
+        row["skipped"] = reason
+    else:
+        row.update(step_ms=round(per_step * 1e3, 3), tok_s=round(c / per_step, 1))
+    log(f"hf decode {row}")
+    return row
+
+
+def add_speedups(hf: dict[str, Any], prefill: Sequence[dict], decode: Sequence[dict]) -> None:
+    """Puts ours beside each timed HF row, and ``speedup`` = ours / HF tok/s (decode: against our CUDA-graph
+    row when there is one, and ``speedup_eager`` against our eager row)."""
+    ours_prefill = {r["prompt_len"]: r["tok_s"] for r in prefill}
+    for row in hf["prefill"]:
+        if "tok_s" in row and row["prompt_len"] in ours_prefill:
+            row["ours_tok_s"] = ours_prefill[row["prompt_len"]]
+            row["speedup"] = round(row["ours_tok_s"] / row["tok_s"], 2)
+    graphed = {r["concurrency"]: r["tok_s"] for r in decode if r["cuda_graph"]}
+    eager = {r["concurrency"]: r["tok_s"] for r in decode if not r["cuda_graph"]}
+    for row in hf["decode"]:
+        c = row["concurrency"]
+        if "tok_s" not in row:
+            continue
+        if c in graphed or c in eager:
+            row["ours_tok_s"] = graphed.get(c, eager.get(c))
+            row["speedup"] = round(row["ours_tok_s"] / row["tok_s"], 2)
+        if c in graphed and c in eager:
+            row["ours_eager_tok_s"] = eager[c]
+            row["speedup_eager"] = round(eager[c] / row["tok_s"], 2)
+
+
 # ---- main ----------------------------------------------------------------------------------------
 
 
@@ -389,6 +660,27 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             gc.collect()
             torch.cuda.empty_cache()
         result["decode"] = rows
+
+    if args.vs_hf:
+        del model  # 27B is ~54 GB in bf16: ours goes before HF's is built
+        gc.collect()
+        torch.cuda.empty_cache()
+        result["hf"] = time_hf(
+            config,
+            prompt_lens=() if args.skip_prefill else args.prompt_len,
+            max_prompt_len=args.hf_max_prompt_len,
+            prefill_runs=args.prefill_runs,
+            concurrency=() if args.skip_decode else (args.hf_concurrency or args.concurrency),
+            decode_context=args.decode_context,
+            decode_tokens=args.decode_tokens,
+            decode_warmup=args.decode_warmup,
+            attn_implementation=args.hf_attn_implementation,
+            log=_log,
+        )
+        add_speedups(result["hf"], result.get("prefill", ()), result.get("decode", ()))
+        for kind in ("prefill", "decode"):
+            for row in result["hf"][kind]:
+                _log(f"hf {kind} vs ours {row}")
     return result
 
 
@@ -400,6 +692,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.vs_hf:
+        try:
+            from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM  # noqa: F401
+        except ImportError as exc:
+            print(f"ninfer-bench: --vs-hf needs transformers with the qwen3_5 models: {exc}", file=sys.stderr)
+            return 2
     result = bench(args)
     text = json.dumps(result, indent=1)
     if args.json is not None:
