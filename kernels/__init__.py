@@ -21,7 +21,10 @@ from kernels.conv import (
     causal_conv1d_decode_ref,
     causal_conv1d_ref,
     causal_conv1d_update_ref,
+    causal_conv1d_varlen,
     causal_conv1d_varlen_ref,
+    causal_conv1d_varlen_split,
+    causal_conv1d_varlen_split_ref,
 )
 from kernels.gdn import (
     chunk_gated_delta_rule,
@@ -33,7 +36,7 @@ from kernels.gdn import (
     l2norm_ref,
     recurrent_gated_delta_rule_ref,
 )
-from kernels.moe import moe_experts_ref, moe_route_ref
+from kernels.moe import moe_experts, moe_experts_ref, moe_route, moe_route_ref
 from kernels.norm import (
     add_rms_norm,
     add_rms_norm_ref,
@@ -42,17 +45,29 @@ from kernels.norm import (
     rms_norm,
     rms_norm_ref,
 )
-from kernels.rope import apply_rope_ref, mrope_axis_map_ref, rope_cos_sin_ref, rope_inv_freq_ref
+from kernels.rope import (
+    apply_rope_qk,
+    apply_rope_qk_ref,
+    apply_rope_ref,
+    mrope_axis_map_ref,
+    rope_cos_sin_ref,
+    rope_inv_freq_ref,
+)
 
 __all__ = [
     "add_rms_norm",
     "add_rms_norm_ref",
+    "apply_rope_qk",
+    "apply_rope_qk_ref",
     "apply_rope_ref",
     "causal_conv1d_decode",
     "causal_conv1d_decode_ref",
     "causal_conv1d_ref",
     "causal_conv1d_update_ref",
+    "causal_conv1d_varlen",
     "causal_conv1d_varlen_ref",
+    "causal_conv1d_varlen_split",
+    "causal_conv1d_varlen_split_ref",
     "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_ref",
     "gated_delta_rule_decode",
@@ -63,7 +78,9 @@ __all__ = [
     "gather_kv_ref",
     "gdn_gate_ref",
     "l2norm_ref",
+    "moe_experts",
     "moe_experts_ref",
+    "moe_route",
     "moe_route_ref",
     "mrope_axis_map_ref",
     "paged_attention_decode",

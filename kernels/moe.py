@@ -1,15 +1,39 @@
-"""Mixture-of-experts references: softmax top-k routing and the weighted expert sum.
+"""Mixture-of-experts: softmax top-k routing and the weighted expert sum (references, Triton kernels).
 
 Routing (HF ``Qwen3_5MoeTopKRouter``): ``probs = softmax(router_logits)`` in fp32, keep the top-k
 experts per token, then renormalise the kept probabilities to sum to one. Each expert is a SiLU-gated
 MLP whose gate and up projections are stored fused, ``gate_up[e] = [gate; up]`` of shape ``[2I, H]``,
 as in the real checkpoints (``mlp.experts.gate_up_proj [E, 2I, H]``, ``mlp.experts.down_proj [E, H, I]``).
+
+Triton (few tokens: decode, MTP verify, small batches): ``moe_route`` is one program per token (softmax,
+top-k, renormalise); ``moe_experts`` is two GEMV kernels that read each chosen expert's weights in place
+(no gather copy), fp32 accumulate:
+
+* ``_moe_gate_up_kernel``, grid ``(T * top_k, cdiv(I, BLOCK_N))``: ``act[t, k] = w[t, k] * silu(gate) * up``
+  for ``BLOCK_N`` rows of one (token, expert) pair, stored fp32 ([T, top_k, I]).
+* ``_moe_down_kernel``, grid ``(T, cdiv(H, BLOCK_H))``: ``out[t] = sum_k down[e_k] @ act[t, k]`` for
+  ``BLOCK_H`` output rows of one token, all its top_k experts in one program, in a fixed order (no atomics).
+
+Batch invariance: every program works for one pair or one token only, T is not a kernel argument (only
+the grid), and the tiles depend on the geometry (H, I, top_k, dtype), never on T: a token's output is
+bitwise the same alone or in any batch. Pairs (tokens) are the fastest grid axis, so all pairs of one row
+tile run together and pairs that share an expert read its rows at about the same time: the repeats are L2
+hits, and HBM traffic is about one read per distinct chosen expert (no grouping pass, no sort). No host
+sync and fixed shapes: the launch can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
+
+from kernels._dispatch import HAS_TRITON, use_triton
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
 
 
 def moe_route_ref(
@@ -42,3 +66,284 @@ def moe_experts_ref(
         ye = (F.silu(gate) * up) @ down[expert].float().t()
         out.index_add_(0, token_idx, ye * weights[token_idx, k_idx, None].float())
     return out.to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Triton
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _moe_route_kernel(
+        logits_ptr,
+        weights_ptr,
+        ids_ptr,
+        num_experts,
+        logits_stride,
+        TOP_K: tl.constexpr,
+        BLOCK_TOPK: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        RENORMALIZE: tl.constexpr,
+    ):
+        # grid (T,): one program takes one token's softmax over all experts (fp32) and picks the top_k by
+        # repeated argmax on the logits (the same order as on the probabilities, without exp's rounding).
+        token = tl.program_id(0)
+        offs = tl.arange(0, BLOCK_E)
+        mask = offs < num_experts
+        logits = tl.load(logits_ptr + token * logits_stride + offs, mask=mask, other=float("-inf"))
+        logits = logits.to(tl.float32)
+        exps = tl.exp(logits - tl.max(logits, axis=0))
+        probs = exps / tl.sum(exps, axis=0)
+        ks = tl.arange(0, BLOCK_TOPK)
+        top_p = tl.zeros([BLOCK_TOPK], dtype=tl.float32)
+        top_i = tl.zeros([BLOCK_TOPK], dtype=tl.int32)
+        remaining = logits  # padding columns are -inf: never picked (top_k <= num_experts)
+        for k in tl.static_range(TOP_K):
+            best = tl.argmax(remaining, axis=0, tie_break_left=True)
+            chosen = offs == best
+            top_p = tl.where(ks == k, tl.sum(tl.where(chosen, probs, 0.0), axis=0), top_p)
+            top_i = tl.where(ks == k, best, top_i)
+            remaining = tl.where(chosen, float("-inf"), remaining)
+        if RENORMALIZE:
+            top_p = top_p / tl.sum(top_p, axis=0)
+        k_mask = ks < TOP_K
+        tl.store(weights_ptr + token * TOP_K + ks, top_p, mask=k_mask)
+        tl.store(ids_ptr + token * TOP_K + ks, top_i.to(tl.int64), mask=k_mask)
+
+    @triton.jit
+    def _moe_gate_up_kernel(
+        x_ptr,
+        gate_up_ptr,
+        ids_ptr,
+        weights_ptr,
+        order_ptr,
+        act_ptr,
+        x_stride,
+        w_stride_e,
+        w_stride_n,
+        HIDDEN: tl.constexpr,
+        INTER: tl.constexpr,
+        TOP_K: tl.constexpr,
+        SORTED: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        # grid (T * TOP_K, cdiv(I, BLOCK_N)): one program streams BLOCK_N gate rows and the matching BLOCK_N
+        # up rows of one (token, expert) pair over H (BLOCK_K columns a step, fp32 accumulate) and stores
+        # act = routing weight * silu(gate) * up for those rows, in fp32. SORTED: program p takes pair
+        # order[p] (pairs sorted by expert, so the pairs sharing an expert are neighbours in launch order).
+        pair = tl.program_id(0)
+        if SORTED:
+            pair = tl.load(order_ptr + pair).to(tl.int32)
+        tile = tl.program_id(1)
+        token = pair // TOP_K
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_mask = rows < INTER
+        gate_rows = gate_up_ptr + expert * w_stride_e + rows[:, None] * w_stride_n
+        up_rows = gate_rows + INTER * w_stride_n
+        x_row = x_ptr + token.to(tl.int64) * x_stride
+        acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, HIDDEN, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            col_mask = cols < HIDDEN
+            xk = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            mask = row_mask[:, None] & col_mask[None, :]
+            gate = tl.load(gate_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            up = tl.load(up_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            acc_gate += tl.sum(gate * xk[None, :], axis=1)
+            acc_up += tl.sum(up * xk[None, :], axis=1)
+        weight = tl.load(weights_ptr + pair).to(tl.float32)
+        act = acc_gate * tl.sigmoid(acc_gate) * acc_up * weight
+        tl.store(act_ptr + pair.to(tl.int64) * INTER + rows, act, mask=row_mask)
+
+    @triton.jit
+    def _moe_down_kernel(
+        act_ptr,
+        down_ptr,
+        ids_ptr,
+        out_ptr,
+        w_stride_e,
+        w_stride_h,
+        out_stride,
+        HIDDEN: tl.constexpr,
+        INTER: tl.constexpr,
+        TOP_K: tl.constexpr,
+        BLOCK_TOPK: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        BLOCK_I: tl.constexpr,
+    ):
+        # grid (T, cdiv(H, BLOCK_H)): one program computes BLOCK_H outputs of one token, loading those down
+        # rows of all its TOP_K experts at once ([TOP_K, BLOCK_H, BLOCK_I] a step) against the weighted act;
+        # the sum over experts is a fixed-order reduction inside the program (no atomics, batch invariant).
+        token = tl.program_id(0)
+        tile = tl.program_id(1)
+        ks = tl.arange(0, BLOCK_TOPK)
+        k_mask = ks < TOP_K
+        pairs = token.to(tl.int64) * TOP_K + ks
+        experts = tl.load(ids_ptr + pairs, mask=k_mask, other=0).to(tl.int64)
+        rows = tile * BLOCK_H + tl.arange(0, BLOCK_H)
+        row_mask = rows < HIDDEN
+        w_rows = down_ptr + experts[:, None, None] * w_stride_e + rows[None, :, None] * w_stride_h
+        kh_mask = k_mask[:, None, None] & row_mask[None, :, None]
+        acc = tl.zeros([BLOCK_TOPK, BLOCK_H], dtype=tl.float32)
+        for i0 in range(0, INTER, BLOCK_I):
+            cols = i0 + tl.arange(0, BLOCK_I)
+            col_mask = cols < INTER
+            act = tl.load(
+                act_ptr + pairs[:, None] * INTER + cols[None, :],
+                mask=k_mask[:, None] & col_mask[None, :],
+                other=0.0,
+            )
+            w = tl.load(w_rows + cols[None, None, :], mask=kh_mask & col_mask[None, None, :], other=0.0)
+            acc += tl.sum(w.to(tl.float32) * act[:, None, :], axis=2)
+        out = tl.sum(acc, axis=0)
+        tl.store(
+            out_ptr + token.to(tl.int64) * out_stride + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask
+        )
+
+
+def moe_route(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launcher for ``moe_route_ref`` (same contract): one program per token, no host sync.
+
+    The top_k are picked on the fp32 logits (largest first; a tie goes to the lower expert id), the same
+    choice as on the probabilities except where two probabilities round equal.
+    """
+    if not use_triton(router_logits):
+        return moe_route_ref(router_logits, top_k, renormalize)
+    num_tokens, num_experts = router_logits.shape
+    assert 1 <= top_k <= num_experts, f"top_k {top_k} for {num_experts} experts"
+    logits = router_logits if router_logits.stride(-1) == 1 else router_logits.contiguous()
+    device = router_logits.device
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=device)
+    expert_ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=device)
+    if num_tokens:
+        _moe_route_kernel[(num_tokens,)](
+            logits, weights, expert_ids, num_experts, logits.stride(0),
+            TOP_K=top_k, BLOCK_TOPK=triton.next_power_of_2(top_k),
+            BLOCK_E=triton.next_power_of_2(num_experts), RENORMALIZE=renormalize, num_warps=4,
+        )  # fmt: skip
+    return weights, expert_ids
+
+
+class MoeTiles(NamedTuple):
+    """Tile sizes of the two expert kernels (a function of the geometry only: see the module docstring)."""
+
+    block_n: int  # _moe_gate_up_kernel: rows of I per program (the same rows of gate and of up)
+    block_k: int  # _moe_gate_up_kernel: columns of H per loop step
+    warps_gate_up: int
+    block_h: int  # _moe_down_kernel: output rows of H per program
+    block_i: int  # _moe_down_kernel: columns of I per loop step (all top_k experts at once)
+    warps_down: int
+
+
+def moe_tiles(hidden: int, inter: int, top_k: int, dtype: torch.dtype) -> MoeTiles:
+    """The tiles ``moe_experts`` uses. NOTE: never make them depend on the token count: a token's output
+    must not change with the batch it runs in.
+
+    Qwen3.6-35B-A3B (H 2048, I 512, top_k 8, bf16) at T=1: gate_up 8 pairs x 32 row tiles = 256 programs
+    of 8 warps, each streaming 2 x 16 rows x 512 bf16 (32 KiB) a step over 4 steps; down 512 programs of
+    8 warps, each loading 8 experts x 4 rows x 512 (32 KiB) in one step. Two programs per SM of a 132-SM
+    H200 (sm_90: 128 and 96 registers a thread, no spills); bench/kernels/hot_path.py sweeps other tiles.
+    """
+    wide = dtype.itemsize <= 2  # bf16/fp16 tiles hold twice the elements of fp32 ones in the same registers
+    per_step = 16384 if wide else 8192
+    block_n = min(16, triton.next_power_of_2(inter))
+    block_k = min(per_step // 32, triton.next_power_of_2(hidden))
+    block_h = min(4, triton.next_power_of_2(hidden))
+    block_topk = triton.next_power_of_2(top_k)
+    block_i = max(16, min(triton.next_power_of_2(inter), per_step // (block_topk * block_h)))
+    warps_gate_up = 8 if block_n * block_k >= 8192 else 4
+    warps_down = 8 if block_topk * block_h * block_i >= 8192 else 4
+    return MoeTiles(block_n, block_k, warps_gate_up, block_h, block_i, warps_down)
+
+
+def moe_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    expert_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Launcher for ``moe_experts_ref`` (same contract), for few tokens (decode, MTP verify, small batches).
+
+    Two kernels that read the chosen experts' weights where they lie, once per pair (once per distinct
+    expert from HBM: see the module docstring); no host sync, CUDA-graph safe, batch invariant. Every
+    expert's weights are read per pair, so a large batch (prefill) wants a grouped GEMM instead.
+    """
+    if not use_triton(x, gate_up, down, weights, expert_ids):
+        return moe_experts_ref(x, gate_up, down, weights, expert_ids)
+    tiles = moe_tiles(x.shape[-1], down.shape[-1], expert_ids.shape[-1], gate_up.dtype)
+    return _launch_moe_experts(x, gate_up, down, weights, expert_ids, tiles)
+
+
+def _launch_moe_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    expert_ids: torch.Tensor,
+    tiles: MoeTiles,
+) -> torch.Tensor:
+    num_tokens, hidden = x.shape
+    num_experts, inter = down.shape[0], down.shape[2]
+    top_k = expert_ids.shape[1]
+    assert gate_up.shape == (num_experts, 2 * inter, hidden), f"gate_up {tuple(gate_up.shape)}"
+    assert down.shape == (num_experts, hidden, inter), f"down {tuple(down.shape)}"
+    assert expert_ids.shape == (num_tokens, top_k) and weights.shape == (num_tokens, top_k), (
+        f"expert_ids {tuple(expert_ids.shape)}, weights {tuple(weights.shape)} for {num_tokens} tokens"
+    )
+    assert gate_up.stride(2) == 1 and down.stride(2) == 1, "expert weights need unit stride along the rows"
+    x = x if x.stride(1) == 1 else x.contiguous()
+    weights, expert_ids = weights.contiguous(), expert_ids.contiguous()
+    out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
+    if num_tokens == 0:
+        return out
+    act = torch.empty(num_tokens, top_k, inter, dtype=torch.float32, device=x.device)
+    _launch_gate_up(x, gate_up, weights, expert_ids, act, tiles)
+    _launch_down(act, down, expert_ids, out, tiles)
+    return out
+
+
+# More (token, expert) pairs than this run in pair order sorted by expert (one small sort launch): the
+# programs of one row tile then no longer fit one wave, and a shared expert's repeats must stay neighbours.
+SORT_MIN_PAIRS = 256
+
+
+def _launch_gate_up(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    weights: torch.Tensor,
+    expert_ids: torch.Tensor,
+    act: torch.Tensor,
+    tiles: MoeTiles,
+) -> None:
+    """act [T, top_k, I] fp32 <- weight * silu(gate) * up of every (token, expert) pair (checked inputs).
+
+    Which program runs which pair changes no pair's arithmetic: sorting keeps the batch invariance.
+    """
+    num_tokens, top_k, inter = act.shape
+    num_pairs = num_tokens * top_k
+    sort = num_pairs > SORT_MIN_PAIRS
+    order = expert_ids.view(-1).argsort() if sort else expert_ids
+    _moe_gate_up_kernel[(num_pairs, triton.cdiv(inter, tiles.block_n))](
+        x, gate_up, expert_ids, weights, order, act, x.stride(0), gate_up.stride(0), gate_up.stride(1),
+        HIDDEN=x.shape[1], INTER=inter, TOP_K=top_k, SORTED=sort, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        num_warps=tiles.warps_gate_up,
+    )  # fmt: skip
+
+
+def _launch_down(
+    act: torch.Tensor, down: torch.Tensor, expert_ids: torch.Tensor, out: torch.Tensor, tiles: MoeTiles
+) -> None:
+    """out [T, H] <- sum over each token's experts of down @ act (checked inputs)."""
+    num_tokens, top_k, inter = act.shape
+    hidden = out.shape[1]
+    _moe_down_kernel[(num_tokens, triton.cdiv(hidden, tiles.block_h))](
+        act, down, expert_ids, out, down.stride(0), down.stride(1), out.stride(0),
+        HIDDEN=hidden, INTER=inter, TOP_K=top_k, BLOCK_TOPK=triton.next_power_of_2(top_k),
+        BLOCK_H=tiles.block_h, BLOCK_I=tiles.block_i, num_warps=tiles.warps_down,
+    )  # fmt: skip

@@ -112,8 +112,14 @@ def discover(kernels_dir: Path = KERNELS_DIR) -> list[KernelSource]:
 # bf16 activations, weights and caches, fp32 GDN state, int64 slots, bool flags, int32 page tables.
 
 _NORM_PTRS = {p: "bf16" for p in ("x_ptr", "res_ptr", "gate_ptr", "w_ptr", "out_ptr", "sum_ptr")}
-# paged_attention_decode's split count at B=1, page table capacity 8192: min(256 / (1 * 4), 8192 / 128)
+# paged_attention_decode: at most DECODE_MAX_SPLITS = 64 splits a sequence (the reduce's BLOCK_S), split unit
+# = BLOCK_N = 32 keys at head_dim 256; the int8 cache has 256 / 64 = 4 fp16 scales a head row
 _ATTN_SPLITS = 64
+_STORE_KV_PTRS = {"key_ptr": "bf16", "value_ptr": "bf16", "slot_mapping_ptr": "i64"}
+_DECODE_PTRS = {"q_ptr": "bf16", "page_table_ptr": "i32", "seq_lens_ptr": "i32", "part_out_ptr": "fp32",
+                "part_lse_ptr": "fp32"}  # fmt: skip
+_DECODE_27B = dict(NUM_Q_HEADS=24, GROUP=6, HEAD_DIM=256, PAGE_SIZE=64, SPLIT_UNIT=32, MAX_SPLITS=_ATTN_SPLITS,
+                   BLOCK_G=16, BLOCK_N=32, BLOCK_D=256)  # fmt: skip
 
 VARIANTS: dict[str, list[Variant]] = {
     # kernels/norm.py _launch_rms_norm: BLOCK_D = next_pow2(D), BLOCK_ROWS = max(1, min(16, 2048 // BLOCK_D)),
@@ -149,6 +155,25 @@ VARIANTS: dict[str, list[Variant]] = {
             dict(KERNEL=4, SILU=True, BLOCK_C=256),
         ),
     ],
+    # kernels/conv.py causal_conv1d_varlen(_split): BLOCK_T = 32, BLOCK_C = 128 (divides the q | k | v split
+    # points 2048 and 4096), BLOCK_K = next_pow2(K - 1), SEARCH_STEPS = ceil(log2(B)): 0 for one sequence
+    "_causal_conv1d_varlen_kernel": [
+        Variant(
+            f"prefill K=4 silu B={batch}",
+            dict(
+                x_ptr="bf16",
+                w_ptr="bf16",
+                states_ptr="bf16",
+                cu_seqlens_ptr="i32",
+                slots_ptr="i64",
+                keep_ptr="i1",
+                out_ptr="bf16",
+            ),
+            dict(KERNEL=4, SILU=True, BLOCK_T=32, BLOCK_C=128, BLOCK_K=4, SEARCH_STEPS=steps),
+            num_warps=8,
+        )
+        for batch, steps in ((1, 0), (8, 3))
+    ],
     # kernels/gdn.py gated_delta_rule_decode: BLOCK_K = next_pow2(Dk), BLOCK_V = min(32, next_pow2(Dv))
     "_gated_delta_rule_decode_kernel": [
         Variant(
@@ -178,42 +203,132 @@ VARIANTS: dict[str, list[Variant]] = {
             floats=("scale",),
         ),
     ],
-    # kernels/attention.py store_kv: BLOCK_D = next_pow2(head_dim)
+    # kernels/rope.py apply_rope_qk: rotary_dim 64 of 256 -> HALF 32; BLOCK_HQ = next_pow2(24) = 32, BLOCK_HK = 4,
+    # BLOCK_T = 2048 // (BLOCK_HQ * BLOCK_HALF) = 2; fp32 cos/sin tables
+    "_apply_rope_qk_kernel": [
+        Variant(
+            "Hq=24 Hk=4 D=256 rotary 64",
+            dict(q_ptr="bf16", k_ptr="bf16", cos_ptr="fp32", sin_ptr="fp32"),
+            dict(HALF=32, BLOCK_T=2, BLOCK_HQ=32, BLOCK_HK=4, BLOCK_HALF=32),
+        ),
+    ],
+    # kernels/attention.py store_kv: BLOCK_D = next_pow2(head_dim); the float cache's scale pointers are the
+    # caches themselves (placeholders) and its group constexprs are one group of HEAD_DIM
     "_store_kv_kernel": [
         Variant(
             "Hkv=4 D=256 bf16 cache",
+            {
+                **_STORE_KV_PTRS,
+                "key_cache_ptr": "bf16",
+                "value_cache_ptr": "bf16",
+                "key_scale_ptr": "bf16",
+                "value_scale_ptr": "bf16",
+            },
             dict(
-                key_ptr="bf16",
-                value_ptr="bf16",
-                key_cache_ptr="bf16",
-                value_cache_ptr="bf16",
-                slot_mapping_ptr="i64",
+                HEAD_DIM=256,
+                KV_INT8=False,
+                SCALE_GROUP=256,
+                NUM_SCALES=1,
+                BLOCK_SCALES=1,
+                BLOCK_GROUP=256,
+                BLOCK_D=256,
             ),
-            dict(HEAD_DIM=256, BLOCK_D=256),
+        ),
+        Variant(
+            "Hkv=4 D=256 int8 cache g64",
+            {
+                **_STORE_KV_PTRS,
+                "key_cache_ptr": "i8",
+                "value_cache_ptr": "i8",
+                "key_scale_ptr": "fp16",
+                "value_scale_ptr": "fp16",
+            },
+            dict(
+                HEAD_DIM=256,
+                KV_INT8=True,
+                SCALE_GROUP=64,
+                NUM_SCALES=4,
+                BLOCK_SCALES=4,
+                BLOCK_GROUP=64,
+                BLOCK_D=256,
+            ),
         ),
     ],
     # kernels/attention.py paged_attention_decode: BLOCK_N = 32 for head_dim > 128, BLOCK_G = max(16, group)
     "_paged_attention_decode_kernel": [
         Variant(
-            "Hq=24 Hkv=4 D=256 page 64",
-            dict(
-                q_ptr="bf16",
-                key_cache_ptr="bf16",
-                value_cache_ptr="bf16",
-                page_table_ptr="i32",
-                seq_lens_ptr="i32",
-                part_out_ptr="fp32",
-                part_lse_ptr="fp32",
-            ),
-            dict(NUM_Q_HEADS=24, GROUP=6, HEAD_DIM=256, PAGE_SIZE=64, BLOCK_G=16, BLOCK_N=32, BLOCK_D=256),
+            "Hq=24 Hkv=4 D=256 page 64 bf16",
+            {
+                **_DECODE_PTRS,
+                "key_cache_ptr": "bf16",
+                "value_cache_ptr": "bf16",
+                "key_scale_ptr": "bf16",
+                "value_scale_ptr": "bf16",
+            },
+            dict(_DECODE_27B, KV_INT8=False, NUM_SCALES=1, BLOCK_SCALES=1),
+            floats=("scale_log2",),
+        ),
+        Variant(
+            "Hq=24 Hkv=4 D=256 page 64 int8 g64",
+            {
+                **_DECODE_PTRS,
+                "key_cache_ptr": "i8",
+                "value_cache_ptr": "i8",
+                "key_scale_ptr": "fp16",
+                "value_scale_ptr": "fp16",
+            },
+            dict(_DECODE_27B, KV_INT8=True, NUM_SCALES=4, BLOCK_SCALES=4),
             floats=("scale_log2",),
         ),
     ],
+    # reduce: BLOCK_S = next_pow2(max_splits), BLOCK_D = min(64, next_pow2(head_dim))
     "_paged_attention_reduce_kernel": [
         Variant(
             f"Hq=24 D=256 {_ATTN_SPLITS} splits",
-            dict(part_out_ptr="fp32", part_lse_ptr="fp32", out_ptr="bf16"),
-            dict(NUM_Q_HEADS=24, HEAD_DIM=256, BLOCK_S=_ATTN_SPLITS, BLOCK_D=256),
+            dict(part_out_ptr="fp32", part_lse_ptr="fp32", seq_lens_ptr="i32", out_ptr="bf16"),
+            dict(
+                NUM_Q_HEADS=24,
+                HEAD_DIM=256,
+                SPLIT_UNIT=32,
+                MAX_SPLITS=_ATTN_SPLITS,
+                BLOCK_S=_ATTN_SPLITS,
+                BLOCK_D=64,
+            ),
+        ),
+    ],
+    # kernels/moe.py at the Qwen3.6-35B-A3B geometry (the MoE model): E=256 experts, top_k 8, H 2048, I 512,
+    # bf16 router logits and expert weights, fp32 routing weights and act, int64 expert ids.
+    # moe_route: BLOCK_E = next_pow2(E), BLOCK_TOPK = next_pow2(top_k)
+    "_moe_route_kernel": [
+        Variant(
+            "E=256 top_k=8",
+            dict(logits_ptr="bf16", weights_ptr="fp32", ids_ptr="i64"),
+            dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_E=256, RENORMALIZE=True),
+        ),
+    ],
+    # moe_experts (moe_tiles for bf16): BLOCK_N = 16, BLOCK_K = 512, 8 warps; BLOCK_H = 4, BLOCK_I = 512, 8 warps
+    "_moe_gate_up_kernel": [
+        Variant(
+            f"H=2048 I=512 top_k=8{' pairs sorted (T > 32)' if sort else ''}",
+            dict(
+                x_ptr="bf16",
+                gate_up_ptr="bf16",
+                ids_ptr="i64",
+                weights_ptr="fp32",
+                order_ptr="i64",
+                act_ptr="fp32",
+            ),
+            dict(HIDDEN=2048, INTER=512, TOP_K=8, SORTED=sort, BLOCK_N=16, BLOCK_K=512),
+            num_warps=8,
+        )
+        for sort in (False, True)
+    ],
+    "_moe_down_kernel": [
+        Variant(
+            "H=2048 I=512 top_k=8",
+            dict(act_ptr="fp32", down_ptr="bf16", ids_ptr="i64", out_ptr="bf16"),
+            dict(HIDDEN=2048, INTER=512, TOP_K=8, BLOCK_TOPK=8, BLOCK_H=4, BLOCK_I=512),
+            num_warps=8,
         ),
     ],
 }

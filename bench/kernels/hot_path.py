@@ -24,13 +24,24 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from engine.model.mlp import _experts_gathered  # noqa: E402
 from kernels.attention import (  # noqa: E402
+    DECODE_MAX_SPLITS,
+    kv_int8_group_size,
     paged_attention_decode,
     paged_attention_decode_ref,
+    quantize_kv_int8_ref,
     store_kv,
     store_kv_ref,
 )
-from kernels.conv import causal_conv1d_decode, causal_conv1d_decode_ref  # noqa: E402
+from kernels.conv import (  # noqa: E402
+    _launch_causal_conv1d_varlen,
+    causal_conv1d_decode,
+    causal_conv1d_decode_ref,
+    causal_conv1d_varlen,
+    causal_conv1d_varlen_ref,
+    causal_conv1d_varlen_split,
+)
 from kernels.gdn import (  # noqa: E402
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_ref,
@@ -38,7 +49,17 @@ from kernels.gdn import (  # noqa: E402
     gated_delta_rule_decode_ref,
     gdn_gate_ref,
 )
+from kernels.moe import (  # noqa: E402
+    _launch_down,
+    _launch_gate_up,
+    moe_experts,
+    moe_experts_ref,
+    moe_route,
+    moe_route_ref,
+    moe_tiles,
+)
 from kernels.norm import add_rms_norm, add_rms_norm_ref, gated_rms_norm, gated_rms_norm_ref  # noqa: E402
+from kernels.rope import apply_rope_qk, apply_rope_qk_ref, apply_rope_ref, rope_cos_sin_ref  # noqa: E402
 
 DEV = "cuda"
 BF16 = torch.bfloat16
@@ -171,36 +192,129 @@ def bench_gdn_prefill(tokens: int) -> None:
          lambda: chunk_gated_delta_rule(q, k, v, g, beta, init), None, extra)  # fmt: skip
 
 
-def bench_attention() -> None:
+def bench_prefill_conv(tokens: int, continued: bool) -> None:
+    """The GDN prefill conv at one sequence of ``tokens`` (C = 10240, K = 4): the Triton varlen kernel as
+    the model calls it (q | k | v split outputs) and unsplit, against the torch reference and against the
+    previous cuDNN path (history cat + depthwise conv1d + silu + the .contiguous() copies of q, k, v)."""
+    channels, split = 2 * HK * DK + HV * DV, (HK * DK, HK * DK, HV * DV)
+    x = torch.randn(tokens, channels, device=DEV, dtype=BF16)
+    wc = torch.randn(channels, CONV_K, device=DEV, dtype=BF16) * 0.5
+    pool = torch.randn(2, channels, CONV_K - 1, device=DEV, dtype=BF16)
+    cu = torch.tensor([0, tokens], device=DEV, dtype=torch.int32)
+    slots = torch.tensor([1], device=DEV)
+    keep = torch.tensor([continued], device=DEV)
+    p1, p2 = pool.clone(), pool.clone()
+    err = _err(
+        causal_conv1d_varlen(x, wc, p1, cu, slots, keep), causal_conv1d_varlen_ref(x, wc, p2, cu, slots, keep)
+    )
+    err["state_bit_exact"] = bool(torch.equal(p1, p2))
+
+    def cudnn_path() -> object:
+        prev = pool[1] if continued else pool.new_zeros(channels, CONV_K - 1)
+        history = torch.cat([prev, x.t()], dim=1)
+        pool[1] = history[:, history.shape[1] - (CONV_K - 1) :]
+        mixed = F.silu(F.conv1d(history.unsqueeze(0), wc.unsqueeze(1), groups=channels)[0].t().contiguous())
+        return [part.contiguous() for part in mixed.split(list(split), dim=-1)]
+
+    err["cudnn_path_us"] = round(_us(cudnn_path, graph=False), 2)
+    err["unsplit_kernel_us"] = round(
+        _us(lambda: causal_conv1d_varlen(x, wc, pool, cu, slots, keep), graph=True), 2
+    )
+    shape = f"T{tokens} C{channels}{' continued' if continued else ''}"
+    _row("causal_conv1d_varlen_split", shape, 2 * x.numel() * 2,
+         lambda: causal_conv1d_varlen_split(x, wc, pool, cu, slots, keep, split),
+         lambda: causal_conv1d_varlen_ref(x, wc, pool, cu, slots, keep), err)  # fmt: skip
+    if continued:
+        return
+    for block_t, block_c, warps in ((16, 128, 4), (32, 128, 4), (32, 128, 8), (64, 128, 8), (32, 256, 8)):
+        t = _us(lambda: _launch_causal_conv1d_varlen(x, wc, pool, cu, slots, keep, split, "silu",
+                                                     block_t, block_c, warps), graph=True)  # fmt: skip
+        ROWS.append({"op": f"causal_conv1d_varlen_split BLOCK_T={block_t} BLOCK_C={block_c} warps={warps}",
+                     "shape": shape, "kernel_us": round(t, 2), "ref_us": None, "bytes": 2 * x.numel() * 2,
+                     "kernel_GBps": round(2 * x.numel() * 2 / t / 1e3, 1)})  # fmt: skip
+        print(json.dumps(ROWS[-1]), flush=True)
+
+
+def bench_rope(tokens: int) -> None:
+    """In-place RoPE on the attention layer's query/key (partial rotary 64 of 256) against the two
+    out-of-place fp32 torch references the layer ran before."""
+    query = torch.randn(tokens, HQ, HEAD_DIM, device=DEV, dtype=BF16)
+    key = torch.randn(tokens, HKV, HEAD_DIM, device=DEV, dtype=BF16)
+    cos, sin = rope_cos_sin_ref(torch.arange(tokens, device=DEV), 64, 1e7, (11, 11, 10))
+    q1, k1 = apply_rope_qk(query.clone(), key.clone(), cos, sin)
+    q2, k2 = apply_rope_qk_ref(query.clone(), key.clone(), cos, sin)
+    err = _err(torch.cat([q1.flatten(), k1.flatten()]), torch.cat([q2.flatten(), k2.flatten()]))
+    nbytes = 2 * tokens * (HQ + HKV) * 64 * 2 + 2 * cos.numel() * 4  # rotary channels in and out, tables
+    _row("apply_rope_qk", f"T{tokens} {HQ}/{HKV}x{HEAD_DIM} rot64", nbytes, lambda: apply_rope_qk(query, key, cos, sin),
+         lambda: (apply_rope_ref(query, cos, sin), apply_rope_ref(key, cos, sin)), err)  # fmt: skip
+
+
+def _int8_pages(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random int8 codes and fp16 group scales of an int8 KV cache (timing only: values do not matter)."""
+    codes = torch.randint(-127, 128, shape, device=DEV, dtype=torch.int8)
+    return codes, (torch.rand(*shape[:3], HEAD_DIM // kv_int8_group_size(HEAD_DIM), device=DEV) * 0.02).half()
+
+
+def _decode_layers_rows(batch: int, seq: int, query: torch.Tensor, table: torch.Tensor, lens: torch.Tensor,
+                        like: torch.Tensor, nbytes: int, nbytes_int8: int) -> None:  # fmt: skip
+    """16 layers' caches (> L2) one after another, bf16 and int8 KV, over a sweep of the split cap.
+    Each layer: (key_cache, key_scale, value_cache, value_scale); scales None for bf16."""
     scale = HEAD_DIM**-0.5
+    caches = {
+        "bf16": [(torch.randn_like(like), None, torch.randn_like(like), None) for _ in range(16)],
+        "int8": [(*_int8_pages(like.shape), *_int8_pages(like.shape)) for _ in range(16)],
+    }
+    for kv, layers in caches.items():
+        for max_splits in (16, 32, DECODE_MAX_SPLITS, 128):
+
+            def all_layers() -> None:
+                for kl, ks, vl, vs in layers:
+                    paged_attention_decode(query, kl, vl, table, lens, scale, ks, vs, max_splits=max_splits)
+
+            t16 = _us(all_layers, graph=True) / 16
+            moved = nbytes if kv == "bf16" else nbytes_int8
+            default = " (default)" if max_splits == DECODE_MAX_SPLITS else ""
+            ROWS.append({"op": f"paged_attention_decode {kv} x16 layers max_splits={max_splits}{default}",
+                         "shape": f"B{batch} L{seq}", "kernel_us": round(t16, 2), "ref_us": None, "bytes": moved,
+                         "kernel_GBps": round(moved / t16 / 1e3, 1)})  # fmt: skip
+            print(json.dumps(ROWS[-1]), flush=True)
+    del caches
+
+
+def bench_attention() -> None:
+    """paged_attention_decode over bf16 and int8 KV (int8 = codes + one fp16 scale per 64 values), each row
+    with its error against the reference and whether row 0 of the batch equals row 0 decoded alone (the
+    batch invariance), then store_kv into bf16 and int8 pages."""
+    scale = HEAD_DIM**-0.5
+    num_scales = HEAD_DIM // kv_int8_group_size(HEAD_DIM)
     for batch, seq in ((1, 8192), (8, 8192), (1, 65536), (8, 32768)):
         max_pages = seq // PAGE
         num_pages = batch * max_pages
         kc, vc = (torch.randn(num_pages, PAGE, HKV, HEAD_DIM, device=DEV, dtype=BF16) for _ in range(2))
+        (kc8, ks), (vc8, vs) = (quantize_kv_int8_ref(c, num_scales) for c in (kc, vc))
         table = torch.randperm(num_pages, device=DEV, dtype=torch.int32).view(batch, max_pages)
         lens = torch.randint(seq // 2, seq + 1, (batch,), device=DEV, dtype=torch.int32)
         lens[0] = seq
         query = torch.randn(batch, HQ, HEAD_DIM, device=DEV, dtype=BF16)
-        nbytes = 2 * int(lens.sum().item()) * HKV * HEAD_DIM * 2
-        ref, extra = None, {}
+        num_keys = int(lens.sum().item())
+        nbytes = 2 * num_keys * HKV * HEAD_DIM * 2
+        nbytes_int8 = 2 * num_keys * HKV * (HEAD_DIM + 2 * num_scales)
+        for kv, k_cache, v_cache, k_scale, v_scale, moved in (("bf16", kc, vc, None, None, nbytes),
+                                                              ("int8", kc8, vc8, ks, vs, nbytes_int8)):  # fmt: skip
+            args = (query, k_cache, v_cache, table, lens, scale, k_scale, v_scale)
+            out = paged_attention_decode(*args)
+            alone = paged_attention_decode(
+                query[:1], k_cache, v_cache, table[:1], lens[:1], scale, k_scale, v_scale
+            )
+            ref, extra = None, {"row0_equals_alone": bool(torch.equal(out[:1], alone))}
+            if seq <= 8192:
+                ref = lambda: paged_attention_decode_ref(*args)  # noqa: E731
+                extra.update(_err(out, ref()))
+            _row(f"paged_attention_decode {kv}", f"B{batch} L{seq} {HQ}/{HKV}x{HEAD_DIM}", moved,
+                 lambda: paged_attention_decode(*args), ref, extra)  # fmt: skip
+        del kc8, vc8, ks, vs
         if seq <= 8192:
-            ref = lambda: paged_attention_decode_ref(query, kc, vc, table, lens, scale)  # noqa: E731
-            extra = _err(paged_attention_decode(query, kc, vc, table, lens, scale), ref())
-        _row("paged_attention_decode", f"B{batch} L{seq} {HQ}/{HKV}x{HEAD_DIM}", nbytes,
-             lambda: paged_attention_decode(query, kc, vc, table, lens, scale), ref, extra)  # fmt: skip
-        if seq <= 8192:  # 16 layers' caches (> L2) and a split-count sweep
-            caches = [(torch.randn_like(kc), torch.randn_like(vc)) for _ in range(16)]
-            for splits in (None, 16, 32, 64, 128, 256):
-
-                def all_layers() -> None:
-                    for kl, vl in caches:
-                        paged_attention_decode(query, kl, vl, table, lens, scale, splits)
-
-                t16 = _us(all_layers, graph=True) / 16
-                ROWS.append({"op": f"paged_attention_decode x16 layers splits={splits}", "shape": f"B{batch} L{seq}",
-                             "kernel_us": round(t16, 2), "ref_us": None, "bytes": nbytes,
-                             "kernel_GBps": round(nbytes / t16 / 1e3, 1)})  # fmt: skip
-                print(json.dumps(ROWS[-1]), flush=True)
+            _decode_layers_rows(batch, seq, query, table, lens, kc, nbytes, nbytes_int8)
         del kc, vc
     tokens = 7680
     key, value = (torch.randn(tokens, HKV, HEAD_DIM, device=DEV, dtype=BF16) for _ in range(2))
@@ -210,24 +324,170 @@ def bench_attention() -> None:
     store_kv(key, value, kc, vc, slots)
     store_kv_ref(key, value, k2, v2, slots)
     exact = {"bit_exact": bool(torch.equal(kc, k2) and torch.equal(vc, v2))}
-    _row("store_kv", f"T{tokens} {HKV}x{HEAD_DIM}", 4 * key.numel() * 2, lambda: store_kv(key, value, kc, vc, slots),
+    _row("store_kv bf16", f"T{tokens} {HKV}x{HEAD_DIM}", 4 * key.numel() * 2, lambda: store_kv(key, value, kc, vc, slots),
          lambda: store_kv_ref(key, value, k2, v2, slots), exact)  # fmt: skip
+    pages8 = [_int8_pages(kc.shape) for _ in range(2)]
+    copies8 = [(c.clone(), s.clone()) for c, s in pages8]
+    (kc8, ks), (vc8, vs) = pages8
+    (k8r, ksr), (v8r, vsr) = copies8
+    store_kv(key, value, kc8, vc8, slots, ks, vs)
+    store_kv_ref(key, value, k8r, v8r, slots, ksr, vsr)
+    exact = {"bit_exact": all(torch.equal(a, b) for a, b in ((kc8, k8r), (vc8, v8r), (ks, ksr), (vs, vsr)))}
+    _row("store_kv int8", f"T{tokens} {HKV}x{HEAD_DIM}", 2 * key.numel() * (2 + 1) + 2 * tokens * HKV * num_scales * 2,
+         lambda: store_kv(key, value, kc8, vc8, slots, ks, vs),
+         lambda: store_kv_ref(key, value, k8r, v8r, slots, ksr, vsr), exact)  # fmt: skip
+
+
+# ---- MoE: the routed experts at the Qwen3.6-35B-A3B geometry ----------------------------------------------
+
+MOE_E, MOE_TOPK, MOE_H, MOE_I = 256, 8, 2048, 512  # Qwen3.6-35B-A3B: experts, top-k, hidden, inter
+MOE_LAYERS = 32  # routings timed back to back in one graph, as a decode step runs its layers (> L2 together)
+# tile sweeps (MoeTiles fields of the kernel in question; the other kernel keeps moe_tiles' choice)
+GATE_UP_TILES = ((16, 512, 8), (8, 1024, 8), (8, 512, 4), (16, 256, 4), (4, 2048, 8), (32, 256, 8))
+DOWN_TILES = ((4, 512, 8), (2, 512, 4), (8, 512, 8), (4, 256, 4), (8, 256, 8), (1, 512, 4))
+
+
+def _read_us() -> float:
+    """Microseconds to read 2 GiB (an fp32 sum, the best of the runs, as ninfer-bench measures bandwidth)."""
+    x = torch.empty(1 << 29, device=DEV).uniform_()
+    return triton.testing.do_bench(x.sum, warmup=5, rep=200, return_mode="min") * 1e3
+
+
+def _moe_layers_row(op: str, shape: str, nbytes: float, fn: Callable[[], object], read_gbps: float,
+                    extra: dict | None = None) -> float:  # fmt: skip
+    """One row for MOE_LAYERS calls replayed as one graph: time and bytes per layer, fraction of read BW."""
+    t = _us(fn, graph=True) / MOE_LAYERS
+    gbps = nbytes / t / 1e3
+    ROWS.append({"op": op, "shape": shape, "kernel_us": round(t, 2), "ref_us": None, "bytes": int(nbytes),
+                 "kernel_GBps": round(gbps, 1), "fraction_of_read": round(gbps / read_gbps, 3), **(extra or {})})  # fmt: skip
+    print(json.dumps(ROWS[-1]), flush=True)
+    return t
+
+
+def bench_moe() -> None:
+    """Routing and routed experts of one MoE layer at 35B-A3B decode shapes (T = 1, 8; 64 for MTP verify and
+    small batches). Bytes = the distinct chosen experts' weights (6 MiB each; the kernels read an expert's
+    rows once per pair, the repeats of an expert shared by several tokens come from L2). Rows:
+    - ``moe_route``: softmax + top-8 + renormalise vs the torch reference;
+    - ``moe_experts`` on one routing repeated (L2-warm: 48 MiB at T=1 is about the L2 size) vs the reference,
+      with the previous gather + bmm path's time beside it;
+    - ``moe_experts x32 layers``: 32 different routings back to back (T=1: disjoint experts, so every read
+      is from HBM), the number to compare with the read bandwidth; the gather + bmm path the same way;
+    - per-kernel rows (gate_up 4 MiB, down 2 MiB per expert) and the tile sweeps, at T=1 and T=8.
+    """
+    read_us = _read_us()
+    read_gbps = (1 << 31) / read_us / 1e3
+    ROWS.append({"op": "read bandwidth (fp32 sum)", "shape": "2 GiB", "kernel_us": round(read_us, 2),
+                 "ref_us": None, "bytes": 1 << 31, "kernel_GBps": round(read_gbps, 1)})  # fmt: skip
+    print(json.dumps(ROWS[-1]), flush=True)
+    gate_up = torch.randn(MOE_E, 2 * MOE_I, MOE_H, device=DEV, dtype=BF16) * MOE_H**-0.5
+    down = torch.randn(MOE_E, MOE_H, MOE_I, device=DEV, dtype=BF16) * MOE_I**-0.5
+    gate_up_bytes, down_bytes = 2 * MOE_I * MOE_H * 2, MOE_H * MOE_I * 2
+    default = moe_tiles(MOE_H, MOE_I, MOE_TOPK, BF16)
+    for tokens in (1, 8, 64):
+        shape = f"T{tokens} E{MOE_E} k{MOE_TOPK} H{MOE_H} I{MOE_I}"
+        x = torch.randn(tokens, MOE_H, device=DEV, dtype=BF16)
+        logits = torch.randn(MOE_LAYERS, tokens, MOE_E, device=DEV, dtype=BF16)
+        same_ids = torch.equal(moe_route(logits[0], MOE_TOPK)[1], moe_route_ref(logits[0], MOE_TOPK)[1])
+        err = {"ids_equal": bool(same_ids)}
+        _row("moe_route", f"T{tokens} E{MOE_E} k{MOE_TOPK}", logits[0].numel() * 2,
+             lambda: moe_route(logits[0], MOE_TOPK), lambda: moe_route_ref(logits[0], MOE_TOPK), err)  # fmt: skip
+        routes = [moe_route(layer, MOE_TOPK) for layer in logits]
+        if tokens == 1:  # disjoint experts from layer to layer: nothing of one layer's experts is in L2
+            perm = torch.randperm(MOE_E, device=DEV).view(MOE_LAYERS, 1, MOE_TOPK)
+            routes = [(w, perm[j]) for j, (w, _) in enumerate(routes)]
+        distinct = [int(ids.unique().numel()) for _, ids in routes]
+        weights, ids = routes[0]
+        full = moe_experts(x, gate_up, down, weights, ids)
+        extra = _err(full, moe_experts_ref(x, gate_up, down, weights, ids))
+        extra["distinct_experts"] = distinct[0]
+        alone = moe_experts(x[-1:], gate_up, down, weights[-1:], ids[-1:])
+        extra["batch_invariant"] = bool(torch.equal(alone[0], full[-1]))
+        if tokens <= 8:
+            gathered = _us(lambda: _experts_gathered(x, gate_up, down, weights, ids), graph=True)
+            extra["gathered_bmm_us"] = round(gathered, 2)
+        _row("moe_experts (one routing repeated, L2-warm)", shape, distinct[0] * (gate_up_bytes + down_bytes),
+             lambda: moe_experts(x, gate_up, down, weights, ids),
+             lambda: moe_experts_ref(x, gate_up, down, weights, ids), extra)  # fmt: skip
+        mean_distinct = sum(distinct) / len(distinct)
+        layers_bytes = mean_distinct * (gate_up_bytes + down_bytes)
+        info = {"mean_distinct_experts": round(mean_distinct, 2), "read_GBps": round(read_gbps, 1)}
+
+        def experts_layers() -> None:
+            for w, e in routes:
+                moe_experts(x, gate_up, down, w, e)
+
+        _moe_layers_row("moe_experts x32 layers", shape, layers_bytes, experts_layers, read_gbps, info)
+        route_and_experts = [(layer, MOE_TOPK) for layer in logits]
+
+        def route_experts_layers() -> None:
+            for layer, k in route_and_experts:
+                w, e = moe_route(layer, k)
+                moe_experts(x, gate_up, down, w, e)
+
+        if tokens > 1:  # (at T=1 the routed ids are the random ones, not the disjoint ones above)
+            _moe_layers_row("moe_route + moe_experts x32 layers", shape, layers_bytes, route_experts_layers,
+                            read_gbps, info)  # fmt: skip
+        if tokens <= 8:
+
+            def gathered_layers() -> None:
+                for w, e in routes:
+                    _experts_gathered(x, gate_up, down, w, e)
+
+            _moe_layers_row("gather + bmm (previous path) x32 layers", shape, layers_bytes, gathered_layers,
+                            read_gbps, info)  # fmt: skip
+        if tokens > 8:
+            continue
+        act = torch.empty(tokens, MOE_TOPK, MOE_I, device=DEV)
+        out = torch.empty(tokens, MOE_H, device=DEV, dtype=BF16)
+        _launch_gate_up(x, gate_up, weights, ids, act, default)
+        act_ref = act.clone()
+        _launch_down(act_ref, down, ids, out, default)
+        out_ref = out.clone()
+        for block_n, block_k, warps in GATE_UP_TILES:
+            tiles = default._replace(block_n=block_n, block_k=block_k, warps_gate_up=warps)
+            _launch_gate_up(x, gate_up, weights, ids, act, tiles)
+            check = {"tiles": list(tiles), **_err(act, act_ref)}
+
+            def gate_up_layers() -> None:
+                for w, e in routes:
+                    _launch_gate_up(x, gate_up, w, e, act, tiles)
+
+            _moe_layers_row(f"moe gate_up kernel x32 BLOCK_N={block_n} BLOCK_K={block_k} warps={warps}", shape,
+                            mean_distinct * gate_up_bytes, gate_up_layers, read_gbps, check)  # fmt: skip
+        for block_h, block_i, warps in DOWN_TILES:
+            tiles = default._replace(block_h=block_h, block_i=block_i, warps_down=warps)
+            _launch_down(act_ref, down, ids, out, tiles)
+            check = {"tiles": list(tiles), **_err(out, out_ref)}
+
+            def down_layers() -> None:
+                for _, e in routes:
+                    _launch_down(act_ref, down, e, out, tiles)
+
+            _moe_layers_row(f"moe down kernel x32 BLOCK_H={block_h} BLOCK_I={block_i} warps={warps}", shape,
+                            mean_distinct * down_bytes, down_layers, read_gbps, check)  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--moe-only", action="store_true", help="only the MoE rows (35B-A3B geometry)")
     args = parser.parse_args()
     torch.manual_seed(0)
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_recurrent
     except ImportError:
         fla_recurrent = None
-    bench_norms()
-    bench_conv_and_gdn_decode(fla_recurrent)
-    if fla_recurrent is not None:
-        bench_gdn_prefill(7680)
-    bench_attention()
+    if not args.moe_only:
+        bench_norms()
+        bench_conv_and_gdn_decode(fla_recurrent)
+        if fla_recurrent is not None:
+            bench_gdn_prefill(7680)
+        bench_prefill_conv(7680, continued=False)
+        bench_prefill_conv(8192, continued=True)  # a long-context chunk continuing from its conv state
+        bench_rope(7680)
+        bench_attention()
+    bench_moe()
     commit = (
         os.environ.get("NINFER_COMMIT")
         or subprocess.run(
@@ -244,7 +504,8 @@ def main() -> None:
             "fla": __import__("fla").__version__ if fla_recurrent else None,
         },  # fmt: skip
         "what": "hot-path Triton kernels vs torch references at the Qwen3.6-27B geometry; kernel times are "
-        "median CUDA-graph replays (launch overhead excluded), ref times eager medians; GBps = bytes/time",
+        "median CUDA-graph replays (launch overhead excluded), ref times eager medians; GBps = bytes/time; "
+        "MoE rows at the Qwen3.6-35B-A3B geometry",
         "rows": ROWS,
     }
     args.json.write_text(json.dumps(result, indent=1) + "\n")

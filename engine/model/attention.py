@@ -6,8 +6,9 @@ each new token attends causally to its sequence's pages; the output is multiplie
 ``sigmoid(gate)`` before ``o_proj``. Reads only the ForwardBatch and its own cache entry.
 
 Paths (chosen from shapes only, so a decode step never syncs with the host):
-- decode (every sequence brings one token, ``T == B``): ``store_kv`` + ``paged_attention_decode``
-  (Triton split-K over the pages on CUDA; its reference elsewhere).
+- decode (every sequence brings one token, ``T == B``), float or int8 KV: ``store_kv`` +
+  ``paged_attention_decode`` (Triton split-K over the pages on CUDA, batch-invariant; its reference
+  elsewhere).
 - prefill / mixed on CUDA with a float KV cache: ``store_kv``, then per sequence torch SDPA (flash)
   over the chunk's own K/V when nothing was cached before it, or over the sequence's gathered pages
   with a bottom-right causal mask when it continues a cached prefix.
@@ -25,7 +26,7 @@ from engine.model.config import ModelConfig
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.norm import RMSNorm
 from kernels.attention import paged_attention_decode, paged_attention_ref, store_kv
-from kernels.rope import apply_rope_ref
+from kernels.rope import apply_rope_qk
 
 
 class GatedAttention(nn.Module):
@@ -57,14 +58,21 @@ class GatedAttention(nn.Module):
         key = self.k_norm(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim))
         value = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         cos, sin = rope
-        query, key = apply_rope_ref(query, cos, sin), apply_rope_ref(key, cos, sin)
+        query, key = apply_rope_qk(query, key, cos, sin)  # in place: both are fresh norm outputs
         key_cache, value_cache = cache.key_cache[self.kv_index], cache.value_cache[self.kv_index]
         key_scale = cache.key_scale[self.kv_index] if cache.key_scale is not None else None
         value_scale = cache.value_scale[self.kv_index] if cache.value_scale is not None else None
         store_kv(key, value, key_cache, value_cache, batch.slot_mapping, key_scale, value_scale)
-        if num_tokens == batch.num_sequences and key_scale is None:
+        if num_tokens == batch.num_sequences:  # decode, float or int8 KV (int8: dequantised in the kernel)
             out = paged_attention_decode(
-                query, key_cache, value_cache, batch.page_table, batch.seq_lens, self.scale
+                query,
+                key_cache,
+                value_cache,
+                batch.page_table,
+                batch.seq_lens,
+                self.scale,
+                key_scale,
+                value_scale,
             )
         elif query.is_cuda and key_scale is None:
             out = self._prefill_sdpa(query, key, value, key_cache, value_cache, batch)

@@ -10,10 +10,11 @@ Paths (chosen from shapes only):
 - decode (``T == B``, one token per sequence): ``causal_conv1d_decode`` then
   ``gated_delta_rule_decode``, which computes the gates itself from ``a``/``b`` (no host sync; a
   state slot of -1 marks a padding row that touches no state: CUDA-graph padding).
-- prefill / mixed: on CUDA the conv runs as a cuDNN depthwise ``conv1d`` per sequence and the rule as
-  ``chunk_gated_delta_rule`` (fla-core's chunked kernel when installed) per multi-token sequence, the
-  single-token rows through the decode kernel; elsewhere ``causal_conv1d_varlen_ref`` and
-  ``gated_delta_rule_varlen_ref``.
+- prefill / mixed: on CUDA one ``causal_conv1d_varlen_split`` launch convolves every sequence from its
+  saved conv state (no history concatenation) and writes q, k and v as separate contiguous tensors
+  (no ``.contiguous()`` before the chunked rule); the rule runs as ``chunk_gated_delta_rule`` (fla-core's
+  chunked kernel when installed) per multi-token sequence, the single-token rows through the decode
+  kernel; elsewhere ``causal_conv1d_varlen_ref`` and ``gated_delta_rule_varlen_ref``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import nn
 from engine.model.config import ModelConfig
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.norm import GatedRMSNorm
-from kernels.conv import causal_conv1d_decode, causal_conv1d_varlen_ref
+from kernels.conv import causal_conv1d_decode, causal_conv1d_varlen_ref, causal_conv1d_varlen_split
 from kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_decode, gated_delta_rule_varlen_ref
 
 
@@ -106,35 +107,41 @@ class GatedDeltaNet(nn.Module):
         states: torch.Tensor,  # [slots, Hv, Dk, Dv] fp32
         batch: ForwardBatch,
     ) -> torch.Tensor:
-        """Per sequence: depthwise conv from the saved conv state, then the chunked rule (syncs once)."""
+        """One varlen conv launch for the batch, then the chunked rule per sequence (syncs once)."""
+        num_tokens = qkv.shape[0]
+        q_all, k_all, v_all = causal_conv1d_varlen_split(
+            qkv, weight, conv_state, batch.query_start_loc, batch.state_slots, batch.has_initial_state,
+            (self.key_dim, self.key_dim, self.value_dim), activation="silu",
+        )  # fmt: skip
+        query_all = q_all.view(num_tokens, self.num_k_heads, self.k_dim)  # contiguous, as fla wants
+        key_all = k_all.view(num_tokens, self.num_k_heads, self.k_dim)
+        value_all = v_all.view(num_tokens, self.num_v_heads, self.v_dim)
         bounds = batch.query_start_loc.tolist()
         slots, cont = batch.state_slots.tolist(), batch.has_initial_state.tolist()
-        channels, kernel = weight.shape
-        core = qkv.new_empty(qkv.shape[0], self.num_v_heads, self.v_dim)
         g_all = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         beta_all = torch.sigmoid(b)
+        core: torch.Tensor | None = None
         for i, slot in enumerate(slots):
             start, end = bounds[i], bounds[i + 1]
             if end == start:
                 continue
-            x = qkv[start:end]
-            prev = conv_state[slot] if cont[i] else conv_state.new_zeros(channels, kernel - 1)
-            history = torch.cat([prev.to(x.dtype), x.t()], dim=1)  # [C, K - 1 + t]
-            conv_state[slot] = history[:, history.shape[1] - (kernel - 1) :]
-            conv = F.conv1d(history.unsqueeze(0), weight.unsqueeze(1), groups=channels)[0]
-            mixed = F.silu(conv.t().contiguous())
-            query, key, value = self._heads(mixed)
+            query, key, value = query_all[start:end], key_all[start:end], value_all[start:end]
             if end - start == 1:
-                core[start:end] = gated_delta_rule_decode(
+                out = gated_delta_rule_decode(
                     query, key, value, a[start:end], b[start:end], self.A_log, self.dt_bias, states,
                     batch.state_slots[i : i + 1], batch.has_initial_state[i : i + 1],
                 )  # fmt: skip
-                continue
-            initial = states[slot : slot + 1] if cont[i] else None
-            out, final = chunk_gated_delta_rule(
-                query.unsqueeze(0).contiguous(), key.unsqueeze(0).contiguous(), value.unsqueeze(0).contiguous(),
-                g_all[start:end].unsqueeze(0), beta_all[start:end].unsqueeze(0), initial,
-            )  # fmt: skip
-            core[start:end] = out[0]
-            states[slot] = final[0]
-        return core
+            else:
+                initial = states[slot : slot + 1] if cont[i] else None
+                chunk_out, final = chunk_gated_delta_rule(
+                    query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0),
+                    g_all[start:end].unsqueeze(0), beta_all[start:end].unsqueeze(0), initial,
+                )  # fmt: skip
+                states[slot] = final[0]
+                out = chunk_out[0]
+            if start == 0 and end == num_tokens:  # one sequence covers the batch: its output is the core
+                return out
+            if core is None:
+                core = qkv.new_empty(num_tokens, self.num_v_heads, self.v_dim)
+            core[start:end] = out
+        return core if core is not None else qkv.new_empty(num_tokens, self.num_v_heads, self.v_dim)

@@ -4,10 +4,17 @@ MoE (HF ``Qwen3_5MoeSparseMoeBlock``): ``gate`` is the router ([E, H]); experts 
 (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I]); the output is the routed sum
 plus ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``.
 
-Expert paths (chosen from shapes only): a few tokens (``T * top_k <= GATHER_MAX_ROWS``, decode) gather
-their experts' weights and run two batched matmuls, with no host sync (CUDA-graph safe, and each row's
-math independent of the batch); on CUDA a larger batch groups its rows by expert and runs each
-expert's rows as one matmul in the model dtype; elsewhere ``moe_experts_ref``.
+Routing is ``kernels.moe.moe_route`` (one Triton kernel on CUDA, the reference elsewhere). Expert paths
+(chosen from shapes and device only, never from the routing, so choosing needs no host sync):
+
+* CUDA, at most ``FUSED_MAX_TOKENS`` tokens (decode, MTP verify, small batches, short prefill chunks):
+  ``kernels.moe.moe_experts``, two Triton GEMV kernels reading the chosen experts' weights in place; no
+  host sync (CUDA-graph safe), and each token's math independent of the batch (``NINFER_KERNELS=ref``:
+  its reference, which syncs);
+* CUDA, more tokens (prefill): rows grouped by expert, each expert's rows one matmul in the model dtype
+  (``_experts_grouped``; syncs once for the counts);
+* CPU, ``T * top_k <= GATHER_MAX_ROWS``: gather the chosen experts' weights and run two batched matmuls
+  (each row's math independent of the batch); CPU, more: ``moe_experts_ref``.
 """
 
 from __future__ import annotations
@@ -17,9 +24,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model.config import ModelConfig
-from kernels.moe import moe_experts_ref, moe_route_ref
+from kernels.moe import moe_experts, moe_experts_ref, moe_route
 
-GATHER_MAX_ROWS = 64  # T * top_k at or below this takes the gathered-weights path
+FUSED_MAX_TOKENS = 64  # CUDA: T at or below this takes the fused Triton experts
+GATHER_MAX_ROWS = 64  # CPU: T * top_k at or below this takes the gathered-weights path
 
 
 class MLP(nn.Module):
@@ -63,12 +71,14 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, expert_ids = moe_route_ref(F.linear(x, self.gate.weight), self.top_k)
+        weights, expert_ids = moe_route(F.linear(x, self.gate.weight), self.top_k)
         gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
-        if expert_ids.numel() <= GATHER_MAX_ROWS:
-            routed = _experts_gathered(x, gate_up, down, weights, expert_ids)
+        if x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS:
+            routed = moe_experts(x, gate_up, down, weights, expert_ids)
         elif x.is_cuda:
             routed = _experts_grouped(x, gate_up, down, weights, expert_ids)
+        elif expert_ids.numel() <= GATHER_MAX_ROWS:
+            routed = _experts_gathered(x, gate_up, down, weights, expert_ids)
         else:
             routed = moe_experts_ref(x, gate_up, down, weights, expert_ids)
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
@@ -82,7 +92,8 @@ def _experts_gathered(
     weights: torch.Tensor,
     expert_ids: torch.Tensor,
 ) -> torch.Tensor:
-    """``moe_experts_ref`` for few tokens: gather the chosen experts' weights, two batched matmuls."""
+    """``moe_experts_ref`` for few tokens on the CPU: gather the chosen experts' weights, two batched
+    matmuls (on CUDA ``moe_experts`` reads the weights in place instead of copying them first)."""
     num_tokens, top_k = expert_ids.shape
     flat = expert_ids.reshape(-1)
     xs = x.unsqueeze(1).expand(-1, top_k, -1).reshape(-1, x.shape[-1], 1)  # [T * k, H, 1]

@@ -26,10 +26,15 @@ TARGETS = ("cuda:120", "cuda:90")
 KNOWN_KERNELS = {
     "_rms_norm_kernel",
     "_causal_conv1d_decode_kernel",
+    "_causal_conv1d_varlen_kernel",
+    "_apply_rope_qk_kernel",
     "_gated_delta_rule_decode_kernel",
     "_store_kv_kernel",
     "_paged_attention_decode_kernel",
     "_paged_attention_reduce_kernel",
+    "_moe_route_kernel",
+    "_moe_gate_up_kernel",
+    "_moe_down_kernel",
 }
 
 

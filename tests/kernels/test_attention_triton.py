@@ -1,13 +1,69 @@
-"""Paged KV store (bit-exact) and split-K paged decode attention vs their references."""
+"""Paged KV store (bit-exact, bf16 and int8) and split-K paged decode attention (float and int8 KV) vs their
+references, and decode's batch invariance: a sequence's output is bitwise the same alone or batched."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
 
-from kernels.attention import paged_attention_decode, paged_attention_decode_ref, store_kv, store_kv_ref
+from kernels.attention import (
+    DECODE_MAX_SPLITS,
+    decode_block_n,
+    decode_split_tokens,
+    kv_int8_group_size,
+    paged_attention_decode,
+    paged_attention_decode_ref,
+    quantize_kv_int8_ref,
+    store_kv,
+    store_kv_ref,
+)
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter_fixes() -> Iterator[None]:
+    """NOTE: two gaps of Triton 3.6's interpreter that the decode kernel meets (nothing changes on the GPU):
+    - it keeps scalars as 1-element arrays and turns one into a ``range`` bound with ``int(array)``, which
+      NumPy >= 2.4 refuses (the kernel loops to the sequence's length): convert with ``.item()``;
+    - ``tl.dot`` on bf16 operands multiplies their raw uint16 storage: widen them to fp32 first (exact, as
+      the tensor cores' bf16 products are)."""
+    from kernels._dispatch import INTERPRET
+
+    if not INTERPRET:
+        yield
+        return
+    import numpy as np
+    import triton.language as tl
+    import triton.runtime.interpreter as interpreter
+
+    original_patch, original_dot = interpreter._patch_lang_tensor, interpreter.InterpreterBuilder.create_dot
+
+    def patch_tensor(tensor: type, scope: interpreter._LangPatchScope) -> None:
+        original_patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    def widen(x: interpreter.TensorHandle) -> interpreter.TensorHandle:
+        if x.dtype.scalar != tl.bfloat16:
+            return x
+        data = (x.data.astype(np.uint32) << 16).view(np.float32)  # bf16 is the high half of an fp32
+        return interpreter.TensorHandle(data, tl.float32)
+
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):  # noqa: ANN001, ANN202
+        return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(interpreter, "_patch_lang_tensor", patch_tensor)
+        mp.setattr(interpreter.InterpreterBuilder, "create_dot", dot)
+        yield
+
+
+def _slots(tokens: int, num_pages: int, page_size: int, device: str) -> torch.Tensor:
+    slot_mapping = torch.randperm(num_pages * page_size, device=device)[:tokens]
+    slot_mapping[::3] = -1  # padding tokens are skipped
+    return slot_mapping
 
 
 @pytest.mark.parametrize(("tokens", "kv_heads", "head_dim", "page_size"), [(37, 4, 256, 64), (5, 2, 96, 16)])
@@ -19,42 +75,221 @@ def test_store_kv_is_bit_exact(tokens, kv_heads, head_dim, page_size, device):
         torch.randn(num_pages, page_size, kv_heads, head_dim, device=device, dtype=torch.bfloat16)
         for _ in "kv"
     ]
-    slot_mapping = torch.randperm(num_pages * page_size, device=device)[:tokens]
-    slot_mapping[::3] = -1  # padding tokens are skipped
+    slot_mapping = _slots(tokens, num_pages, page_size, device)
     expected = [c.clone() for c in caches]
     store_kv_ref(key, value, *expected, slot_mapping)
     store_kv(key, value, *caches, slot_mapping)
     assert torch.equal(caches[0], expected[0]) and torch.equal(caches[1], expected[1])
 
 
+@pytest.mark.parametrize(
+    ("tokens", "kv_heads", "head_dim", "page_size", "dtype"),
+    [
+        (37, 4, 256, 64, torch.bfloat16),  # 27B: 4 groups of 64
+        (11, 2, 192, 16, torch.float32),  # 3 groups (padded to 4 in the kernel)
+        (9, 3, 40, 16, torch.bfloat16),  # under 64: one group of 40
+    ],
+)
+def test_store_kv_int8_is_bit_exact(tokens, kv_heads, head_dim, page_size, dtype, device):
+    num_pages, num_scales = 6, head_dim // kv_int8_group_size(head_dim)
+    key = torch.randn(tokens, kv_heads, head_dim, device=device, dtype=dtype)
+    value = torch.randn(tokens, kv_heads, head_dim, device=device, dtype=dtype) * 30
+    key[1, 0, : min(64, head_dim)] = 0  # an all-zero group: scale 0, codes 0
+    key[2] *= 1e-6  # scales in fp16's subnormal range (the reference clamps them before dividing)
+    ties = (torch.arange(head_dim, device=device) % 64 - 32) + 0.5  # with 127 first in each group: scale
+    ties[:: min(64, head_dim)] = 127  # exactly 1, so every other value is a tie (x.5), rounded to even
+    value[4, -1] = ties.to(dtype)
+    shape = (num_pages, page_size, kv_heads, head_dim)
+    caches = [torch.randint(-127, 128, shape, device=device, dtype=torch.int8) for _ in "kv"]
+    scales = [torch.rand(*shape[:3], num_scales, device=device).half() for _ in "kv"]
+    slot_mapping = _slots(tokens, num_pages, page_size, device)
+    expected = [t.clone() for t in (*caches, *scales)]
+    store_kv_ref(key, value, *expected[:2], slot_mapping, *expected[2:])
+    store_kv(key, value, *caches, slot_mapping, *scales)
+    for name, got, want in zip(
+        ("key", "value", "key_scale", "value_scale"), (*caches, *scales), expected, strict=True
+    ):
+        mismatch = (got != want).sum().item()
+        assert torch.equal(got, want), f"{name}: {mismatch} of {got.numel()} entries differ"
+
+
 def _cache_and_table(
-    seq_lens: list[int], kv_heads: int, head_dim: int, page_size: int, max_pages: int, device: str
-) -> tuple[torch.Tensor, ...]:
+    seq_lens: list[int], kv_heads: int, head_dim: int, page_size: int, max_pages: int, device: str,
+    dtype: torch.dtype = torch.bfloat16, int8: bool = False,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """Random caches (int8: quantised random values, plus their scales), a page table of distinct random
+    pages, lens. -> key_cache, value_cache, page_table, seq_lens, key_scale, value_scale (None unless int8)"""
     num_pages = len(seq_lens) * max_pages + 3
-    key_cache = torch.randn(num_pages, page_size, kv_heads, head_dim, device=device, dtype=torch.bfloat16)
-    value_cache = torch.randn(num_pages, page_size, kv_heads, head_dim, device=device, dtype=torch.bfloat16)
+    shape = (num_pages, page_size, kv_heads, head_dim)
+    key_cache, value_cache = (torch.randn(shape, device=device, dtype=dtype) for _ in "kv")
+    key_scale = value_scale = None
+    if int8:
+        num_scales = head_dim // kv_int8_group_size(head_dim)
+        # groups 4x apart in magnitude (keys rising, values falling along head_dim): a scale applied to the
+        # wrong group would be off by 4x or more, far outside any tolerance
+        ramp = (4.0 ** torch.arange(num_scales, device=device)).repeat_interleave(head_dim // num_scales)
+        key_cache, value_cache = (
+            key_cache * (2 * ramp / ramp[-1]),
+            value_cache * (2 * ramp.flip(0) / ramp[-1]),
+        )
+        (key_cache, key_scale), (value_cache, value_scale) = (
+            quantize_kv_int8_ref(c, num_scales) for c in (key_cache, value_cache)
+        )
     page_table = torch.randperm(num_pages, device=device)[: len(seq_lens) * max_pages].view(len(seq_lens), -1)
-    return key_cache, value_cache, page_table.int(), torch.tensor(seq_lens, device=device, dtype=torch.int32)
+    lens = torch.tensor(seq_lens, device=device, dtype=torch.int32)
+    return key_cache, value_cache, page_table.int(), lens, key_scale, value_scale
+
+
+# The real geometries with long sequences take minutes under the interpreter: GPU only.
+CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="real-geometry size: GPU only")
 
 
 @pytest.mark.parametrize(
-    ("seq_lens", "q_heads", "kv_heads", "head_dim", "page_size", "max_pages", "num_splits"),
+    ("seq_lens", "q_heads", "kv_heads", "head_dim", "page_size", "max_pages", "max_splits"),
     [
-        ([8192], 24, 4, 256, 64, 130, None),  # 27B attention geometry
-        ([1, 700, 4097, 8000, 33, 64, 65, 2500], 24, 4, 256, 64, 126, None),
-        ([300, 17], 16, 2, 256, 64, 8, 3),  # 35B-A3B ratio, forced splits
-        ([50, 3], 6, 6, 80, 16, 5, 1),  # MHA, odd head_dim, one split
+        pytest.param([8192], 24, 4, 256, 64, 130, DECODE_MAX_SPLITS, marks=CUDA_ONLY),  # 27B attention
+        pytest.param(
+            [1, 700, 4097, 8000, 33, 64, 65, 2500], 24, 4, 256, 64, 126, DECODE_MAX_SPLITS, marks=CUDA_ONLY
+        ),
+        pytest.param([131072, 5], 16, 2, 256, 64, 2048, DECODE_MAX_SPLITS, marks=CUDA_ONLY),  # 128k, 35B-A3B
+        ([1, 300, 2200, 17], 6, 1, 256, 64, 36, DECODE_MAX_SPLITS),  # 2200 keys: 35 splits of 64
+        ([300, 17], 16, 2, 256, 64, 8, 3),  # 35B-A3B ratio, 3 splits at most (of 128 keys)
+        ([50, 3, 0], 6, 6, 80, 16, 5, 1),  # MHA, odd head_dim, one split; an empty sequence gets zeros
     ],
 )
 def test_paged_decode_matches_reference(
-    seq_lens, q_heads, kv_heads, head_dim, page_size, max_pages, num_splits, device, assert_close
+    seq_lens, q_heads, kv_heads, head_dim, page_size, max_pages, max_splits, device, assert_close
 ):
-    key_cache, value_cache, page_table, lens = _cache_and_table(
+    key_cache, value_cache, page_table, lens, _, _ = _cache_and_table(
         seq_lens, kv_heads, head_dim, page_size, max_pages, device
     )
     query = torch.randn(len(seq_lens), q_heads, head_dim, device=device, dtype=torch.bfloat16)
     scale = head_dim**-0.5
     expected = paged_attention_decode_ref(query, key_cache, value_cache, page_table, lens, scale)
-    out = paged_attention_decode(query, key_cache, value_cache, page_table, lens, scale, num_splits)
+    out = paged_attention_decode(
+        query, key_cache, value_cache, page_table, lens, scale, max_splits=max_splits
+    )
     # probabilities go through bf16 for the P @ V product (as in FlashAttention): bf16-level agreement
     assert_close("out", out, expected, 1e-2, 2e-2)
+
+
+@pytest.mark.parametrize(
+    ("seq_lens", "q_heads", "kv_heads", "head_dim", "page_size", "max_pages", "max_splits"),
+    [
+        pytest.param([8192, 1, 3000], 24, 4, 256, 64, 130, DECODE_MAX_SPLITS, marks=CUDA_ONLY),  # 27B
+        pytest.param([65536, 700], 16, 2, 256, 64, 1024, DECODE_MAX_SPLITS, marks=CUDA_ONLY),  # 35B-A3B
+        ([1, 200, 700, 64], 24, 4, 256, 64, 11, 8),  # 27B geometry; 700 keys: 8 splits of 96
+        ([129, 0, 5], 16, 2, 256, 64, 3, DECODE_MAX_SPLITS),  # 35B-A3B ratio; an empty sequence: zeros
+        ([77, 1, 16], 4, 2, 40, 16, 5, DECODE_MAX_SPLITS),  # head_dim under 64: one group of 40
+        ([90, 33], 6, 3, 192, 16, 6, DECODE_MAX_SPLITS),  # 3 groups, padded to 4 tile-wide
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_paged_decode_int8_matches_reference(
+    seq_lens, q_heads, kv_heads, head_dim, page_size, max_pages, max_splits, dtype, device, assert_close
+):
+    key_cache, value_cache, page_table, lens, key_scale, value_scale = _cache_and_table(
+        seq_lens, kv_heads, head_dim, page_size, max_pages, device, int8=True
+    )
+    assert key_cache.dtype == torch.int8
+    query = torch.randn(len(seq_lens), q_heads, head_dim, device=device, dtype=dtype)
+    scale = head_dim**-0.5
+    args = (query, key_cache, value_cache, page_table, lens, scale, key_scale, value_scale)
+    expected = paged_attention_decode_ref(*args)  # the same int8 cache, dequantised in fp32
+    out = paged_attention_decode(*args, max_splits=max_splits)
+    # the dequantised K and V and the probabilities each enter the tensor-core dots rounded to the query dtype
+    # (the reference stays in fp32): three bf16 roundings, ~1% rms at these lengths, hence twice the bf16 KV
+    # test's limit (fp32 queries run TF32 dots on the GPU, and match to ~1e-7 under the interpreter)
+    assert_close("out", out, expected, 2e-2, 2e-2)
+    assert torch.equal(out[lens == 0], torch.zeros_like(out[lens == 0]))
+
+
+def test_split_rule_bounds_splits_and_depends_on_length_only():
+    for head_dim in (80, 256):
+        unit = decode_block_n(head_dim)
+        for seq_len in [1, unit, unit + 1, 1000, 2048, 2049, 8192, 131072, 262144 + 7]:
+            n = decode_split_tokens(seq_len, unit)
+            assert n % unit == 0 and -(-seq_len // n) <= DECODE_MAX_SPLITS, (head_dim, seq_len, n)
+            assert n == unit or -(-seq_len // (n - unit)) > DECODE_MAX_SPLITS  # the fewest units that fit
+    # enough programs at batch 1 with 4 KV heads (132 SMs), a bounded count at 128k
+    assert 4 * -(-1024 // decode_split_tokens(1024, 32)) == 128
+    assert 4 * -(-8192 // decode_split_tokens(8192, 32)) == 256
+    assert -(-131072 // decode_split_tokens(131072, 32)) == 64
+
+
+# Batch invariance. The engine pads the way engine/graphs.py says: a captured batch of m rows serves n <= m
+# live rows, rows n..m-1 have seq_len 1 and whatever page-table row was left there, and the page table has
+# the graph's fixed width (max_pages_per_seq); an eager step's table is as wide as its longest row. On the
+# GPU the default split rule runs (2100 keys: 33 splits of 64); the interpreter caps splits at 8 to stay
+# small (300 keys at head_dim 256: 5 splits of 64), the same rule with another constant.
+BATCH_LENS = {
+    DECODE_MAX_SPLITS: [1, 70, 700, 2100, 33],  # one split, a few, many one-tile ones, 64-key ones, a partial
+    8: [1, 70, 300, 200, 33],
+}
+
+
+@pytest.mark.parametrize(
+    ("q_heads", "kv_heads", "head_dim", "page_size", "max_splits"),
+    [
+        pytest.param(24, 4, 256, 64, DECODE_MAX_SPLITS, marks=CUDA_ONLY, id="27b"),
+        pytest.param(16, 2, 256, 64, DECODE_MAX_SPLITS, marks=CUDA_ONLY, id="35b-a3b"),
+        pytest.param(4, 2, 80, 16, DECODE_MAX_SPLITS, marks=CUDA_ONLY, id="odd-d80"),
+        pytest.param(6, 1, 256, 64, 8, id="27b-ratio-kv1-8splits"),
+        pytest.param(4, 2, 64, 16, 8, id="d64-page16-8splits"),
+    ],
+)
+@pytest.mark.parametrize("kind", ["bf16", "fp32", "int8"])
+def test_paged_decode_is_batch_invariant(q_heads, kv_heads, head_dim, page_size, max_splits, kind, device):
+    if kind == "int8" and head_dim % 64 and head_dim > 64:
+        pytest.skip("int8 KV needs head_dim a multiple of 64 or under it")
+    lens = BATCH_LENS[max_splits]
+    dtype = torch.float32 if kind == "fp32" else torch.bfloat16
+    need = [-(-n // page_size) for n in lens]
+    graph_width = max(need) + 5  # the graphs' fixed page-table width
+    key_cache, value_cache, _, _, key_scale, value_scale = _cache_and_table(
+        [0] * 4, kv_heads, head_dim, page_size, sum(need), device, dtype=dtype, int8=kind == "int8"
+    )
+    num_pages = key_cache.shape[0]
+    pages = torch.randperm(num_pages, device=device)[: sum(need)].int().split(need)
+    queries = torch.randn(len(lens), q_heads, head_dim, device=device, dtype=dtype)
+    scale = head_dim**-0.5
+
+    def decode(rows: list[int], width: int, padding: int = 0) -> torch.Tensor:
+        """Decode ``rows`` (indices into lens) in one batch with a ``width``-page table, then ``padding``
+        graph padding rows (seq_len 1, stale page rows) -> the live rows' outputs."""
+        n = len(rows) + padding
+        table = torch.randint(0, num_pages, (n, width), device=device, dtype=torch.int32)  # stale entries
+        seq_lens = torch.ones(n, device=device, dtype=torch.int32)
+        query = torch.randn(n, q_heads, head_dim, device=device, dtype=dtype)
+        for i, r in enumerate(rows):
+            table[i, : need[r]] = pages[r]
+            seq_lens[i] = lens[r]
+            query[i] = queries[r]
+        out = paged_attention_decode(
+            query,
+            key_cache,
+            value_cache,
+            table,
+            seq_lens,
+            scale,
+            key_scale,
+            value_scale,
+            max_splits=max_splits,
+        )
+        return out[: len(rows)]
+
+    everyone = list(range(len(lens)))
+    batched = {
+        "graph of 8, fixed width": decode(everyone, graph_width, padding=3),
+        "eager, width of the longest": decode(everyone, max(need)),
+        "reordered, wider": decode(everyone[::-1], graph_width + 40).flip(0),
+    }
+    for r in everyone:
+        alone = {
+            "alone, own width": decode([r], need[r])[0],
+            "alone, graph of 2": decode([r], graph_width, padding=1)[0],
+        }
+        reference = alone["alone, own width"]
+        for name, out in [*alone.items(), *((k, v[r]) for k, v in batched.items())]:
+            diff = (out.float() - reference.float()).abs().max().item()
+            assert torch.equal(out, reference), f"seq {r} ({lens[r]} keys), {name}: max diff {diff:.3e}"
