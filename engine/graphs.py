@@ -16,9 +16,9 @@ kernels write zeros and touch no state), ``slot_mapping = -1`` (``store_kv`` ski
 is discarded), ``input_ids = 0``, ``positions = 0``. Only ``logits[:n]`` is returned. A padding row
 never writes the KV pool or a state slot, so it cannot disturb a live request.
 
-Eligibility (``CudaGraphRunner.can_run``): the model is on CUDA, the KV cache is in the model dtype
-(the int8 path still runs torch references that sync with the host), every row has one token and
-samples, and the batch fits a captured size and the page-table width. Anything else runs eagerly.
+Eligibility (``CudaGraphRunner.can_run``): the model is on CUDA (KV in the model dtype or int8: the int8
+``store_kv`` and decode attention are Triton kernels too), every row has one token and samples, and the
+batch fits a captured size and the page-table width. Anything else runs eagerly.
 Nothing here knows about requests: the runner hands in plain ints.
 """
 

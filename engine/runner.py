@@ -14,14 +14,16 @@ snapshots (`save_state_to`).
 KV pool size (`--kv-capacity`): omitted = one `max_context` worth of pages; N tokens = ceil(N / page)
 pages; `auto` = the largest page count that fits in free device memory after the weights with 1 GiB
 of headroom on CUDA, and on the CPU a stated default of `CPU_AUTO_KV_BYTES` (256 MiB) of KV.
-CUDA graphs (`engine/graphs.py`): on CUDA with a model-dtype KV cache, a step whose rows are all
-single-token sampling rows (a decode step) replays a graph captured per batch size 1..8 over static
-input buffers; every other step (prefill, mixed, int8 KV, the CPU, `cuda_graph=False` /
-`--no-cuda-graph`) runs eagerly. Graphs are captured at construction (`graphs_captured`).
+CUDA graphs (`engine/graphs.py`): on CUDA (bf16 or int8 KV: both decode paths are Triton kernels
+without a host sync), a step whose rows are all single-token sampling rows (a decode step) replays a
+graph captured per batch size 1..8 over static input buffers; every other step (prefill, mixed, the
+CPU, `cuda_graph=False` / `--no-cuda-graph`) runs eagerly. Graphs are captured at construction
+(`graphs_captured`); if capture fails, the runner logs why and decodes eagerly rather than not start.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +41,8 @@ from engine.request import SamplingParams
 from engine.sampling import Sampler, output_token_counts
 from engine.scheduler.output import HostRestoreReport, ScheduledRequest, SchedulerOutput
 from kernels.attention import kv_int8_group_size
+
+logger = logging.getLogger(__name__)
 
 CPU_AUTO_KV_BYTES = 256 * 1024**2  # `--kv-capacity auto` on the CPU: this much KV
 GPU_HEADROOM_BYTES = 1024**3  # `--kv-capacity auto` on CUDA: leave this much device memory free
@@ -134,10 +138,15 @@ class ModelRunner:
         self.num_steps = 0
         self.num_graph_steps = 0
         self.graphs: CudaGraphRunner | None = None
-        if cuda_graph and self.device.type == "cuda" and kv_dtype == "bf16":
+        if cuda_graph and self.device.type == "cuda":
             max_pages = num_pages if max_context is None else min(num_pages, -(-max_context // page_size))
             self.graphs = CudaGraphRunner(model, self.cache, max_pages_per_seq=max_pages, sizes=graph_sizes)
-            self.graphs.capture()
+            try:
+                self.graphs.capture()
+            except RuntimeError as exc:  # e.g. an op that syncs with the host: serve, eagerly, anyway
+                logger.warning("CUDA graph capture failed (%s); every decode step runs eagerly", exc)
+                self.graphs = None
+                torch.cuda.synchronize(self.device)
 
     @property
     def graphs_captured(self) -> bool:

@@ -116,7 +116,8 @@ class ModelCache:
     INT8 KV: with ``kv_dtype="int8"`` the K/V pages hold int8 codes and ``key_scale``/``value_scale``
     hold, per attention layer, one fp16 scale per 64 values along head_dim
     ([num_pages, page_size, Hkv, head_dim // group], ``kernels.attention.kv_int8_group_size``); the
-    attention layer hands them to the store and gather references, which (de)quantise.
+    attention layer hands them to ``store_kv`` (quantises) and to the attention kernels or references
+    (dequantise where they read).
     """
 
     page_size: int

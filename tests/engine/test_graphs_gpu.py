@@ -69,11 +69,15 @@ def test_batched_equals_alone_fp32_with_graphs(arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_graph_decode_gives_the_eager_tokens(arch: str, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "kv_dtype"),
+    [(torch.float32, "bf16"), (torch.bfloat16, "bf16"), (torch.bfloat16, "int8")],
+    ids=["fp32", "bf16", "bf16-int8kv"],
+)
+def test_graph_decode_gives_the_eager_tokens(arch: str, dtype: torch.dtype, kv_dtype: str) -> None:
     items = prompts(5)
-    with_graphs = core(arch, dtype, max_concurrency=8, prefill_chunk=64)
-    eager = core(arch, dtype, max_concurrency=8, prefill_chunk=64, cuda_graph=False)
+    with_graphs = core(arch, dtype, max_concurrency=8, prefill_chunk=64, kv_dtype=kv_dtype)
+    eager = core(arch, dtype, max_concurrency=8, prefill_chunk=64, cuda_graph=False, kv_dtype=kv_dtype)
     assert with_graphs.runner.graphs_captured and not eager.runner.graphs_captured
     tokens_graph, _ = run(with_graphs, items, GREEDY)
     tokens_eager, _ = run(eager, items, GREEDY)
