@@ -1,6 +1,6 @@
 """The model's CUDA paths against the torch references (`-m gpu`, run on the device machine): the grouped
-MoE experts, and a whole chunked prefill + decode (SDPA over pages, fla chunked GDN, cuDNN conv, Triton
-decode kernels) against the same model on the CPU."""
+MoE experts, and a whole chunked prefill + decode (paged prefill attention, fla chunked GDN, the varlen conv,
+RoPE, the fused MoE and the Triton decode kernels) against the same model on the CPU."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_grouped_experts_match_the_reference(
 def test_cuda_chunked_prefill_and_decode_match_the_cpu_model(
     arch: str, gdn: str, limit: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every other CUDA path (SDPA over pages, the conv kernels, the Triton decode kernels, grouped experts)
+    """Every other CUDA path (paged prefill attention, the conv and RoPE kernels, the decode kernels, the MoE)
     in fp32 against the CPU model; the chunked GDN runs either the torch reference on the GPU or fla-core."""
     if gdn == "reference":
         monkeypatch.setattr(kernels.gdn, "_fla_chunk", lambda: None)
