@@ -13,6 +13,8 @@ from kernels.attention import (
     paged_attention_decode,
     paged_attention_decode_ref,
     paged_attention_ref,
+    paged_prefill_attention,
+    paged_prefill_attention_ref,
     store_kv,
     store_kv_ref,
 )
@@ -86,6 +88,8 @@ __all__ = [
     "paged_attention_decode",
     "paged_attention_decode_ref",
     "paged_attention_ref",
+    "paged_prefill_attention",
+    "paged_prefill_attention_ref",
     "recurrent_gated_delta_rule_ref",
     "rms_norm",
     "rms_norm_ref",

@@ -4,15 +4,22 @@ Routing (HF ``Qwen3_5MoeTopKRouter``): ``probs = softmax(router_logits)`` in fp3
 experts per token, then renormalise the kept probabilities to sum to one. Each expert is a SiLU-gated
 MLP whose gate and up projections are stored fused, ``gate_up[e] = [gate; up]`` of shape ``[2I, H]``,
 as in the real checkpoints (``mlp.experts.gate_up_proj [E, 2I, H]``, ``mlp.experts.down_proj [E, H, I]``).
+The block's shared expert (``SharedExpert``: HF ``shared_expert.{gate,up,down}_proj`` and
+``shared_expert_gate``, intermediate size ``I_s``, which may differ from ``I``) is added to the routed
+sum with the weight ``sigmoid(shared_expert_gate . x)``: a ninth expert that every token picks.
 
 Triton (few tokens: decode, MTP verify, small batches): ``moe_route`` is one program per token (softmax,
 top-k, renormalise); ``moe_experts`` is two GEMV kernels that read each chosen expert's weights in place
-(no gather copy), fp32 accumulate:
+(no gather copy), fp32 accumulate. A token has ``S = top_k`` slots, ``top_k + 1`` with the shared expert
+(the last slot):
 
-* ``_moe_gate_up_kernel``, grid ``(T * top_k, cdiv(I, BLOCK_N))``: ``act[t, k] = w[t, k] * silu(gate) * up``
-  for ``BLOCK_N`` rows of one (token, expert) pair, stored fp32 ([T, top_k, I]).
-* ``_moe_down_kernel``, grid ``(T, cdiv(H, BLOCK_H))``: ``out[t] = sum_k down[e_k] @ act[t, k]`` for
-  ``BLOCK_H`` output rows of one token, all its top_k experts in one program, in a fixed order (no atomics).
+* ``_moe_gate_up_kernel``, grid ``(T * S, cdiv(max(I, I_s), BLOCK_N))``: ``act[t, s] = w[t, s] * silu(gate)
+  * up`` for ``BLOCK_N`` rows of one (token, slot) pair, stored fp32 ([T, top_k * I + I_s]). A routed
+  slot's w is its routing weight; the shared slot reads its gate and up rows from the shared expert's own
+  two [I_s, H] tensors (no repacking) and computes its w = sigmoid(shared_expert_gate . x) itself.
+* ``_moe_down_kernel``, grid ``(T, cdiv(H, BLOCK_H))``: ``out[t] = sum_k down[e_k] @ act[t, k]`` (+
+  ``shared_down @ act[t, top_k]``) for ``BLOCK_H`` output rows of one token, all its slots in one
+  program, in a fixed order: the routed experts' sum, then the shared expert (no atomics).
 
 Batch invariance: every program works for one pair or one token only, T is not a kernel argument (only
 the grid), and the tiles depend on the geometry (H, I, top_k, dtype), never on T: a token's output is
@@ -47,16 +54,31 @@ def moe_route_ref(
     return weights, expert_ids
 
 
+class SharedExpert(NamedTuple):
+    """A MoE block's shared expert, the tensors as the model holds them (nothing repacked): HF
+    ``shared_expert.{gate,up,down}_proj.weight`` and ``shared_expert_gate.weight``."""
+
+    gate_proj: torch.Tensor  # [I_s, H]
+    up_proj: torch.Tensor  # [I_s, H]
+    down_proj: torch.Tensor  # [H, I_s]
+    gate: torch.Tensor  # [1, H]: the expert's output is scaled by sigmoid(gate . x)
+
+
 def moe_experts_ref(
     x: torch.Tensor,
     gate_up: torch.Tensor,
     down: torch.Tensor,
     weights: torch.Tensor,
     expert_ids: torch.Tensor,
+    shared: SharedExpert | None = None,
 ) -> torch.Tensor:
-    """``sum_k weights[t, k] * expert_{ids[t, k]}(x[t])`` with ``expert_e(x) = down_e(silu(gate_e x) * up_e x)``.
+    """``sum_k weights[t, k] * expert_{ids[t, k]}(x[t])`` with ``expert_e(x) = down_e(silu(gate_e x) * up_e x)``,
+    plus ``sigmoid(shared.gate . x[t]) * shared(x[t])`` when ``shared`` is given (HF
+    ``Qwen3_5MoeSparseMoeBlock``'s output), all in fp32 and rounded once (the model's CPU path rounds each
+    op to the model dtype instead).
 
-    x: [T, H]; gate_up: [E, 2I, H]; down: [E, H, I]; weights, expert_ids: [T, top_k] -> [T, H] (x.dtype).
+    x: [T, H]; gate_up: [E, 2I, H]; down: [E, H, I]; weights, expert_ids: [T, top_k]; shared: see
+    ``SharedExpert`` -> [T, H] (x.dtype).
     """
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for expert in expert_ids.unique().tolist():
@@ -65,6 +87,10 @@ def moe_experts_ref(
         gate, up = (xe @ gate_up[expert].float().t()).chunk(2, dim=-1)
         ye = (F.silu(gate) * up) @ down[expert].float().t()
         out.index_add_(0, token_idx, ye * weights[token_idx, k_idx, None].float())
+    if shared is not None:
+        xf = x.float()
+        act = F.silu(xf @ shared.gate_proj.float().t()) * (xf @ shared.up_proj.float().t())
+        out += torch.sigmoid(xf @ shared.gate.float().t()) * (act @ shared.down_proj.float().t())
     return out.to(x.dtype)
 
 
@@ -111,38 +137,86 @@ if HAS_TRITON:
         tl.store(ids_ptr + token * TOP_K + ks, top_i.to(tl.int64), mask=k_mask)
 
     @triton.jit
+    def _moe_routed_slot(gate_up_ptr, ids_ptr, weights_ptr, routed, w_stride_e):
+        # A routed slot's gate rows (scalar base pointer: its expert's gate_up) and routing weight.
+        expert = tl.load(ids_ptr + routed).to(tl.int64)
+        return gate_up_ptr + expert * w_stride_e, tl.load(weights_ptr + routed).to(tl.float32)
+
+    @triton.jit
+    def _moe_shared_weight(x_row, score_ptr, HIDDEN: tl.constexpr, BLOCK_K: tl.constexpr):
+        # The shared slot's weight sigmoid(score . x) in fp32: BLOCK_K columns a step summed lane-wise, then
+        # one reduction (every row tile of the token computes the same value).
+        score = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, HIDDEN, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            col_mask = cols < HIDDEN
+            xk = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            score += tl.load(score_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) * xk
+        return tl.sigmoid(tl.sum(score, axis=0))
+
+    @triton.jit
     def _moe_gate_up_kernel(
         x_ptr,
         gate_up_ptr,
         ids_ptr,
         weights_ptr,
         order_ptr,
+        shared_gate_ptr,
+        shared_up_ptr,
+        shared_score_ptr,
         act_ptr,
         x_stride,
         w_stride_e,
         w_stride_n,
+        shared_stride_n,
         HIDDEN: tl.constexpr,
         INTER: tl.constexpr,
         TOP_K: tl.constexpr,
+        SHARED_INTER: tl.constexpr,
         SORTED: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
     ):
-        # grid (T * TOP_K, cdiv(I, BLOCK_N)): one program streams BLOCK_N gate rows and the matching BLOCK_N
-        # up rows of one (token, expert) pair over H (BLOCK_K columns a step, fp32 accumulate) and stores
-        # act = routing weight * silu(gate) * up for those rows, in fp32. SORTED: program p takes pair
-        # order[p] (pairs sorted by expert, so the pairs sharing an expert are neighbours in launch order).
+        # grid (T * SLOTS, cdiv(max(I, I_s), BLOCK_N)), SLOTS = TOP_K (+ 1 with a shared expert, the last
+        # slot): one program streams BLOCK_N gate rows and the matching BLOCK_N up rows of one (token, slot)
+        # pair over H (BLOCK_K columns a step, fp32 accumulate) and stores act = w * silu(gate) * up for
+        # those rows, in fp32, at act[token, slot * I + row]. A routed slot takes its expert's rows of
+        # gate_up and its routing weight; the shared slot (SHARED_INTER > 0) takes the rows of the shared
+        # gate and up tensors and w = sigmoid(shared_score . x), which it computes first. Rows past the
+        # slot's own intermediate size are masked. SORTED: program p takes pair order[p] (pairs sorted by
+        # expert, so the pairs sharing an expert are neighbours in launch order).
+        SLOTS: tl.constexpr = TOP_K + (1 if SHARED_INTER > 0 else 0)
+        ACT_STRIDE: tl.constexpr = TOP_K * INTER + SHARED_INTER
         pair = tl.program_id(0)
         if SORTED:
             pair = tl.load(order_ptr + pair).to(tl.int32)
         tile = tl.program_id(1)
-        token = pair // TOP_K
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        token = pair // SLOTS
+        slot = pair % SLOTS
         rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_mask = rows < INTER
-        gate_rows = gate_up_ptr + expert * w_stride_e + rows[:, None] * w_stride_n
-        up_rows = gate_rows + INTER * w_stride_n
         x_row = x_ptr + token.to(tl.int64) * x_stride
+        routed = token * TOP_K + slot  # the pair's entry of ids and weights (a routed slot)
+        # The branch picks scalars (base pointers, row stride, weight) and the row mask only; the address
+        # tiles are built after it, the same for both kinds of slot. NOTE: the scalar base pointers carried
+        # out of the branch must share one element type (the launcher checks the dtypes).
+        if SHARED_INTER > 0:
+            if slot == TOP_K:
+                gate_base, up_base = shared_gate_ptr, shared_up_ptr
+                stride_n = shared_stride_n
+                row_mask = rows < SHARED_INTER
+                weight = _moe_shared_weight(x_row, shared_score_ptr, HIDDEN, BLOCK_K)
+            else:
+                gate_base, weight = _moe_routed_slot(gate_up_ptr, ids_ptr, weights_ptr, routed, w_stride_e)
+                up_base = gate_base + INTER * w_stride_n
+                stride_n = w_stride_n
+                row_mask = rows < INTER
+        else:
+            gate_base, weight = _moe_routed_slot(gate_up_ptr, ids_ptr, weights_ptr, routed, w_stride_e)
+            up_base = gate_base + INTER * w_stride_n
+            stride_n = w_stride_n
+            row_mask = rows < INTER
+        gate_rows = gate_base + rows[:, None] * stride_n
+        up_rows = up_base + rows[:, None] * stride_n
         acc_gate = tl.zeros([BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
         for k0 in range(0, HIDDEN, BLOCK_K):
@@ -154,35 +228,40 @@ if HAS_TRITON:
             up = tl.load(up_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             acc_gate += tl.sum(gate * xk[None, :], axis=1)
             acc_up += tl.sum(up * xk[None, :], axis=1)
-        weight = tl.load(weights_ptr + pair).to(tl.float32)
         act = acc_gate * tl.sigmoid(acc_gate) * acc_up * weight
-        tl.store(act_ptr + pair.to(tl.int64) * INTER + rows, act, mask=row_mask)
+        tl.store(act_ptr + token.to(tl.int64) * ACT_STRIDE + slot * INTER + rows, act, mask=row_mask)
 
     @triton.jit
     def _moe_down_kernel(
         act_ptr,
         down_ptr,
         ids_ptr,
+        shared_down_ptr,
         out_ptr,
         w_stride_e,
         w_stride_h,
+        shared_stride_h,
         out_stride,
         HIDDEN: tl.constexpr,
         INTER: tl.constexpr,
         TOP_K: tl.constexpr,
+        SHARED_INTER: tl.constexpr,
         BLOCK_TOPK: tl.constexpr,
         BLOCK_H: tl.constexpr,
         BLOCK_I: tl.constexpr,
     ):
         # grid (T, cdiv(H, BLOCK_H)): one program computes BLOCK_H outputs of one token, loading those down
-        # rows of all its TOP_K experts at once ([TOP_K, BLOCK_H, BLOCK_I] a step) against the weighted act;
-        # the sum over experts is a fixed-order reduction inside the program (no atomics, batch invariant).
+        # rows of all its TOP_K experts at once ([TOP_K, BLOCK_H, BLOCK_I] a step) against the weighted act,
+        # then (SHARED_INTER > 0) the shared expert's down rows ([BLOCK_H, BLOCK_I] a step) against its act;
+        # out = (sum over the routed experts) + shared, a fixed-order reduction inside the program (no
+        # atomics, batch invariant).
+        ACT_STRIDE: tl.constexpr = TOP_K * INTER + SHARED_INTER
         token = tl.program_id(0)
         tile = tl.program_id(1)
         ks = tl.arange(0, BLOCK_TOPK)
         k_mask = ks < TOP_K
-        pairs = token.to(tl.int64) * TOP_K + ks
-        experts = tl.load(ids_ptr + pairs, mask=k_mask, other=0).to(tl.int64)
+        act_row = act_ptr + token.to(tl.int64) * ACT_STRIDE
+        experts = tl.load(ids_ptr + token.to(tl.int64) * TOP_K + ks, mask=k_mask, other=0).to(tl.int64)
         rows = tile * BLOCK_H + tl.arange(0, BLOCK_H)
         row_mask = rows < HIDDEN
         w_rows = down_ptr + experts[:, None, None] * w_stride_e + rows[None, :, None] * w_stride_h
@@ -192,13 +271,25 @@ if HAS_TRITON:
             cols = i0 + tl.arange(0, BLOCK_I)
             col_mask = cols < INTER
             act = tl.load(
-                act_ptr + pairs[:, None] * INTER + cols[None, :],
+                act_row + ks[:, None] * INTER + cols[None, :],
                 mask=k_mask[:, None] & col_mask[None, :],
                 other=0.0,
             )
             w = tl.load(w_rows + cols[None, None, :], mask=kh_mask & col_mask[None, None, :], other=0.0)
             acc += tl.sum(w.to(tl.float32) * act[:, None, :], axis=2)
         out = tl.sum(acc, axis=0)
+        if SHARED_INTER > 0:
+            shared_rows = shared_down_ptr + rows[:, None] * shared_stride_h
+            acc_shared = tl.zeros([BLOCK_H], dtype=tl.float32)
+            for i0 in range(0, SHARED_INTER, BLOCK_I):
+                cols = i0 + tl.arange(0, BLOCK_I)
+                col_mask = cols < SHARED_INTER
+                act = tl.load(act_row + TOP_K * INTER + cols, mask=col_mask, other=0.0)
+                w = tl.load(
+                    shared_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0
+                )
+                acc_shared += tl.sum(w.to(tl.float32) * act[None, :], axis=1)
+            out += acc_shared
         tl.store(
             out_ptr + token.to(tl.int64) * out_stride + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask
         )
@@ -245,9 +336,13 @@ def moe_tiles(hidden: int, inter: int, top_k: int, dtype: torch.dtype) -> MoeTil
     must not change with the batch it runs in.
 
     Qwen3.6-35B-A3B (H 2048, I 512, top_k 8, bf16) at T=1: gate_up 8 pairs x 32 row tiles = 256 programs
-    of 8 warps, each streaming 2 x 16 rows x 512 bf16 (32 KiB) a step over 4 steps; down 512 programs of
-    8 warps, each loading 8 experts x 4 rows x 512 (32 KiB) in one step. Two programs per SM of a 132-SM
-    H200 (sm_90: 128 and 96 registers a thread, no spills); bench/kernels/hot_path.py sweeps other tiles.
+    (288 with the shared expert, I_s 512: a ninth pair) of 8 warps, each streaming 2 x 16 rows x 512 bf16
+    (32 KiB) a step over 4 steps; down 512 programs of 8 warps, each loading 8 experts x 4 rows x 512
+    (32 KiB) in one step, then the shared expert's 4 rows x 512 in one more. The shared expert uses the
+    routed tiles (its I_s need not be a multiple of them: rows and columns past I_s are masked). sm_90,
+    strides specialised as multiples of 16 as at run time: 80 (gate_up) and 64 (down) registers a thread
+    with or without the shared expert, no spills, so 3 programs an SM (the 288 fit one wave of a 132-SM
+    H200); bench/kernels/hot_path.py sweeps other tiles.
     """
     wide = dtype.itemsize <= 2  # bf16/fp16 tiles hold twice the elements of fp32 ones in the same registers
     per_step = 16384 if wide else 8192
@@ -267,17 +362,20 @@ def moe_experts(
     down: torch.Tensor,
     weights: torch.Tensor,
     expert_ids: torch.Tensor,
+    shared: SharedExpert | None = None,
 ) -> torch.Tensor:
     """Launcher for ``moe_experts_ref`` (same contract), for few tokens (decode, MTP verify, small batches).
 
     Two kernels that read the chosen experts' weights where they lie, once per pair (once per distinct
-    expert from HBM: see the module docstring); no host sync, CUDA-graph safe, batch invariant. Every
-    expert's weights are read per pair, so a large batch (prefill) wants a grouped GEMM instead.
+    expert from HBM: see the module docstring); no host sync, CUDA-graph safe, batch invariant. With
+    ``shared`` the same two launches also run the shared expert and its sigmoid gate (a whole MoE block's
+    experts); its weights must have the routed experts' dtype. Every expert's weights are read per pair,
+    so a large batch (prefill) wants a grouped GEMM instead.
     """
-    if not use_triton(x, gate_up, down, weights, expert_ids):
-        return moe_experts_ref(x, gate_up, down, weights, expert_ids)
+    if not use_triton(x, gate_up, down, weights, expert_ids, *(shared or ())):
+        return moe_experts_ref(x, gate_up, down, weights, expert_ids, shared)
     tiles = moe_tiles(x.shape[-1], down.shape[-1], expert_ids.shape[-1], gate_up.dtype)
-    return _launch_moe_experts(x, gate_up, down, weights, expert_ids, tiles)
+    return _launch_moe_experts(x, gate_up, down, weights, expert_ids, shared, tiles)
 
 
 def _launch_moe_experts(
@@ -286,6 +384,7 @@ def _launch_moe_experts(
     down: torch.Tensor,
     weights: torch.Tensor,
     expert_ids: torch.Tensor,
+    shared: SharedExpert | None,
     tiles: MoeTiles,
 ) -> torch.Tensor:
     num_tokens, hidden = x.shape
@@ -297,19 +396,39 @@ def _launch_moe_experts(
         f"expert_ids {tuple(expert_ids.shape)}, weights {tuple(weights.shape)} for {num_tokens} tokens"
     )
     assert gate_up.stride(2) == 1 and down.stride(2) == 1, "expert weights need unit stride along the rows"
+    if shared is not None:
+        _check_shared(shared, hidden, gate_up.dtype)
     x = x if x.stride(1) == 1 else x.contiguous()
     weights, expert_ids = weights.contiguous(), expert_ids.contiguous()
     out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
     if num_tokens == 0:
         return out
-    act = torch.empty(num_tokens, top_k, inter, dtype=torch.float32, device=x.device)
-    _launch_gate_up(x, gate_up, weights, expert_ids, act, tiles)
-    _launch_down(act, down, expert_ids, out, tiles)
+    shared_inter = shared.down_proj.shape[1] if shared is not None else 0
+    act = torch.empty(num_tokens, top_k * inter + shared_inter, dtype=torch.float32, device=x.device)
+    _launch_gate_up(x, gate_up, weights, expert_ids, shared, act, tiles)
+    _launch_down(act, down, expert_ids, shared, out, tiles)
     return out
 
 
-# More (token, expert) pairs than this run in pair order sorted by expert (one small sort launch): the
-# programs of one row tile then no longer fit one wave, and a shared expert's repeats must stay neighbours.
+def _check_shared(shared: SharedExpert, hidden: int, dtype: torch.dtype) -> None:
+    shared_inter = shared.down_proj.shape[1]
+    shapes = tuple(tuple(t.shape) for t in shared)
+    assert shapes == ((shared_inter, hidden), (shared_inter, hidden), (hidden, shared_inter), (1, hidden)), (
+        f"shared expert shapes {shapes} for H={hidden}"
+    )
+    assert all(t.stride(-1) == 1 for t in shared), "shared expert weights need unit stride along the rows"
+    assert shared.gate_proj.stride(0) == shared.up_proj.stride(0), (
+        f"shared gate_proj/up_proj row strides {shared.gate_proj.stride(0)} != {shared.up_proj.stride(0)}"
+    )
+    # NOTE: the kernel picks the shared or a routed expert's row pointers at run time: one element type
+    assert shared.gate_proj.dtype == shared.up_proj.dtype == shared.down_proj.dtype == dtype, (
+        f"shared expert dtypes {[t.dtype for t in shared[:3]]} != the routed experts' {dtype}"
+    )
+
+
+# More routed (token, expert) pairs than this run in pair order sorted by expert (one small sort launch):
+# the programs of one row tile then no longer fit one wave, and a shared expert's repeats must stay
+# neighbours.
 SORT_MIN_PAIRS = 256
 
 
@@ -318,32 +437,54 @@ def _launch_gate_up(
     gate_up: torch.Tensor,
     weights: torch.Tensor,
     expert_ids: torch.Tensor,
+    shared: SharedExpert | None,
     act: torch.Tensor,
     tiles: MoeTiles,
 ) -> None:
-    """act [T, top_k, I] fp32 <- weight * silu(gate) * up of every (token, expert) pair (checked inputs).
+    """act [T, top_k * I + I_s] fp32 <- weight * silu(gate) * up of every (token, slot) pair (checked inputs).
 
     Which program runs which pair changes no pair's arithmetic: sorting keeps the batch invariance.
     """
-    num_tokens, top_k, inter = act.shape
-    num_pairs = num_tokens * top_k
-    sort = num_pairs > SORT_MIN_PAIRS
-    order = expert_ids.view(-1).argsort() if sort else expert_ids
-    _moe_gate_up_kernel[(num_pairs, triton.cdiv(inter, tiles.block_n))](
-        x, gate_up, expert_ids, weights, order, act, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-        HIDDEN=x.shape[1], INTER=inter, TOP_K=top_k, SORTED=sort, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        num_warps=tiles.warps_gate_up,
+    num_tokens, top_k = expert_ids.shape
+    inter = gate_up.shape[1] // 2
+    shared_inter = shared.down_proj.shape[1] if shared is not None else 0
+    slots = top_k + (shared is not None)
+    sort = num_tokens * top_k > SORT_MIN_PAIRS
+    order = expert_ids
+    if sort and shared is None:
+        order = expert_ids.view(-1).argsort()
+    elif sort:  # the shared slots sort last (key E, past every expert id)
+        keys = torch.cat([expert_ids, expert_ids.new_full((num_tokens, 1), gate_up.shape[0])], dim=1)
+        order = keys.view(-1).argsort()
+    # without a shared expert its pointers are never read: any tensor of the experts' dtype stands in
+    gate_s, up_s, score_s = (
+        (shared.gate_proj, shared.up_proj, shared.gate) if shared is not None else (gate_up,) * 3
+    )
+    _moe_gate_up_kernel[(num_tokens * slots, triton.cdiv(max(inter, shared_inter), tiles.block_n))](
+        x, gate_up, expert_ids, weights, order, gate_s, up_s, score_s, act,
+        x.stride(0), gate_up.stride(0), gate_up.stride(1), gate_s.stride(0) if shared is not None else 0,
+        HIDDEN=x.shape[1], INTER=inter, TOP_K=top_k, SHARED_INTER=shared_inter, SORTED=sort,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.warps_gate_up,
     )  # fmt: skip
 
 
 def _launch_down(
-    act: torch.Tensor, down: torch.Tensor, expert_ids: torch.Tensor, out: torch.Tensor, tiles: MoeTiles
+    act: torch.Tensor,
+    down: torch.Tensor,
+    expert_ids: torch.Tensor,
+    shared: SharedExpert | None,
+    out: torch.Tensor,
+    tiles: MoeTiles,
 ) -> None:
-    """out [T, H] <- sum over each token's experts of down @ act (checked inputs)."""
-    num_tokens, top_k, inter = act.shape
-    hidden = out.shape[1]
+    """out [T, H] <- sum over each token's experts of down @ act, then + the shared expert's (checked inputs)."""
+    num_tokens, top_k = expert_ids.shape
+    hidden, inter = out.shape[1], down.shape[2]
+    shared_inter = shared.down_proj.shape[1] if shared is not None else 0
+    down_s = shared.down_proj if shared is not None else down
     _moe_down_kernel[(num_tokens, triton.cdiv(hidden, tiles.block_h))](
-        act, down, expert_ids, out, down.stride(0), down.stride(1), out.stride(0),
-        HIDDEN=hidden, INTER=inter, TOP_K=top_k, BLOCK_TOPK=triton.next_power_of_2(top_k),
-        BLOCK_H=tiles.block_h, BLOCK_I=tiles.block_i, num_warps=tiles.warps_down,
+        act, down, expert_ids, down_s, out, down.stride(0), down.stride(1),
+        down_s.stride(0) if shared is not None else 0, out.stride(0),
+        HIDDEN=hidden, INTER=inter, TOP_K=top_k, SHARED_INTER=shared_inter,
+        BLOCK_TOPK=triton.next_power_of_2(top_k), BLOCK_H=tiles.block_h, BLOCK_I=tiles.block_i,
+        num_warps=tiles.warps_down,
     )  # fmt: skip

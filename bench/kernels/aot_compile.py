@@ -118,6 +118,9 @@ _ATTN_SPLITS = 64
 _STORE_KV_PTRS = {"key_ptr": "bf16", "value_ptr": "bf16", "slot_mapping_ptr": "i64"}
 _DECODE_PTRS = {"q_ptr": "bf16", "page_table_ptr": "i32", "seq_lens_ptr": "i32", "part_out_ptr": "fp32",
                 "part_lse_ptr": "fp32"}  # fmt: skip
+_PREFILL_PTRS = {"q_ptr": "bf16", "page_table_ptr": "i32", "query_start_loc_ptr": "i32", "seq_lens_ptr": "i32",
+                 "out_ptr": "bf16"}  # fmt: skip
+_PREFILL_27B = dict(GROUP=6, HEAD_DIM=256, PAGE_SIZE=64, BLOCK_D=256)
 _DECODE_27B = dict(NUM_Q_HEADS=24, GROUP=6, HEAD_DIM=256, PAGE_SIZE=64, SPLIT_UNIT=32, MAX_SPLITS=_ATTN_SPLITS,
                    BLOCK_G=16, BLOCK_N=32, BLOCK_D=256)  # fmt: skip
 
@@ -296,6 +299,37 @@ VARIANTS: dict[str, list[Variant]] = {
             ),
         ),
     ],
+    # kernels/attention.py paged_prefill_attention (prefill_tiles): GROUP = 24 / 4, BLOCK_D = 256; on sm_90 bf16
+    # 128 rows x 64 keys, 8 warps, 2 stages, int8 128 x 32, 3 stages; on other GPUs (sm_120) 64 x 32, 4 warps
+    "_paged_prefill_attention_kernel": [
+        Variant(
+            f"Hq=24 Hkv=4 D=256 page 64 {kv} {m}x{n} w{warps} s{stages}",
+            {
+                **_PREFILL_PTRS,
+                "key_cache_ptr": "i8" if kv == "int8" else "bf16",
+                "value_cache_ptr": "i8" if kv == "int8" else "bf16",
+                "key_scale_ptr": "fp16" if kv == "int8" else "bf16",
+                "value_scale_ptr": "fp16" if kv == "int8" else "bf16",
+            },
+            dict(
+                _PREFILL_27B,
+                KV_INT8=kv == "int8",
+                NUM_SCALES=4 if kv == "int8" else 1,
+                BLOCK_SCALES=4 if kv == "int8" else 1,
+                BLOCK_M=m,
+                BLOCK_N=n,
+            ),
+            floats=("scale_log2",),
+            num_warps=warps,
+            num_stages=stages,
+        )
+        for kv, m, n, warps, stages in (
+            ("bf16", 128, 64, 8, 2),
+            ("int8", 128, 32, 8, 3),
+            ("bf16", 64, 32, 4, 2),
+            ("int8", 64, 32, 4, 2),
+        )
+    ],
     # kernels/moe.py at the Qwen3.6-35B-A3B geometry (the MoE model): E=256 experts, top_k 8, H 2048, I 512,
     # bf16 router logits and expert weights, fp32 routing weights and act, int64 expert ids.
     # moe_route: BLOCK_E = next_pow2(E), BLOCK_TOPK = next_pow2(top_k)
@@ -306,30 +340,37 @@ VARIANTS: dict[str, list[Variant]] = {
             dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_E=256, RENORMALIZE=True),
         ),
     ],
-    # moe_experts (moe_tiles for bf16): BLOCK_N = 16, BLOCK_K = 512, 8 warps; BLOCK_H = 4, BLOCK_I = 512, 8 warps
+    # moe_experts (moe_tiles for bf16): BLOCK_N = 16, BLOCK_K = 512, 8 warps; BLOCK_H = 4, BLOCK_I = 512, 8 warps;
+    # routed experts only (SHARED_INTER 0) and with the shared expert (the model's path: I_s = 512)
     "_moe_gate_up_kernel": [
         Variant(
-            f"H=2048 I=512 top_k=8{' pairs sorted (T > 32)' if sort else ''}",
+            f"H=2048 I=512 top_k=8{f' + shared I_s={shared}' if shared else ''}"
+            f"{' pairs sorted (T > 32)' if sort else ''}",
             dict(
                 x_ptr="bf16",
                 gate_up_ptr="bf16",
                 ids_ptr="i64",
                 weights_ptr="fp32",
                 order_ptr="i64",
+                shared_gate_ptr="bf16",
+                shared_up_ptr="bf16",
+                shared_score_ptr="bf16",
                 act_ptr="fp32",
             ),
-            dict(HIDDEN=2048, INTER=512, TOP_K=8, SORTED=sort, BLOCK_N=16, BLOCK_K=512),
+            dict(HIDDEN=2048, INTER=512, TOP_K=8, SHARED_INTER=shared, SORTED=sort, BLOCK_N=16, BLOCK_K=512),
             num_warps=8,
         )
+        for shared in (0, 512)
         for sort in (False, True)
     ],
     "_moe_down_kernel": [
         Variant(
-            "H=2048 I=512 top_k=8",
-            dict(act_ptr="fp32", down_ptr="bf16", ids_ptr="i64", out_ptr="bf16"),
-            dict(HIDDEN=2048, INTER=512, TOP_K=8, BLOCK_TOPK=8, BLOCK_H=4, BLOCK_I=512),
+            f"H=2048 I=512 top_k=8{f' + shared I_s={shared}' if shared else ''}",
+            dict(act_ptr="fp32", down_ptr="bf16", ids_ptr="i64", shared_down_ptr="bf16", out_ptr="bf16"),
+            dict(HIDDEN=2048, INTER=512, TOP_K=8, SHARED_INTER=shared, BLOCK_TOPK=8, BLOCK_H=4, BLOCK_I=512),
             num_warps=8,
-        ),
+        )
+        for shared in (0, 512)
     ],
 }
 

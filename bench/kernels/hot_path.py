@@ -24,12 +24,16 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.model.mlp import _experts_gathered  # noqa: E402
+from engine.model.mlp import SparseMoeBlock, _experts_gathered  # noqa: E402
+from engine.synthetic import GEOMETRIES  # noqa: E402
 from kernels.attention import (  # noqa: E402
     DECODE_MAX_SPLITS,
+    PrefillTiles,
+    _launch_paged_prefill_attention,
     kv_int8_group_size,
     paged_attention_decode,
     paged_attention_decode_ref,
+    paged_prefill_attention,
     quantize_kv_int8_ref,
     store_kv,
     store_kv_ref,
@@ -50,6 +54,7 @@ from kernels.gdn import (  # noqa: E402
     gdn_gate_ref,
 )
 from kernels.moe import (  # noqa: E402
+    SharedExpert,
     _launch_down,
     _launch_gate_up,
     moe_experts,
@@ -338,6 +343,112 @@ def bench_attention() -> None:
          lambda: store_kv_ref(key, value, k8r, v8r, slots, ksr, vsr), exact)  # fmt: skip
 
 
+# ---- Prefill attention: one chunk after a cached prefix, 27B geometry ------------------------------------
+
+PREFILL_CHUNK = 8192
+PREFILL_CACHED = (0, 32768, 100_000)
+# tile sweep (PrefillTiles: BLOCK_M rows, BLOCK_N keys, warps, stages) at 32k cached, bf16 and int8 KV; shapes
+# that do not fit the shared memory are reported as failed rows
+PREFILL_TILE_SWEEP = ((128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (128, 32, 8, 2), (64, 64, 4, 2),
+                      (64, 64, 4, 3), (64, 32, 4, 3))  # fmt: skip
+
+
+def _prefill_sdpa_previous(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                           page_table: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                           scale: float) -> torch.Tensor:  # fmt: skip
+    """The attention layer's previous prefill path (before paged_prefill_attention): one host sync for the
+    bounds, then per sequence flash SDPA over the chunk's own K/V when nothing is cached before it, else its
+    pages gathered, repeated to the query heads and SDPA with a lower-right causal mask."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    bounds, lens = query_start_loc.tolist(), seq_lens.tolist()
+    group = query.shape[1] // key_cache.shape[2]
+    out = torch.empty_like(query)
+    for b, total in enumerate(lens):
+        start, end = bounds[b], bounds[b + 1]
+        q = query[start:end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
+        pages = page_table[b, : -(-total // PAGE)].long()
+        rows = [
+            c[pages].flatten(0, 1)[:total].transpose(0, 1) for c in (key_cache, value_cache)
+        ]  # [Hkv, L, D]
+        if total == end - start:  # (the layer took these from its own new K/V, not the pages)
+            k, v = (r.unsqueeze(0) for r in rows)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            k, v = (r.repeat_interleave(group, dim=0).unsqueeze(0) for r in rows)
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=causal_lower_right(end - start, total), scale=scale
+            )
+        out[start:end] = o[0].transpose(0, 1)
+    return out
+
+
+def _prefill_row(op: str, shape: str, flops: float, nbytes: float, fn: Callable[[], object],
+                 extra: dict | None = None) -> float | None:  # fmt: skip
+    """One timed row with TFLOP/s (graph replay when it captures, else eager); None when the launch fails."""
+    try:
+        fn()  # compiles; a tile shape over the shared memory fails here, before any graph capture
+        t = _us(fn, graph=True)
+    except Exception as exc:  # noqa: BLE001 - a tile shape that does not fit: a row saying so, not a crash
+        ROWS.append({"op": op, "shape": shape, "kernel_us": float("nan"), "ref_us": None, "bytes": int(nbytes),
+                     "kernel_GBps": float("nan"), "error": f"{type(exc).__name__}: {exc}"[:300]})  # fmt: skip
+        print(json.dumps(ROWS[-1]), flush=True)
+        return None
+    ROWS.append({"op": op, "shape": shape, "kernel_us": round(t, 2), "ref_us": None, "bytes": int(nbytes),
+                 "kernel_GBps": round(nbytes / t / 1e3, 1), "kernel_TFLOPs": round(flops / t / 1e6, 1),
+                 **(extra or {})})  # fmt: skip
+    print(json.dumps(ROWS[-1]), flush=True)
+    return t
+
+
+def bench_prefill_attention() -> None:
+    """paged_prefill_attention on one 8,192-token chunk after 0, 32k and 100k cached tokens (27B: 24 q / 4 kv
+    heads x 256, pages of 64), against the previous path (SDPA per sequence over gathered, repeated pages),
+    with TFLOP/s of each (causal FLOPs: 4 * Hq * D * sum over query rows of the keys each sees); then int8 KV,
+    and the tile sweep at 32k. Bytes = the sequence's K/V read once (what an ideal kernel moves from HBM)."""
+    scale = HEAD_DIM**-0.5
+    num_scales = HEAD_DIM // kv_int8_group_size(HEAD_DIM)
+    q_len = PREFILL_CHUNK
+    for cached in PREFILL_CACHED:
+        total = cached + q_len
+        num_pages = -(-total // PAGE)
+        kc, vc = (torch.randn(num_pages, PAGE, HKV, HEAD_DIM, device=DEV, dtype=BF16) for _ in range(2))
+        table = torch.randperm(num_pages, device=DEV, dtype=torch.int32).view(1, num_pages)
+        cu = torch.tensor([0, q_len], device=DEV, dtype=torch.int32)
+        lens = torch.tensor([total], device=DEV, dtype=torch.int32)
+        query = torch.randn(q_len, HQ, HEAD_DIM, device=DEV, dtype=BF16)
+        flops = 4 * HQ * HEAD_DIM * (q_len * cached + q_len * (q_len + 1) / 2)
+        nbytes = 2 * total * HKV * HEAD_DIM * 2
+        shape = f"chunk {q_len} after {cached} {HQ}/{HKV}x{HEAD_DIM}"
+        args = (query, kc, vc, table, cu, lens, scale)
+        out = paged_prefill_attention(*args)
+        previous = _prefill_sdpa_previous(*args)
+        t_prev = _us(lambda: _prefill_sdpa_previous(*args), graph=False)
+        extra = {"vs_previous": _err(out, previous), "previous_us": round(t_prev, 2),
+                 "previous_TFLOPs": round(flops / t_prev / 1e6, 1)}  # fmt: skip
+        t = _prefill_row("paged_prefill_attention bf16", shape, flops, nbytes, lambda: paged_prefill_attention(*args),
+                         extra)  # fmt: skip
+        if t is not None:
+            ROWS[-1]["ref_us"] = round(t_prev, 2)  # the previous path in the ref column
+            ROWS[-1]["speedup_vs_previous"] = round(t_prev / t, 2)
+        del previous
+        (kc8, ks), (vc8, vs) = (quantize_kv_int8_ref(c, num_scales) for c in (kc, vc))
+        args8 = (query, kc8, vc8, table, cu, lens, scale, ks, vs)
+        extra = {"vs_bf16_kernel": _err(paged_prefill_attention(*args8), out)}
+        _prefill_row("paged_prefill_attention int8", shape, flops, nbytes / 2, lambda: paged_prefill_attention(*args8),
+                     extra)  # fmt: skip
+        if cached == 32768:
+            for kv, sweep_args in (("bf16", args + (None, None)), ("int8", args8)):
+                for tiles in map(PrefillTiles._make, PREFILL_TILE_SWEEP):
+                    _prefill_row(
+                        f"paged_prefill_attention {kv} BLOCK_M={tiles.block_m} BLOCK_N={tiles.block_n} "
+                        f"warps={tiles.num_warps} stages={tiles.num_stages}", shape, flops, nbytes,
+                        lambda: _launch_paged_prefill_attention(*sweep_args, tiles=tiles),
+                    )  # fmt: skip
+        del kc, vc, kc8, vc8, ks, vs, out
+        torch.cuda.empty_cache()
+
+
 # ---- MoE: the routed experts at the Qwen3.6-35B-A3B geometry ----------------------------------------------
 
 MOE_E, MOE_TOPK, MOE_H, MOE_I = 256, 8, 2048, 512  # Qwen3.6-35B-A3B: experts, top-k, hidden, inter
@@ -384,6 +495,7 @@ def bench_moe() -> None:
     down = torch.randn(MOE_E, MOE_H, MOE_I, device=DEV, dtype=BF16) * MOE_I**-0.5
     gate_up_bytes, down_bytes = 2 * MOE_I * MOE_H * 2, MOE_H * MOE_I * 2
     default = moe_tiles(MOE_H, MOE_I, MOE_TOPK, BF16)
+    shareds = [_moe_shared() for _ in range(MOE_LAYERS)]  # one per layer (192 MiB: not L2-resident)
     for tokens in (1, 8, 64):
         shape = f"T{tokens} E{MOE_E} k{MOE_TOPK} H{MOE_H} I{MOE_I}"
         x = torch.randn(tokens, MOE_H, device=DEV, dtype=BF16)
@@ -438,34 +550,116 @@ def bench_moe() -> None:
                             read_gbps, info)  # fmt: skip
         if tokens > 8:
             continue
-        act = torch.empty(tokens, MOE_TOPK, MOE_I, device=DEV)
+        # the model's decode path: routed + each layer's own shared expert (I_s = I) in the same two kernels
+        act = torch.empty(tokens, (MOE_TOPK + 1) * MOE_I, device=DEV)
         out = torch.empty(tokens, MOE_H, device=DEV, dtype=BF16)
-        _launch_gate_up(x, gate_up, weights, ids, act, default)
+        _launch_gate_up(x, gate_up, weights, ids, shareds[0], act, default)
         act_ref = act.clone()
-        _launch_down(act_ref, down, ids, out, default)
+        _launch_down(act_ref, down, ids, shareds[0], out, default)
         out_ref = out.clone()
+        layer_routes = list(zip(routes, shareds, strict=True))
         for block_n, block_k, warps in GATE_UP_TILES:
             tiles = default._replace(block_n=block_n, block_k=block_k, warps_gate_up=warps)
-            _launch_gate_up(x, gate_up, weights, ids, act, tiles)
+            _launch_gate_up(x, gate_up, weights, ids, shareds[0], act, tiles)
             check = {"tiles": list(tiles), **_err(act, act_ref)}
 
             def gate_up_layers() -> None:
-                for w, e in routes:
-                    _launch_gate_up(x, gate_up, w, e, act, tiles)
+                for (w, e), sh in layer_routes:
+                    _launch_gate_up(x, gate_up, w, e, sh, act, tiles)
 
-            _moe_layers_row(f"moe gate_up kernel x32 BLOCK_N={block_n} BLOCK_K={block_k} warps={warps}", shape,
-                            mean_distinct * gate_up_bytes, gate_up_layers, read_gbps, check)  # fmt: skip
+            _moe_layers_row(f"moe gate_up kernel + shared x32 BLOCK_N={block_n} BLOCK_K={block_k} warps={warps}",
+                            shape, (mean_distinct + 1) * gate_up_bytes, gate_up_layers, read_gbps, check)  # fmt: skip
         for block_h, block_i, warps in DOWN_TILES:
             tiles = default._replace(block_h=block_h, block_i=block_i, warps_down=warps)
-            _launch_down(act_ref, down, ids, out, tiles)
+            _launch_down(act_ref, down, ids, shareds[0], out, tiles)
             check = {"tiles": list(tiles), **_err(out, out_ref)}
 
             def down_layers() -> None:
-                for _, e in routes:
-                    _launch_down(act_ref, down, e, out, tiles)
+                for (_, e), sh in layer_routes:
+                    _launch_down(act_ref, down, e, sh, out, tiles)
 
-            _moe_layers_row(f"moe down kernel x32 BLOCK_H={block_h} BLOCK_I={block_i} warps={warps}", shape,
-                            mean_distinct * down_bytes, down_layers, read_gbps, check)  # fmt: skip
+            _moe_layers_row(f"moe down kernel + shared x32 BLOCK_H={block_h} BLOCK_I={block_i} warps={warps}", shape,
+                            (mean_distinct + 1) * down_bytes, down_layers, read_gbps, check)  # fmt: skip
+    bench_moe_block(gate_up, down, shareds, read_gbps)
+
+
+def _moe_shared() -> SharedExpert:
+    """A random shared expert of the 35B-A3B geometry (I_s = I = 512): 6 MiB of bf16."""
+    return SharedExpert(
+        torch.randn(MOE_I, MOE_H, device=DEV, dtype=BF16) * MOE_H**-0.5,
+        torch.randn(MOE_I, MOE_H, device=DEV, dtype=BF16) * MOE_H**-0.5,
+        torch.randn(MOE_H, MOE_I, device=DEV, dtype=BF16) * MOE_I**-0.5,
+        torch.randn(1, MOE_H, device=DEV, dtype=BF16) * MOE_H**-0.5,
+    )
+
+
+def _moe_block(
+    gate_up: torch.Tensor, down: torch.Tensor, shared: SharedExpert, router: torch.Tensor
+) -> SparseMoeBlock:
+    """The model's MoE block (engine/model/mlp.py) over the given tensors (the routed experts shared by all
+    the blocks built here: 1.5 GiB each otherwise), as the loader assigns them."""
+    with torch.device("meta"):
+        block = SparseMoeBlock(GEOMETRIES["qwen3.6-35b-a3b"])
+    state = {"gate.weight": router, "experts.gate_up_proj": gate_up, "experts.down_proj": down,
+             "shared_expert.gate_proj.weight": shared.gate_proj, "shared_expert.up_proj.weight": shared.up_proj,
+             "shared_expert.down_proj.weight": shared.down_proj, "shared_expert_gate.weight": shared.gate}  # fmt: skip
+    block.load_state_dict(state, strict=True, assign=True)
+    return block.requires_grad_(False).eval()
+
+
+def _moe_block_previous(block: SparseMoeBlock, x: torch.Tensor) -> torch.Tensor:
+    """The block as engine/model/mlp.py ran it on CUDA for few tokens before the shared expert joined the
+    fused kernels: route, the two routed-expert kernels, then the shared expert as an eager MLP and its
+    sigmoid gate (about 9 more launches), and the sum."""
+    weights, ids = moe_route(F.linear(x, block.gate.weight), block.top_k)
+    routed = moe_experts(x, block.experts.gate_up_proj, block.experts.down_proj, weights, ids)
+    return routed + torch.sigmoid(block.shared_expert_gate(x)) * block.shared_expert(x)
+
+
+def bench_moe_block(
+    gate_up: torch.Tensor, down: torch.Tensor, shareds: list[SharedExpert], read_gbps: float
+) -> None:
+    """The whole MoE block (router GEMV, routing, routed experts, gated shared expert) at 35B-A3B decode
+    shapes, T = 1 and 8: MOE_LAYERS blocks, each with its own router and shared expert, replayed as one
+    graph; the model's fused path (``SparseMoeBlock.forward``: the shared expert in the routed kernels, 4
+    launches) against the previous one (routed kernels + the shared expert as separate ops, 13 launches).
+    At T=1 each layer's router is built to pick 8 experts no other layer picks (every read from HBM).
+    Bytes: router + distinct experts + shared expert per layer. The saving per layer x 40 layers is about
+    what a 35B-A3B decode step gains."""
+    expert_bytes = 3 * MOE_I * MOE_H * 2  # gate, up and down of one expert (routed or shared)
+    for tokens in (1, 8):
+        shape = f"T{tokens} E{MOE_E} k{MOE_TOPK} H{MOE_H} I{MOE_I} I_s{MOE_I}"
+        x = torch.randn(tokens, MOE_H, device=DEV, dtype=BF16)
+        routers = [torch.randn(MOE_E, MOE_H, device=DEV, dtype=BF16) * MOE_H**-0.5 for _ in shareds]
+        if tokens == 1:  # logit + 8 on 8 experts of a permutation: disjoint expert sets from layer to layer
+            perm = torch.randperm(MOE_E, device=DEV).view(len(shareds), MOE_TOPK)
+            for router, chosen in zip(routers, perm, strict=True):
+                router[chosen] += (8 * x[0] / x[0].float().pow(2).sum()).to(BF16)
+        blocks = [_moe_block(gate_up, down, sh, r) for sh, r in zip(shareds, routers, strict=True)]
+        distinct = [int(moe_route(F.linear(x, b.gate.weight), MOE_TOPK)[1].unique().numel()) for b in blocks]
+        mean_distinct = sum(distinct) / len(distinct)
+        layer_bytes = MOE_E * MOE_H * 2 + (mean_distinct + 1) * expert_bytes
+        fused, previous = blocks[0](x), _moe_block_previous(blocks[0], x)
+        check = {**_err(fused, previous), "mean_distinct_experts": round(mean_distinct, 2),
+                 "batch_invariant": bool(torch.equal(blocks[0](x[-1:])[0], fused[-1])),
+                 "read_GBps": round(read_gbps, 1)}  # fmt: skip
+
+        def fused_layers() -> None:
+            for block in blocks:
+                block(x)
+
+        def previous_layers() -> None:
+            for block in blocks:
+                _moe_block_previous(block, x)
+
+        t_prev = _moe_layers_row("moe block, previous (shared expert as eager ops) x32 layers", shape, layer_bytes,
+                                 previous_layers, read_gbps, check)  # fmt: skip
+        t_fused = _moe_layers_row("moe block, fused (shared expert in the expert kernels) x32 layers", shape,
+                                  layer_bytes, fused_layers, read_gbps, check)  # fmt: skip
+        saved = {"saved_us_per_layer": round(t_prev - t_fused, 2),
+                 "saved_ms_per_step_40_layers": round(40 * (t_prev - t_fused) / 1e3, 3)}  # fmt: skip
+        ROWS[-1].update(saved)
+        print(json.dumps(saved), flush=True)
 
 
 def main() -> None:
@@ -487,6 +681,7 @@ def main() -> None:
         bench_prefill_conv(8192, continued=True)  # a long-context chunk continuing from its conv state
         bench_rope(7680)
         bench_attention()
+        bench_prefill_attention()
     bench_moe()
     commit = (
         os.environ.get("NINFER_COMMIT")

@@ -5,27 +5,26 @@ get a per-head ``(1 + w)`` RMSNorm, then partial RoPE; new K/V are stored into t
 each new token attends causally to its sequence's pages; the output is multiplied by
 ``sigmoid(gate)`` before ``o_proj``. Reads only the ForwardBatch and its own cache entry.
 
-Paths (chosen from shapes only, so a decode step never syncs with the host):
+Paths (chosen from shapes only, so attention never syncs with the host):
 - decode (every sequence brings one token, ``T == B``), float or int8 KV: ``store_kv`` +
-  ``paged_attention_decode`` (Triton split-K over the pages on CUDA, batch-invariant; its reference
-  elsewhere).
-- prefill / mixed on CUDA with a float KV cache: ``store_kv``, then per sequence torch SDPA (flash)
-  over the chunk's own K/V when nothing was cached before it, or over the sequence's gathered pages
-  with a bottom-right causal mask when it continues a cached prefix.
-- everything else (the CPU, int8 KV prefill): ``paged_attention_ref``.
+  ``paged_attention_decode`` (Triton split-K over the pages on CUDA, batch-invariant).
+- prefill and mixed steps, float or int8 KV: ``store_kv`` + ``paged_prefill_attention`` (on CUDA one
+  Triton FlashAttention-2 launch for the whole varlen batch, reading K/V straight from the pages: fresh
+  prompts, chunks continuing a cached prefix and decode rows alike; GQA without repeating K/V).
+  NOTE: fresh prompts take the kernel too, not torch's flash SDPA: telling them apart needs the
+  sequence lengths on the host (a sync every attention layer), and one launch serves a mixed batch.
+Off CUDA both launchers run their torch reference (``paged_attention_ref``).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.bias import causal_lower_right
 
 from engine.model.config import ModelConfig
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.norm import RMSNorm
-from kernels.attention import paged_attention_decode, paged_attention_ref, store_kv
+from kernels.attention import paged_attention_decode, paged_prefill_attention, store_kv
 from kernels.rope import apply_rope_qk
 
 
@@ -74,10 +73,8 @@ class GatedAttention(nn.Module):
                 key_scale,
                 value_scale,
             )
-        elif query.is_cuda and key_scale is None:
-            out = self._prefill_sdpa(query, key, value, key_cache, value_cache, batch)
-        else:
-            out = paged_attention_ref(
+        else:  # prefill / mixed, float or int8 KV
+            out = paged_prefill_attention(
                 query,
                 key_cache,
                 value_cache,
@@ -90,41 +87,3 @@ class GatedAttention(nn.Module):
             )
         out = out * torch.sigmoid(gate.float()).to(out.dtype)
         return self.o_proj(out.reshape(num_tokens, -1))
-
-    def _prefill_sdpa(
-        self,
-        query: torch.Tensor,  # [T, Hq, D]
-        key: torch.Tensor,  # [T, Hkv, D], the new tokens (already stored)
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        batch: ForwardBatch,
-    ) -> torch.Tensor:
-        """Causal attention per sequence with torch SDPA; syncs once for the sequence bounds."""
-        bounds, lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()
-        page_size = key_cache.shape[1]
-        group = self.num_heads // self.num_kv_heads
-        out = torch.empty_like(query)
-        for b, total in enumerate(lens):
-            start, end = bounds[b], bounds[b + 1]
-            if end == start:
-                continue
-            q = query[start:end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
-            if total == end - start:  # nothing cached before this chunk: attend to its own K/V
-                k = key[start:end].transpose(0, 1).unsqueeze(0)
-                v = value[start:end].transpose(0, 1).unsqueeze(0)
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
-            else:
-                pages = batch.page_table[b, : -(-total // page_size)].long()
-                k, v = (
-                    c[pages]
-                    .flatten(0, 1)[:total]
-                    .transpose(0, 1)
-                    .repeat_interleave(group, dim=0)
-                    .unsqueeze(0)
-                    for c in (key_cache, value_cache)
-                )
-                mask = causal_lower_right(end - start, total)
-                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-            out[start:end] = o[0].transpose(0, 1)
-        return out

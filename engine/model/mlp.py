@@ -8,13 +8,15 @@ Routing is ``kernels.moe.moe_route`` (one Triton kernel on CUDA, the reference e
 (chosen from shapes and device only, never from the routing, so choosing needs no host sync):
 
 * CUDA, at most ``FUSED_MAX_TOKENS`` tokens (decode, MTP verify, small batches, short prefill chunks):
-  ``kernels.moe.moe_experts``, two Triton GEMV kernels reading the chosen experts' weights in place; no
-  host sync (CUDA-graph safe), and each token's math independent of the batch (``NINFER_KERNELS=ref``:
-  its reference, which syncs);
+  ``kernels.moe.moe_experts`` with the shared expert, two Triton GEMV kernels for the whole block (the
+  chosen experts' weights read in place, the shared expert a ninth expert weighted by its sigmoid gate,
+  fp32 throughout, summed in a fixed order); no host sync (CUDA-graph safe), and each token's math
+  independent of the batch (``NINFER_KERNELS=ref``: its reference, which syncs);
 * CUDA, more tokens (prefill): rows grouped by expert, each expert's rows one matmul in the model dtype
-  (``_experts_grouped``; syncs once for the counts);
+  (``_experts_grouped``; syncs once for the counts), the shared expert as its own MLP;
 * CPU, ``T * top_k <= GATHER_MAX_ROWS``: gather the chosen experts' weights and run two batched matmuls
-  (each row's math independent of the batch); CPU, more: ``moe_experts_ref``.
+  (each row's math independent of the batch); CPU, more: ``moe_experts_ref``; the shared expert as its
+  own MLP, in the model dtype.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model.config import ModelConfig
-from kernels.moe import moe_experts, moe_experts_ref, moe_route
+from kernels.moe import SharedExpert, moe_experts, moe_experts_ref, moe_route
 
 FUSED_MAX_TOKENS = 64  # CUDA: T at or below this takes the fused Triton experts
 GATHER_MAX_ROWS = 64  # CPU: T * top_k at or below this takes the gathered-weights path
@@ -74,8 +76,8 @@ class SparseMoeBlock(nn.Module):
         weights, expert_ids = moe_route(F.linear(x, self.gate.weight), self.top_k)
         gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
         if x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS:
-            routed = moe_experts(x, gate_up, down, weights, expert_ids)
-        elif x.is_cuda:
+            return moe_experts(x, gate_up, down, weights, expert_ids, self.shared_weights())
+        if x.is_cuda:
             routed = _experts_grouped(x, gate_up, down, weights, expert_ids)
         elif expert_ids.numel() <= GATHER_MAX_ROWS:
             routed = _experts_gathered(x, gate_up, down, weights, expert_ids)
@@ -83,6 +85,13 @@ class SparseMoeBlock(nn.Module):
             routed = moe_experts_ref(x, gate_up, down, weights, expert_ids)
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return routed + shared
+
+    def shared_weights(self) -> SharedExpert:
+        """The shared expert's parameters as ``kernels.moe.moe_experts`` takes them (the tensors themselves)."""
+        mlp = self.shared_expert
+        return SharedExpert(
+            mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, self.shared_expert_gate.weight
+        )
 
 
 def _experts_gathered(

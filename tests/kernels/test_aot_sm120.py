@@ -32,6 +32,7 @@ KNOWN_KERNELS = {
     "_store_kv_kernel",
     "_paged_attention_decode_kernel",
     "_paged_attention_reduce_kernel",
+    "_paged_prefill_attention_kernel",
     "_moe_route_kernel",
     "_moe_gate_up_kernel",
     "_moe_down_kernel",

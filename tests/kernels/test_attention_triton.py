@@ -1,5 +1,7 @@
 """Paged KV store (bit-exact, bf16 and int8) and split-K paged decode attention (float and int8 KV) vs their
-references, and decode's batch invariance: a sequence's output is bitwise the same alone or batched."""
+references, and decode's batch invariance: a sequence's output is bitwise the same alone or batched; paged
+prefill attention (float and int8 KV) vs its reference on varlen batches of fresh prompts, continuing chunks
+and decode rows."""
 
 from __future__ import annotations
 
@@ -10,11 +12,15 @@ import torch
 
 from kernels.attention import (
     DECODE_MAX_SPLITS,
+    PrefillTiles,
+    _launch_paged_prefill_attention,
     decode_block_n,
     decode_split_tokens,
     kv_int8_group_size,
     paged_attention_decode,
     paged_attention_decode_ref,
+    paged_prefill_attention,
+    paged_prefill_attention_ref,
     quantize_kv_int8_ref,
     store_kv,
     store_kv_ref,
@@ -299,3 +305,111 @@ def test_paged_decode_is_batch_invariant(q_heads, kv_heads, head_dim, page_size,
         for name, out in [*alone.items(), *((k, v[r]) for k, v in batched.items())]:
             diff = (out.float() - reference.float()).abs().max().item()
             assert torch.equal(out, reference), f"seq {r} ({lens[r]} keys), {name}: max diff {diff:.3e}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prefill: paged_prefill_attention against paged_attention_ref (its reference) on varlen batches. A plan is
+# one (cached tokens, new tokens) pair per sequence: fresh prompts (0 cached), chunks continuing a cached
+# prefix on both sides of a page edge (1, 63, 64, 65, 300 cached), decode rows (1 new token) and sequences
+# with no new tokens, all in one batch.
+
+PLAN_MIXED = [(0, 130), (1, 5), (63, 64), (64, 1), (65, 130), (300, 5)]
+PLAN_OTHER = [(300, 64), (0, 1), (65, 5), (64, 0), (63, 130), (1, 64), (0, 5)]
+
+
+def _prefill_batch(
+    plan: list[tuple[int, int]], q_heads: int, kv_heads: int, head_dim: int, page_size: int, device: str,
+    dtype: torch.dtype = torch.bfloat16, int8: bool = False, index_dtype: torch.dtype = torch.int32,
+) -> tuple[torch.Tensor | None, ...]:  # fmt: skip
+    """(query, key_cache, value_cache, page_table, query_start_loc, seq_lens, key_scale, value_scale) for
+    ``plan``; the page table is two pages wider than needed (its stale entries are never read)."""
+    seq_lens = [cached + new for cached, new in plan]
+    max_pages = max(-(-n // page_size) for n in seq_lens) + 2
+    key_cache, value_cache, page_table, lens, key_scale, value_scale = _cache_and_table(
+        seq_lens, kv_heads, head_dim, page_size, max_pages, device, dtype=dtype, int8=int8
+    )
+    starts = torch.tensor([0] + [new for _, new in plan], device=device).cumsum(0)
+    query = torch.randn(int(starts[-1]), q_heads, head_dim, device=device, dtype=dtype)
+    return (
+        query, key_cache, value_cache, page_table.to(index_dtype), starts.to(index_dtype), lens.to(index_dtype),
+        key_scale, value_scale,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("plan", "q_heads", "kv_heads", "head_dim", "page_size"),
+    [
+        pytest.param(
+            [(0, 4096), (8192, 2048), (0, 1), (3000, 7), (100, 700)],
+            24,
+            4,
+            256,
+            64,
+            marks=CUDA_ONLY,
+            id="27b",
+        ),
+        pytest.param([(20000, 1024), (0, 513), (131, 1)], 16, 2, 256, 64, marks=CUDA_ONLY, id="35b-a3b"),
+        pytest.param(PLAN_MIXED, 24, 4, 256, 64, id="27b-ratio"),
+        pytest.param(PLAN_OTHER, 16, 2, 128, 64, id="35b-ratio-d128"),
+        pytest.param(PLAN_MIXED, 6, 1, 80, 16, id="6to1-d80-page16"),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_paged_prefill_matches_reference(
+    plan, q_heads, kv_heads, head_dim, page_size, dtype, device, assert_close
+):
+    args = _prefill_batch(plan, q_heads, kv_heads, head_dim, page_size, device, dtype)
+    scale = head_dim**-0.5
+    expected = paged_prefill_attention_ref(*args[:6], scale)
+    out = paged_prefill_attention(*args[:6], scale)
+    # bf16: the probabilities enter the P @ V product in bf16 (as in FlashAttention), and the output is rounded
+    # to bf16 in both; fp32 queries get exact fp32 dots (no TF32)
+    assert_close("out", out, expected, *((1e-2, 2e-2) if dtype == torch.bfloat16 else (1e-4, 1e-5)))
+
+
+@pytest.mark.parametrize(
+    ("plan", "q_heads", "kv_heads", "head_dim", "page_size", "dtype"),
+    [
+        pytest.param(
+            [(0, 2048), (6000, 1000), (1, 1)], 24, 4, 256, 64, torch.bfloat16, marks=CUDA_ONLY, id="27b"
+        ),
+        pytest.param(PLAN_MIXED, 24, 4, 256, 64, torch.bfloat16, id="27b-ratio"),  # 4 groups of 64
+        pytest.param(
+            [(300, 5), (0, 64), (65, 1)], 16, 2, 128, 64, torch.float32, id="35b-ratio-d128-fp32"
+        ),  # 2 groups
+        pytest.param(
+            [(65, 64), (0, 5), (300, 1)], 6, 3, 192, 16, torch.bfloat16, id="d192"
+        ),  # 3, padded to 4
+        pytest.param([(63, 5), (1, 64)], 4, 2, 40, 16, torch.bfloat16, id="d40"),  # under 64: one group
+    ],
+)
+def test_paged_prefill_int8_matches_reference(
+    plan, q_heads, kv_heads, head_dim, page_size, dtype, device, assert_close
+):
+    args = _prefill_batch(plan, q_heads, kv_heads, head_dim, page_size, device, dtype, int8=True)
+    assert args[1].dtype == torch.int8
+    scale = head_dim**-0.5
+    expected = paged_prefill_attention_ref(*args[:6], scale, *args[6:])  # the same codes, dequantised in fp32
+    out = paged_prefill_attention(*args[:6], scale, *args[6:])
+    # the dequantised K and V enter the dots in the query dtype (bf16: two more roundings than the float-KV test)
+    assert_close("out", out, expected, *((2e-2, 2e-2) if dtype == torch.bfloat16 else (1e-4, 1e-5)))
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        PrefillTiles(64, 64, 4, 2),
+        PrefillTiles(128, 32, 8, 3),
+        PrefillTiles(16, 16, 4, 2),
+        PrefillTiles(32, 128, 4, 2),  # key tiles of two pages (page size 64)
+    ],
+    ids=str,
+)
+def test_paged_prefill_tiles_agree(tiles, device, assert_close):
+    """Other tile shapes (as the H200 sweep in bench/kernels/hot_path.py tries; the default one runs in the
+    tests above) compute the same attention: the tile starts, the diagonal split and the page lookup (one
+    page a key tile, or a tile over two pages) do not depend on the tile's size."""
+    args = _prefill_batch(PLAN_MIXED, 6, 1, 64, 64, device, index_dtype=torch.int64)  # (and int64 indices)
+    expected = paged_prefill_attention_ref(*args[:6], 0.125)
+    out = _launch_paged_prefill_attention(*args[:6], 0.125, *args[6:], tiles=tiles)
+    assert_close("out", out, expected, 1e-2, 2e-2)

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kernels.moe import moe_experts_ref, moe_route_ref
+from kernels.moe import SharedExpert, moe_experts_ref, moe_route_ref
 
 
 def test_route_is_softmax_topk_renormalised():
@@ -42,3 +42,22 @@ def test_experts_weighted_sum_matches_per_token_loop(assert_close):
             gate, up = gate_up[e, :inter] @ x[t], gate_up[e, inter:] @ x[t]
             expected[t] += weights[t, j] * (down[e] @ (F.silu(gate) * up))
     assert_close("moe", moe_experts_ref(x, gate_up, down, weights, ids), expected)
+
+
+def test_experts_with_shared_add_the_gated_shared_expert(assert_close):
+    """HF Qwen3_5MoeSparseMoeBlock: routed sum + sigmoid(shared_expert_gate . x) * shared_expert(x)."""
+    tokens, hidden, inter, shared_inter, experts = 9, 20, 14, 22, 5
+    x = torch.randn(tokens, hidden)
+    gate_up, down = torch.randn(experts, 2 * inter, hidden), torch.randn(experts, hidden, inter)
+    weights, ids = moe_route_ref(torch.randn(tokens, experts), 2)
+    shared = SharedExpert(
+        torch.randn(shared_inter, hidden),
+        torch.randn(shared_inter, hidden),
+        torch.randn(hidden, shared_inter),
+        torch.randn(1, hidden),
+    )
+    expected = moe_experts_ref(x, gate_up, down, weights, ids)
+    for t in range(tokens):
+        act = F.silu(shared.gate_proj @ x[t]) * (shared.up_proj @ x[t])
+        expected[t] += torch.sigmoid(shared.gate[0] @ x[t]) * (shared.down_proj @ act)
+    assert_close("moe + shared", moe_experts_ref(x, gate_up, down, weights, ids, shared), expected)

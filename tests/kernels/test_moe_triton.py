@@ -1,13 +1,15 @@
-"""Triton MoE launchers vs their references: routing (softmax, top-k, renormalise) and the routed experts
-(gate_up GEMV, SiLU, down GEMV, weighted sum), odd sizes, batch invariance (bitwise), shared experts across
-tokens, CUDA-graph replay (GPU; or CPU under TRITON_INTERPRET=1 for everything but the real geometry)."""
+"""Triton MoE launchers vs their references: routing (softmax, top-k, renormalise), the routed experts
+(gate_up GEMV, SiLU, down GEMV, weighted sum) and the whole block's experts (routed + the gated shared expert
+in the same two kernels), odd sizes, batch invariance (bitwise), experts shared across tokens, CUDA-graph
+replay (GPU; or CPU under TRITON_INTERPRET=1 for everything but the real geometry)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from kernels.moe import moe_experts, moe_experts_ref, moe_route, moe_route_ref
+from kernels.moe import SharedExpert, moe_experts, moe_experts_ref, moe_route, moe_route_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -119,6 +121,81 @@ def test_route_bf16_logits_strided(device, assert_close):
     assert_close("route weights bf16", weights, ref_weights, 1e-5, 1e-6)
 
 
+# ---- the routed experts plus the gated shared expert (the whole MoE block's experts) --------------------
+
+# (experts, top_k, hidden, inter, shared inter): I_s = I; I_s > I (more row tiles than the routed experts,
+# and not a multiple of the tile); I_s < I with H and I over several loop steps; E=256 top_k=8 routing.
+SHARED_GEOMETRIES = [(6, 2, 40, 24, 24), (6, 2, 40, 24, 56), (16, 8, 600, 280, 40), (256, 8, 64, 48, 48)]
+
+
+def _shared(hidden: int, shared_inter: int, dtype: torch.dtype, device: str) -> SharedExpert:
+    """Random shared expert; its gate's logit sigmoid(gate . x) spreads over (0, 1) for x ~ N(0, 1)."""
+    gate_proj, up_proj = (torch.randn(shared_inter, hidden, device=device) * hidden**-0.5 for _ in range(2))
+    down_proj = torch.randn(hidden, shared_inter, device=device) * shared_inter**-0.5
+    gate = torch.randn(1, hidden, device=device) * 2 * hidden**-0.5
+    return SharedExpert(*(t.to(dtype) for t in (gate_proj, up_proj, down_proj, gate)))
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+@pytest.mark.parametrize(("num_experts", "top_k", "hidden", "inter", "shared_inter"), SHARED_GEOMETRIES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_experts_with_shared_match_reference(
+    tokens, num_experts, top_k, hidden, inter, shared_inter, dtype, device, assert_close
+):
+    if tokens > 3 and device == "cpu" and (hidden * inter > 100_000 or dtype == torch.float32):
+        pytest.skip(
+            "the interpreter runs T=37 in bf16 on the one-step geometries only (it is slow on the CPU)"
+        )
+    x, gate_up, down, weights, ids = _case(tokens, num_experts, top_k, hidden, inter, dtype, device)
+    shared = _shared(hidden, shared_inter, dtype, device)
+    out = moe_experts(x, gate_up, down, weights, ids, shared)
+    assert out.dtype == dtype and out.shape == x.shape
+    expected = moe_experts_ref(x, gate_up, down, weights, ids, shared)
+    assert_close("moe_experts + shared", out, expected, *TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_experts_with_shared_match_the_block_as_the_cpu_model_computes_it(dtype, device, assert_close):
+    """The fused block vs routed + sigmoid(shared_expert_gate(x)) * shared_expert(x) in separate torch ops
+    (engine/model/mlp.py's CPU path; in bf16 each op rounds, so the bound is looser than the fp32 one)."""
+    x, gate_up, down, weights, ids = _case(5, 6, 2, 40, 24, dtype, device)
+    shared = _shared(40, 56, dtype, device)
+    act = F.silu(F.linear(x, shared.gate_proj)) * F.linear(x, shared.up_proj)
+    shared_out = torch.sigmoid(F.linear(x, shared.gate)) * F.linear(act, shared.down_proj)
+    block = moe_experts_ref(x, gate_up, down, weights, ids) + shared_out
+    out = moe_experts(x, gate_up, down, weights, ids, shared)
+    ratio, floor = (2e-2, 4e-2) if dtype == torch.bfloat16 else TOLERANCE[dtype]
+    assert_close("fused block vs separate ops", out, block, ratio, floor)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_experts_with_shared_batch_invariant(dtype, device):
+    """Bitwise: a token alone, in a sub-batch of 8 and in the batch of 37 (37 x 8 routed pairs > the kernel's
+    SORT_MIN_PAIRS: the whole batch runs its pairs, the shared ones included, in expert order); I_s != I."""
+    x, gate_up, down, weights, ids = _case(37, 256, 8, 64, 48, dtype, device)
+    ids[:, 0] = 7  # many tokens share an expert
+    shared = _shared(64, 40, dtype, device)
+    batch = moe_experts(x, gate_up, down, weights, ids, shared)
+    for t in (0, 5, 36):
+        alone = moe_experts(x[t : t + 1], gate_up, down, weights[t : t + 1], ids[t : t + 1], shared)
+        assert torch.equal(alone[0], batch[t]), f"token {t}: alone differs from the batch of 37"
+    sub = moe_experts(x[10:18], gate_up, down, weights[10:18], ids[10:18], shared)
+    assert torch.equal(sub, batch[10:18]), "tokens 10..17 as a batch of 8 differ from the batch of 37"
+
+
+def test_experts_with_shared_strided_and_empty(device, assert_close):
+    """x and the shared gate/up rows as row-strided views (unit stride along H), and T = 0."""
+    dtype = torch.bfloat16
+    x = torch.randn(5, 2 * 40, device=device, dtype=dtype)[:, 40:]
+    _, gate_up, down, weights, ids = _case(5, 6, 2, 40, 24, dtype, device)
+    shared = _shared(40, 32, dtype, device)
+    wide = torch.cat([shared.gate_proj, shared.up_proj], dim=1)  # [I_s, 2H]: row stride 2H
+    shared = shared._replace(gate_proj=wide[:, :40], up_proj=wide[:, 40:])
+    expected = moe_experts_ref(x, gate_up, down, weights, ids, shared)
+    assert_close("strided", moe_experts(x, gate_up, down, weights, ids, shared), expected, *TOLERANCE[dtype])
+    assert moe_experts(x[:0], gate_up, down, weights[:0], ids[:0], shared).shape == (0, 40)
+
+
 # ---- the real 35B-A3B geometry, on the GPU only ---------------------------------------------------------
 
 A3B = dict(num_experts=256, top_k=8, hidden=2048, inter=512)
@@ -131,26 +208,31 @@ def cuda_only(device):
     return device
 
 
+@pytest.mark.parametrize("with_shared", [False, True])
 @pytest.mark.parametrize("tokens", [1, 8, 64])
-def test_a3b_geometry_matches_reference_and_is_batch_invariant(tokens, cuda_only, assert_close):
+def test_a3b_geometry_matches_reference_and_is_batch_invariant(tokens, with_shared, cuda_only, assert_close):
     x, gate_up, down, _, _ = _case(tokens, **A3B, dtype=torch.bfloat16, device=cuda_only)
+    shared = _shared(2048, 512, torch.bfloat16, cuda_only) if with_shared else None
     weights, ids = moe_route(torch.randn(tokens, 256, device=cuda_only).bfloat16(), 8)
-    out = moe_experts(x, gate_up, down, weights, ids)
-    assert_close("a3b", out, moe_experts_ref(x, gate_up, down, weights, ids), *TOLERANCE[torch.bfloat16])
+    out = moe_experts(x, gate_up, down, weights, ids, shared)
+    expected = moe_experts_ref(x, gate_up, down, weights, ids, shared)
+    assert_close("a3b", out, expected, *TOLERANCE[torch.bfloat16])
     last = tokens - 1
-    alone = moe_experts(x[last:], gate_up, down, weights[last:], ids[last:])
+    alone = moe_experts(x[last:], gate_up, down, weights[last:], ids[last:], shared)
     assert torch.equal(alone[0], out[last]), "the last token alone differs from the batch"
 
 
 def test_cuda_graph_replay_matches_eager(cuda_only):
-    """Route + experts captured once, replayed over new inputs copied into the same tensors (bitwise)."""
+    """Route + experts (routed + shared, the model's decode path) captured once, replayed over new inputs
+    copied into the same tensors (bitwise)."""
     tokens = 8
     x, gate_up, down, _, _ = _case(tokens, **A3B, dtype=torch.bfloat16, device=cuda_only)
+    shared = _shared(2048, 512, torch.bfloat16, cuda_only)
     logits = torch.randn(tokens, 256, device=cuda_only).bfloat16()
 
     def step() -> torch.Tensor:
         weights, ids = moe_route(logits, 8)
-        return moe_experts(x, gate_up, down, weights, ids)
+        return moe_experts(x, gate_up, down, weights, ids, shared)
 
     step()  # compile outside the capture
     stream = torch.cuda.Stream()
