@@ -123,8 +123,8 @@ def summarize(
         summary["by_kind"] = {
             name: group_summary(rs, slo, _span(rs) or seconds) for name, rs in kinds.items()
         }
-    turns = [r for r in records if r.get("ok") and isinstance(r.get("turn"), int) and r["turn"] > 0]
-    if turns:
+    if any(isinstance(r.get("turn"), int) for r in records):  # the session profiles: say it even when 0
+        turns = [r for r in records if r.get("ok") and isinstance(r.get("turn"), int) and r["turn"] > 0]
         summary["later_turns"] = {
             "requests": len(turns),
             "without_cached_tokens": sum(1 for r in turns if not r.get("cached_tokens")),

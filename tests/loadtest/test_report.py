@@ -38,6 +38,10 @@ def test_summary_goodput_groups_and_files(tmp_path: Path) -> None:
     assert overall["itl_s"]["count"] == 20
     assert set(summary["by_group"]) == {"turn 0", "turn 1"}
     assert summary["later_turns"] == {"requests": 5, "without_cached_tokens": 0}
+    first_turns_only = summarize([_record(0), _record(2)], {}, {"profile": "t", "duration_s": 2.0})
+    assert first_turns_only["later_turns"] == {"requests": 0, "without_cached_tokens": 0}  # said, not absent
+    untracked = summarize([_record(0, turn=None)], {}, {"profile": "t", "duration_s": 1.0})
+    assert "later_turns" not in untracked  # profiles without sessions have no turns
     write_results(tmp_path, records, summary)
     assert json.loads((tmp_path / "summary.json").read_text())["overall"]["failed"] == 1
     rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
