@@ -239,7 +239,10 @@ class RequestSpan:
         first = outcome.first_token_at
         admitted = start + outcome.queue if outcome.queue is not None else None
         if cached:
-            attrs = {"ninfer.prefix_reuse.path": path, "ninfer.prefix_reuse.tokens": cached}
+            attrs: dict[str, str | int] = {
+                "ninfer.prefix_reuse.path": path,
+                "ninfer.prefix_reuse.tokens": cached,
+            }
             self.span.add_event("ninfer.prefix_reuse", attrs, self._ns(admitted or start))
         if host:
             self.span.set_attribute("ninfer.host_restore.tokens", host)

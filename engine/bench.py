@@ -49,7 +49,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,6 +59,9 @@ from engine.request import SamplingParams
 from engine.runner import ModelRunner
 from engine.scheduler.output import ScheduledRequest, SchedulerOutput
 from engine.synthetic import GEOMETRIES, build_synthetic
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 PAGE_SIZE = 64
 GREEDY = SamplingParams(temperature=0.0)
@@ -329,6 +332,7 @@ def hf_text_config(config: ModelConfig) -> Any:
         max_position_embeddings=config.max_position_embeddings, rope_parameters=rope, hidden_act="silu",
     )  # fmt: skip
     if not config.is_moe:
+        assert config.intermediate_size is not None, "ModelConfig validates it for a dense model"
         return Qwen3_5TextConfig(intermediate_size=config.intermediate_size, **fields)
     return Qwen3_5MoeTextConfig(
         num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
@@ -343,7 +347,7 @@ _NOT_GEOMETRY = ("bos_token_id", "eos_token_ids", "dtype", "mtp_num_hidden_layer
 def build_hf_model(
     config: ModelConfig, *, device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
     seed: int = 0, attn_implementation: str | None = None,
-) -> torch.nn.Module:  # fmt: skip
+) -> PreTrainedModel:  # fmt: skip
     """HF's ``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM`` of this geometry, every tensor allocated and
     drawn (HF's own init: normal, std 0.02) on `device` under it as the default device: no host copy.
     RuntimeError when the config HF built does not read back as `config`."""
@@ -387,19 +391,22 @@ def _sync(device: torch.device) -> None:
 
 
 @functools.cache
-def _cache_kwarg(model_class: type) -> str:
+def _cache_kwarg(model_class: type[torch.nn.Module]) -> str:
     """The forward's cache argument: ``past_key_values`` (transformers 5.17) or ``cache`` (later 5.x)."""
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
-def _hf_forward(model: torch.nn.Module, ids: torch.Tensor, cache: Any) -> torch.Tensor:
+def _hf_forward(model: PreTrainedModel, ids: torch.Tensor, cache: Any) -> torch.Tensor:
     """Next-token ids [B, 1] after ``ids`` [B, T], through HF's forward with its cache (logits of the last
     position only, as ours and ``generate`` compute)."""
-    out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{_cache_kwarg(type(model)): cache})
+    # NOTE: classes are hashable; mypy matches the nn.Module class object against Hashable through the
+    # instance's unbound `__hash__` (a false positive with torch's Module, not with plain classes).
+    kwarg = _cache_kwarg(type(model))  # type: ignore[arg-type]
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kwarg: cache})
     return out.logits[:, -1].argmax(dim=-1, keepdim=True)
 
 
-def hf_prefill_seconds(model: torch.nn.Module, prompt_len: int, device: torch.device) -> float:
+def hf_prefill_seconds(model: PreTrainedModel, prompt_len: int, device: torch.device) -> float:
     """Seconds for one cold HF prefill of ``prompt_len`` tokens (one forward, a fresh cache)."""
     from transformers import DynamicCache
 
@@ -412,7 +419,7 @@ def hf_prefill_seconds(model: torch.nn.Module, prompt_len: int, device: torch.de
 
 
 def hf_decode_seconds(
-    model: torch.nn.Module, concurrency: int, context: int, warmup: int, steps: int, device: torch.device
+    model: PreTrainedModel, concurrency: int, context: int, warmup: int, steps: int, device: torch.device
 ) -> float:
     """Seconds per HF decode step of ``concurrency`` rows after ``context`` prompt tokens (untimed)."""
     from transformers import DynamicCache
@@ -493,7 +500,7 @@ def time_hf(
 
 
 def _hf_prefill_row(
-    model: torch.nn.Module, length: int, max_len: int, runs: int, device: torch.device, log: Any
+    model: PreTrainedModel, length: int, max_len: int, runs: int, device: torch.device, log: Any
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"prompt_len": length}
     if length > max_len:
@@ -513,7 +520,7 @@ def _hf_prefill_row(
 
 
 def _hf_decode_row(
-    model: torch.nn.Module, c: int, context: int, warmup: int, steps: int, device: torch.device, log: Any
+    model: PreTrainedModel, c: int, context: int, warmup: int, steps: int, device: torch.device, log: Any
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"concurrency": c, "context": context, "steps": steps}
     per_step, reason = _out_of_memory(
@@ -582,7 +589,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         import triton
 
         result["software"]["triton"] = triton.__version__
-        import fla  # type: ignore[import-not-found]
+        import fla
 
         result["software"]["fla"] = getattr(fla, "__version__", "?")
     except ImportError:

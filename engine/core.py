@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -114,7 +114,7 @@ def tokenizer_from_artifact(artifact: Artifact) -> Tokenizer:
 
 
 def load_artifact(
-    path: str | Path | None,
+    path: str | os.PathLike[str] | None,
     *,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,

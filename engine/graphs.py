@@ -115,7 +115,7 @@ class CudaGraphRunner:
         self.buffers = InputBuffers.allocate(self.max_batch, self.max_pages, self.device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
-        self._pool: object | None = None
+        self._pool: torch.cuda._POOL_HANDLE | None = None
         self._row_pages: list[Sequence[int] | None] = [None] * self.max_batch  # what each table row holds
         self.num_replays = 0
 

@@ -12,11 +12,11 @@ Owns: one `EngineCore`, driven inline (no thread). Must not touch the scheduler'
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -70,7 +70,7 @@ class RequestOutput:
 class LLM:
     def __init__(
         self,
-        artifact: str | Path | None = None,
+        artifact: str | os.PathLike[str] | None = None,
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -187,5 +187,6 @@ def _as_prompt_list(prompts: PromptInput | Sequence[PromptInput]) -> list[Prompt
         return [prompts]
     items = list(prompts)
     if items and all(isinstance(t, int) for t in items):
-        return [items]  # one prompt given as token ids
-    return items
+        return [cast(list[int], items)]  # one prompt given as token ids
+    # NOTE: not all ints, so by the signature `prompts` was a Sequence[PromptInput].
+    return cast(list[PromptInput], items)

@@ -231,7 +231,7 @@ class AsyncEngine:
                 with self._cv:
                     commands, self._commands = self._commands, []
                     stopping, drain = self._stopping, self._drain
-                events = [e for c in commands if (e := self._apply(c)) is not None]
+                events: list[Event] = [e for c in commands if (e := self._apply(c)) is not None]
                 if stopping and not drain:
                     events += core.abort_all("the engine shut down")
                 if events:  # refusals and aborts: answered before any step

@@ -540,7 +540,7 @@ BOARDS = (OVERVIEW, LATENCY, THROUGHPUT, CACHE, MTP, SCHEDULER, GPU, OPERATOR)
 
 def _panel(p: P, panel_id: int, x: int, y: int) -> dict[str, Any]:
     width = 8 if p.kind == "stat" else 12
-    targets = [
+    targets: list[dict[str, Any]] = [
         {"datasource": DS, "expr": q.expr, "legendFormat": q.legend or "__auto", "refId": chr(ord("A") + i)}
         for i, q in enumerate(p.queries)
     ]

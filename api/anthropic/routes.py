@@ -76,7 +76,7 @@ async def create_message(request: Request) -> Any:
 
 async def _message_frames(generation: Generation, message_id: str, model: str) -> AsyncIterator[str]:
     outcome = generation.outcome
-    start = {
+    start: dict[str, Any] = {
         "id": message_id,
         "type": "message",
         "role": "assistant",

@@ -305,7 +305,7 @@ class ResponseBuilder:
                 "content": [],
                 "status": "in_progress",
             }
-            part = {"type": "reasoning_text", "text": ""}
+            part: dict[str, Any] = {"type": "reasoning_text", "text": ""}
         else:
             item = {
                 "id": _id("msg"),
@@ -341,7 +341,7 @@ class ResponseBuilder:
         part = item["content"][0]
         item["status"] = "completed"
         done = "response.reasoning_text.done" if item["type"] == "reasoning" else "response.output_text.done"
-        extra = {} if item["type"] == "reasoning" else {"logprobs": []}
+        extra: dict[str, Any] = {} if item["type"] == "reasoning" else {"logprobs": []}
         return [
             self._event(
                 done, item_id=item["id"], output_index=index, content_index=0, text=part["text"], **extra

@@ -79,7 +79,8 @@ class Directory:
 
     @property
     def payload_bytes(self) -> int:
-        ends = [e.offset + e.bytes for e in (*self.tensors, *self.resources)]
+        entries: tuple[TensorEntry | ResourceEntry, ...] = (*self.tensors, *self.resources)
+        ends = [e.offset + e.bytes for e in entries]
         return max(ends, default=0)
 
 
@@ -158,17 +159,18 @@ def _parse_objects(objects: Any, payload_size: int) -> tuple[list[TensorEntry], 
         where = f"object {i} ({name!r})" if isinstance(name, str) else f"object {i}"
         if not isinstance(obj, dict):
             raise ArtifactError(f"{where}: expected a JSON object")
-        _nonempty_str(name, f"{where}.name")
+        name = _nonempty_str(name, f"{where}.name")
         if name in seen:
             raise ArtifactError(f"{where}: duplicate object name")
         seen.add(name)
         kind = obj.get("kind")
+        entry: TensorEntry | ResourceEntry
         if kind == "tensor":
-            entry: TensorEntry | ResourceEntry = _parse_tensor(obj, where)
-            tensors.append(entry)  # type: ignore[arg-type]
+            entry = _parse_tensor(obj, where)
+            tensors.append(entry)
         elif kind == "resource":
             entry = _parse_resource(obj, where)
-            resources.append(entry)  # type: ignore[arg-type]
+            resources.append(entry)
         else:
             raise ArtifactError(f"{where}: unknown kind {kind!r} (known: 'tensor', 'resource')")
         if entry.offset < prev_end:
@@ -458,14 +460,14 @@ def write_artifact(
             f.write(meta)
             pos = 0
             with progress(offset, f"writing {path.name}") as bar:
-                for obj, (chunk_offset, size, value) in zip(objects, sources, strict=True):
-                    data = value if isinstance(value, bytes) else _tensor_bytes(value)
-                    if len(data) != size:
+                for obj, (chunk_offset, size, source) in zip(objects, sources, strict=True):
+                    chunk = source if isinstance(source, bytes) else _tensor_bytes(source)
+                    if len(chunk) != size:
                         raise ValueError(
-                            f"object {obj['name']!r}: {len(data)} bytes of data for a {size}-byte object"
+                            f"object {obj['name']!r}: {len(chunk)} bytes of data for a {size}-byte object"
                         )
                     f.write(bytes(chunk_offset - pos))
-                    f.write(data)
+                    f.write(chunk)
                     pos = chunk_offset + size
                     bar.update(size)
             f.flush()

@@ -24,6 +24,7 @@ from engine.artifact import formats
 from engine.artifact.container import (
     ArtifactError,
     Directory,
+    ResourceEntry,
     TensorEntry,
     encode_directory,
     read_directory,
@@ -44,7 +45,8 @@ class MigrationResult:
 def _objects_json(directory: Directory) -> list[dict[str, Any]]:
     """The directory's objects as JSON members, in offset order (what the reader validated)."""
     objects: list[dict[str, Any]] = []
-    for e in sorted((*directory.tensors, *directory.resources), key=lambda e: e.offset):
+    entries: list[TensorEntry | ResourceEntry] = [*directory.tensors, *directory.resources]
+    for e in sorted(entries, key=lambda e: e.offset):
         if isinstance(e, TensorEntry):
             objects.append(
                 {"name": e.name, "kind": "tensor", "shape": list(e.shape), "format": e.format,

@@ -16,11 +16,14 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.artifact.container import write_artifact
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 TINY_MODEL_IDS = {"dense": "ninfer-tiny-dense", "moe": "ninfer-tiny-moe"}
 TINY_WEIGHTS_ID = "bf16-tiny"
@@ -67,10 +70,13 @@ _MOE: dict[str, Any] = {
 
 def tiny_hf_config(arch: str) -> dict[str, Any]:
     """The HF `config.json` of a tiny model (text config, as `Qwen3_5*ForCausalLM.save_pretrained` writes)."""
+    from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig
+
+    config_class: type[PreTrainedConfig]
     if arch == "dense":
-        from transformers import Qwen3_5TextConfig as config_class
+        config_class = Qwen3_5TextConfig
     elif arch == "moe":
-        from transformers import Qwen3_5MoeTextConfig as config_class  # type: ignore[no-redef]
+        config_class = Qwen3_5MoeTextConfig
     else:
         raise ValueError(f"arch must be 'dense' or 'moe', got {arch!r}")
     fields = {**_COMMON, **(_DENSE if arch == "dense" else _MOE)}

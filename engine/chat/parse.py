@@ -102,7 +102,8 @@ def tool_schemas(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Mapping
     (`{"name", "parameters"}`) or Anthropic (`{"name", "input_schema"}`) tool definitions."""
     schemas: dict[str, Mapping[str, Any]] = {}
     for tool in tools or ():
-        spec = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
+        function = tool.get("function")
+        spec = function if isinstance(function, Mapping) else tool
         name = spec.get("name")
         if isinstance(name, str):
             params = spec.get("parameters", spec.get("input_schema"))

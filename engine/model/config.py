@@ -163,6 +163,8 @@ class ModelConfig:
         rope = _rope_settings(text)
         is_moe = TEXT_MODEL_TYPES[text["model_type"]]
         num_layers = _required(text, "num_hidden_layers")
+        # NOTE: a JSON value; annotated because mypy resolves these nested `dict.get`s to `Any | None`.
+        mtp_layers: Any = text.get("mtp_num_hidden_layers", config.get("mtp_num_hidden_layers", 1))
         values: dict[str, Any] = {
             "model_type": text["model_type"],
             "layer_types": _layer_types(text, num_layers),
@@ -175,9 +177,7 @@ class ModelConfig:
             or text.get("torch_dtype")
             or config.get("dtype")
             or config.get("torch_dtype"),
-            "mtp_num_hidden_layers": int(
-                text.get("mtp_num_hidden_layers", config.get("mtp_num_hidden_layers", 1))
-            ),
+            "mtp_num_hidden_layers": int(mtp_layers),
             **rope,
         }
         required = [

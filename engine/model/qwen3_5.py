@@ -8,6 +8,8 @@ Module names equal the checkpoint tensor names (``model.layers.N.linear_attn.in_
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -57,9 +59,14 @@ class Qwen3_5TextModel(nn.Module):
         rope = self.rope(batch.positions)
         if not self.layers:
             return self.norm(residual)
-        normed = self.layers[0].input_layernorm(residual)
-        for i, layer in enumerate(self.layers):
-            next_norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+        # NOTE: nn.ModuleList is untyped; __init__ fills it with DecoderLayers only.
+        layers = self.layers
+        normed = cast(DecoderLayer, layers[0]).input_layernorm(residual)
+        for i, module in enumerate(layers):
+            layer = cast(DecoderLayer, module)
+            next_norm = (
+                cast(DecoderLayer, layers[i + 1]).input_layernorm if i + 1 < len(layers) else self.norm
+            )
             normed, residual = layer.forward_fused(normed, residual, rope, batch, cache, next_norm)
         return normed
 

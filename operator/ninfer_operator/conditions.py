@@ -34,13 +34,17 @@ def set_condition(
     """Return a new list with `type_` set; other conditions are kept, in CONDITION_TYPES order."""
     assert status in ("True", "False", "Unknown"), f"bad condition status {status!r}"
     old = get_condition(conditions, type_)
-    changed = old is None or old.get("status") != status
+    since: str | None
+    if old is None or old.get("status") != status:
+        since = now or now_rfc3339()
+    else:
+        since = old.get("lastTransitionTime")
     new: Condition = {
         "type": type_,
         "status": status,
         "reason": reason,
         "message": message,
-        "lastTransitionTime": (now or now_rfc3339()) if changed else old.get("lastTransitionTime"),
+        "lastTransitionTime": since,
     }
     if generation is not None:
         new["observedGeneration"] = generation

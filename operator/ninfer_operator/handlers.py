@@ -205,16 +205,18 @@ def _reconcile(
             raise kopf.PermanentError(str(e)) from None
 
 
+# NOTE: kopf's handler protocols (ChangingFn, TimerFn) do not list index kwargs such as `gpu_nodes`,
+# which kopf passes by name: hence the two arg-type ignores.
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")  # type: ignore[arg-type]
 def reconcile(
     body: kopf.Body, patch: kopf.Patch, gpu_nodes: kopf.Index[str, dict[str, Any]], **_: Any
 ) -> None:
     _reconcile(body, patch, gpu_nodes, timer=False)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=CONFIG.resync_interval_s, initial_delay=CONFIG.resync_interval_s)
+@kopf.timer(GROUP, VERSION, PLURAL, interval=CONFIG.resync_interval_s, initial_delay=CONFIG.resync_interval_s)  # type: ignore[arg-type]
 def resync(body: kopf.Body, patch: kopf.Patch, gpu_nodes: kopf.Index[str, dict[str, Any]], **_: Any) -> None:
     """Level-based repair: re-renders children (undoing drift) and refreshes status from the Deployment."""
     _reconcile(body, patch, gpu_nodes, timer=True)
