@@ -2,14 +2,17 @@
 # ONE command for the device machine (run there from the repository root; carry build/wheels, made here by
 # scripts/device/prepare_wheels.sh). Stages, each optional and each bounded by `timeout`:
 #   install  pip install --no-index the carried wheels into /tmp/site
-#   tests    python3 -m pytest -m gpu tests
-#   bench    ninfer-bench (27B: prefill 7680, decode C=1,8) + bench/host_parking.py
+#   tests    python3 -m pytest -m gpu TEST_PATHS (default: tests, without tests/operator)
+#   hotpath  bench/kernels/hot_path.py (kernel timings; only with --hot-path)
+#   bench    ninfer-bench per --geometries (default 27B; BENCH_ARGS default: prefill 7680, decode C=1,8)
+#            + bench/host_parking.py (unless --no-host-parking)
 #   load     per profile, its own ninfer-serve --synthetic qwen3.6-27b (host parking on), then loadtest/run.py:
 #            agent_sessions_long: 4 lanes, 4 sessions of ~--context tokens, device KV --kv-capacity (holds them all)
 #            park_resume: --park-lanes lanes, --park-users sessions of ~--park-context tokens, device KV
 #            --park-kv-capacity (smaller than their sum: sessions are evicted, parked to host RAM and restored)
 # Logs and results go to $OUT (the few files that come back) and, whole, to $OUT/session.tar.gz.
 # Usage: scripts/device/gpu_session.sh [--no-tests] [--no-bench] [--no-engine-bench] [--load none|agent|park|both]
+#        [--test-paths "P..."] [--hot-path] [--geometries "G..."] [--bench-args "ARGS"] [--no-host-parking]
 #        [--tests-timeout S] [--bench-timeout S] [--load-timeout S (per profile)] [--geometry G]
 #        [--context N] [--users N] [--kv-capacity TOKENS] [--host-kv-mib N] [--max-context N]
 #        [--park-users N] [--park-context N] [--park-lanes N] [--park-kv-capacity TOKENS]
@@ -17,7 +20,9 @@
 # per call (--load agent, then --load park), each with --no-tests --no-bench.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-TESTS=1 BENCH=1 ENGINE_BENCH=1 LOAD=both
+TESTS=1 BENCH=1 ENGINE_BENCH=1 LOAD=both HOT_PATH=0 HOST_PARKING=1
+TEST_PATHS="tests --ignore tests/operator" GEOMETRIES=qwen3.6-27b
+BENCH_ARGS="--prompt-len 7680 --concurrency 1,8 --decode-tokens 32"
 TESTS_T=240 BENCH_T=240 LOAD_T=420
 GEOMETRY=qwen3.6-27b CONTEXT=100000 USERS=4 KV_CAPACITY=524288 HOST_KV_MIB=49152 MAX_CONTEXT=131072 PORT=8080
 PARK_USERS=8 PARK_CONTEXT=30000 PARK_LANES=2 PARK_KV_CAPACITY=131072
@@ -25,13 +30,15 @@ while (($#)); do
   case $1 in
     --no-tests) TESTS=0 ;; --no-bench) BENCH=0 ;; --no-engine-bench) ENGINE_BENCH=0 ;;
     --no-load) LOAD=none ;; --load) LOAD=$2; shift ;;
+    --test-paths) TEST_PATHS=$2; shift ;; --hot-path) HOT_PATH=1 ;; --no-host-parking) HOST_PARKING=0 ;;
+    --geometries) GEOMETRIES=$2; shift ;; --bench-args) BENCH_ARGS=$2; shift ;;
     --tests-timeout) TESTS_T=$2; shift ;; --bench-timeout) BENCH_T=$2; shift ;; --load-timeout) LOAD_T=$2; shift ;;
     --geometry) GEOMETRY=$2; shift ;; --context) CONTEXT=$2; shift ;; --users) USERS=$2; shift ;;
     --kv-capacity) KV_CAPACITY=$2; shift ;; --host-kv-mib) HOST_KV_MIB=$2; shift ;;
     --max-context) MAX_CONTEXT=$2; shift ;;
     --park-users) PARK_USERS=$2; shift ;; --park-context) PARK_CONTEXT=$2; shift ;;
     --park-lanes) PARK_LANES=$2; shift ;; --park-kv-capacity) PARK_KV_CAPACITY=$2; shift ;;
-    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
     *) echo "gpu_session.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -66,13 +73,19 @@ export PATH=/tmp/site/bin:$PATH
   python3 -c 'import fla; print("fla", getattr(fla, "__version__", "?"))'; } >"$WORK/env.log" 2>&1
 
 # ---- tests ----
-((TESTS)) && stage gpu_tests "$TESTS_T" python3 -m pytest -m gpu tests --ignore tests/operator -q -p no:cacheprovider --timeout 150 --durations 20 -rfE
+# shellcheck disable=SC2086  # TEST_PATHS and BENCH_ARGS are word lists
+((TESTS)) && stage gpu_tests "$TESTS_T" python3 -m pytest -m gpu $TEST_PATHS -q -p no:cacheprovider --timeout 150 --durations 20 -rfE
+((HOT_PATH)) && stage hot_path "$BENCH_T" python3 bench/kernels/hot_path.py --json "$WORK/hot_path.json"
 
 # ---- bench ----
 if ((BENCH)); then
-  ((ENGINE_BENCH)) && stage bench "$BENCH_T" python3 -m engine.bench --synthetic "$GEOMETRY" --prompt-len 7680 --concurrency 1,8 \
-    --decode-tokens 32 --json "$WORK/bench_${GEOMETRY}.json"
-  stage host_parking "$((BENCH_T / 2))" python3 bench/host_parking.py --json "$WORK/host_parking.json"
+  if ((ENGINE_BENCH)); then
+    for g in $GEOMETRIES; do
+      # shellcheck disable=SC2086
+      stage "bench_$g" "$BENCH_T" python3 -m engine.bench --synthetic "$g" $BENCH_ARGS --json "$WORK/bench_$g.json"
+    done
+  fi
+  ((HOST_PARKING)) && stage host_parking "$((BENCH_T / 2))" python3 bench/host_parking.py --json "$WORK/host_parking.json"
 fi
 
 # ---- load ----
@@ -113,7 +126,10 @@ fi
 log "done, status $status"
 tar -czf "$OUT/session.tar.gz" -C "$WORK" . 2>/dev/null
 cp "$WORK/session.log" "$OUT/"
-for f in gpu_tests.log bench.log; do [[ -f $WORK/$f ]] && tail -c 2000000 "$WORK/$f" >"$OUT/$f"; done
+for f in gpu_tests.log hot_path.json "$WORK"/bench_*.json; do
+  f=${f##*/}; [[ -f $WORK/$f ]] && tail -c 2000000 "$WORK/$f" >"$OUT/$f"
+done
+cat "$WORK"/bench_*.log "$WORK"/hot_path.log >"$OUT/bench_logs.txt" 2>/dev/null
 cat "$WORK"/load/*/summary.json >"$OUT/load_summaries.json" 2>/dev/null
 cat "$WORK/session.log"
 exit $status
