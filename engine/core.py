@@ -76,6 +76,9 @@ class EngineStats:
     host_kv_restore_seconds: float = 0.0
     host_kv_evictions: dict[str, int] = field(default_factory=dict)  # by reason (lru, replaced, ...)
     host_kv_park_refusals: dict[str, int] = field(default_factory=dict)  # by reason (oversize, pinned)
+    # Evicted device checkpoints not parked, by reason: "covered" (its tokens stay on the device in longer
+    # checkpoints), "on_host" (already parked); engine/scheduler/host.py says which are parked together.
+    host_kv_park_skips: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -289,6 +292,7 @@ class EngineCore:
 
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()
+        planner = self.scheduler.host
         return EngineStats(
             num_running=s.num_running,
             num_waiting=s.num_waiting,
@@ -310,6 +314,7 @@ class EngineCore:
             num_requests_finished=dict(self.finished),
             num_requests_rejected=dict(self.rejected),
             **host_stat_fields(self.host),
+            host_kv_park_skips=dict(planner.park_skips) if planner is not None else {},
         )
 
     def check_integrity(self) -> None:

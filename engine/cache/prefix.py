@@ -77,8 +77,10 @@ class PrefixIndex:
     """At most `max_checkpoints` checkpoints, LRU-ordered (lookup hits and inserts refresh them).
 
     Pinned checkpoints (a restore from them is scheduled but not yet executed) are never evicted.
-    `on_evict(cp)` (host parking) is called with each evicted checkpoint while it still holds its
-    pages and state slot; `keep_token_ids` stores each checkpoint's tokens for that caller.
+    `on_evict(cp, keep)` (host parking) is called with each LRU victim while it still holds its pages
+    and state slot, and returns further unpinned checkpoints (never `keep`) to evict with it, e.g. the
+    later checkpoints of the same sequence, parked together; `keep_token_ids` stores each checkpoint's
+    tokens for that caller.
     """
 
     def __init__(
@@ -89,7 +91,7 @@ class PrefixIndex:
         self.page_size = pages.page_size
         self.max_checkpoints = max_checkpoints
         self.keep_token_ids = keep_token_ids
-        self.on_evict: Callable[[Checkpoint], None] | None = None
+        self.on_evict: Callable[[Checkpoint, Checkpoint | None], Sequence[Checkpoint]] | None = None
         self._lru: OrderedDict[int, Checkpoint] = OrderedDict()  # oldest first
         self._next_id = 0
         self.num_evictions = 0
@@ -175,17 +177,18 @@ class PrefixIndex:
         """Drop the least recently used unpinned checkpoint (not `keep`); False if there is none."""
         for cp in self._lru.values():
             if cp.num_pins == 0 and cp is not keep:
-                self._drop(cp)
+                self._drop(cp, keep)
                 return True
         return False
 
-    def _drop(self, cp: Checkpoint) -> None:
-        if self.on_evict is not None:
-            self.on_evict(cp)
-        del self._lru[cp.checkpoint_id]
-        self.pages.free(cp.page_ids)
-        self.slots.free(cp.state_slot)
-        self.num_evictions += 1
+    def _drop(self, cp: Checkpoint, keep: Checkpoint | None = None) -> None:
+        extra = self.on_evict(cp, keep) if self.on_evict is not None else ()
+        for victim in (cp, *extra):
+            assert victim.num_pins == 0 and victim is not keep, f"evicting checkpoint {victim.checkpoint_id}"
+            del self._lru[victim.checkpoint_id]
+            self.pages.free(victim.page_ids)
+            self.slots.free(victim.state_slot)
+            self.num_evictions += 1
 
     def clear(self) -> None:
         """Drop every unpinned checkpoint."""

@@ -5,16 +5,30 @@ Must not touch: bytes (the runner executes the lists through `engine.parking`), 
 ownership (the scheduler allocates and frees those), `HostParking`'s entries (only the runner's
 `park` / `unpark` change them; here they are read with `lookup` and pinned).
 
-Park on eviction. `PrefixIndex` calls `on_evict(cp)` for every checkpoint it evicts (the LRU under
-the checkpoint budget, a state slot, or pages reclaimed for an admission), just before freeing its
-pages and slot. The park is emitted in the next `SchedulerOutput`; nothing writes those ids before
+Park on eviction. `PrefixIndex` calls `on_evict(cp, keep)` for every LRU victim (under the
+checkpoint budget, for a state slot, or for pages reclaimed for an admission), just before freeing
+its pages and slot. The park is emitted in the next `SchedulerOutput`; nothing writes those ids before
 the runner runs it, because the runner performs parks before anything else in a step:
 
     schedule()   reclaim -> evict cp (pages, slot freed) -> park queued -> pages re-allocated
     runner       parks (read cp's pages / slots) -> unparks -> page copies -> forward (writes)
 
-Earlier checkpoints of the same sequence that are still on the device (same physical pages, same
-tokens) are copied into the same entry as earlier checkpoints, so a later request can branch there.
+What is parked: one entry per sequence, not one per checkpoint. A request leaves several checkpoints
+on one sequence (message boundaries, its prompt end P, its generation end G); the next turn of a chat
+usually continues from P, not G, because chat templates drop the previous turn's reasoning. Parking
+each checkpoint as it falls out of the LRU would copy the same pages once per checkpoint and keep P
+and G in different entries. So for a victim `cp` ("extends" = same tokens and the same physical full
+pages, longer):
+
+    no device checkpoint extends cp      park cp (a leaf: the end of a sequence)
+    the ones that do form one chain,     evict them with cp and park ONE entry: the longest one's pages,
+      all unpinned and not `keep`        the state of cp and of each of them (P with G)
+    otherwise (branches, pinned, keep)   park nothing: cp's tokens stay on the device inside the longer
+                                         checkpoints; a rewind to exactly cp re-prefills after that
+
+Every entry also carries the states of the shorter device checkpoints on the same pages (branch
+points: a later request can rewind there), and nothing is parked when the host already holds every
+checkpoint of the entry (e.g. P, after G was parked together with it).
 
 Restore on match. At admission the scheduler asks `match()` (a pure lookup) whether a parked entry
 holds a longer prefix of the prompt than any device checkpoint. Only when it commits (pages and slot
@@ -55,19 +69,48 @@ class HostPlanner:
         self.num_restores = 0  # committed restores (admissions)
         self.num_restored_tokens = 0  # prompt tokens they reused
         self.num_restore_failures = 0  # reported failed by the runner: the lane prefilled cold
+        self.park_skips: Counter[str] = Counter()  # victims not parked: "covered" (on device), "on_host"
+        self.num_co_evicted = 0  # later checkpoints evicted with a victim, in its entry
 
     # ---- park on eviction --------------------------------------------------------------------------
-    def _on_evict(self, cp: Checkpoint) -> None:
-        tokens = cp.token_ids
-        if tokens is None:  # inserted before parking was attached
-            return
-        checkpoints = [(cp.num_tokens, cp.state_slot)]
-        for other in self.prefix.checkpoints:
-            if (other is not cp and other.num_tokens < cp.num_tokens
-                    and other.page_ids == cp.page_ids[: len(other.page_ids)]
-                    and other.token_ids == tokens[: other.num_tokens]):  # fmt: skip
-                checkpoints.append((other.num_tokens, other.state_slot))
-        self._parks.append(HostPark(cp.checkpoint_id, cp.page_ids, tokens, tuple(sorted(checkpoints))))
+    def _on_evict(self, cp: Checkpoint, keep: Checkpoint | None) -> list[Checkpoint]:
+        """Queue the park of `cp`'s sequence; return its later checkpoints to evict with it."""
+        if cp.token_ids is None:  # inserted before parking was attached
+            return []
+        others = [o for o in self.prefix.checkpoints if o is not cp and o.token_ids is not None]
+        later = sorted((o for o in others if self._extends(o, cp)), key=lambda o: o.num_tokens)
+        chain = all(self._extends(b, a) for a, b in zip(later, later[1:], strict=False))
+        if later and (not chain or any(o.num_pins or o is keep for o in later)):
+            self.park_skips["covered"] += 1  # cp's tokens live on in longer device checkpoints
+            return []
+        group = [cp, *later]
+        top = group[-1]
+        shorter = [o for o in others if o not in group and self._extends(top, o)]
+        checkpoints = sorted((c.num_tokens, c.state_slot) for c in group + shorter)
+        if all(self._host_holds(top, n) for n, _ in checkpoints):
+            self.park_skips["on_host"] += 1
+            return []
+        assert top.token_ids is not None
+        self._parks.append(HostPark(top.checkpoint_id, top.page_ids, top.token_ids, tuple(checkpoints)))
+        self.num_co_evicted += len(later)
+        return later
+
+    def _extends(self, longer: Checkpoint, shorter: Checkpoint) -> bool:
+        """`longer` continues `shorter`: same first tokens, same physical full pages (so `shorter`'s
+        state is valid with `longer`'s pages; a partial page of `shorter` was copied before writing)."""
+        n = shorter.num_tokens
+        full = n // self.prefix.page_size
+        return (
+            longer.num_tokens > n
+            and longer.page_ids[:full] == shorter.page_ids[:full]
+            and longer.token_ids is not None
+            and longer.token_ids[:n] == shorter.token_ids
+        )
+
+    def _host_holds(self, cp: Checkpoint, num_tokens: int) -> bool:
+        assert cp.token_ids is not None
+        found = self.host.lookup(cp.token_ids, None, num_tokens)
+        return found is not None and found.num_tokens == num_tokens
 
     # ---- restore on match ----------------------------------------------------------------------------
     def match(

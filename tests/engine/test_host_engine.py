@@ -60,6 +60,15 @@ class Driver:
         return self.tokens[rid]
 
 
+def assert_evictions_accounted(core: EngineCore) -> None:
+    """Every device checkpoint eviction is a park (or a refused one), a member evicted inside another's
+    park, or a skip with its reason."""
+    s, planner = core.stats(), core.scheduler.host
+    assert planner is not None
+    parked = s.host_kv_parks + sum(s.host_kv_park_refusals.values()) + planner.num_co_evicted
+    assert parked + sum(s.host_kv_park_skips.values()) == core.scheduler.prefix.num_evictions
+
+
 def cold(ids: Sequence[int], params: SamplingParams = GREEDY) -> list[int]:
     return alone("dense", [ids], params)[0]
 
@@ -101,10 +110,11 @@ def test_branching_from_earlier_checkpoints_of_parked_sessions():
     device_branch = turn1[:40] + prompt(30, 12)
     assert d.run("b", device_branch) == cold(device_branch)  # a device hit at 40 refreshes it in the LRU
     assert d.finish["b"].num_cached_tokens == 40 and d.finish["b"].num_host_cached_tokens == 0
-    # The side request evicts 105 first (co-parked with the still resident 40), then 40, then b.
+    # The side request evicts 105 first (parked with the state of the still resident 40), then 40, which
+    # b's 75 extends: both leave together as one entry (40, 75), not one entry per checkpoint.
     d.run("side", prompt(30, 13), long_params(150))
-    assert core.stats().host_kv_parks == 3
-    assert sorted(core.host.entry(k).checkpoints for k in core.host.entry_keys) == [(40,), (40, 105), (75,)]
+    assert core.stats().host_kv_parks == 2
+    assert sorted(core.host.entry(k).checkpoints for k in core.host.entry_keys) == [(40, 75), (40, 105)]
     branches = [turn1[:40] + prompt(25, seed) for seed in (14, 15)]
     for k, branch in enumerate(branches):
         assert d.run(f"c{k}", branch) == cold(branch)
@@ -166,7 +176,7 @@ def test_probe_storm_moves_no_bytes():
     assert all(d.finish[f"s{k}"].reason.kind.value == "length" for k in range(40))
     s = core.stats()
     assert s.host_kv_restores >= 1  # the first continuation restored the session
-    assert s.host_kv_parks + sum(s.host_kv_park_refusals.values()) == core.scheduler.prefix.num_evictions
+    assert_evictions_accounted(core)
     first = next(k for k in range(0, 40, 2))
     assert d.tokens[f"s{first}"] == cold(storm[first], SamplingParams(temperature=0.0, max_tokens=4))
 
@@ -208,3 +218,28 @@ def test_serve_flag_maps_and_refuses_no_prefix_reuse(capsys):
         parse_args(["--host-kv-cache-mib", "64", "--no-prefix-reuse"])
     assert exc.value.code == 2
     assert "--host-kv-cache-mib 64 needs prefix reuse" in capsys.readouterr().err
+
+
+def test_sessions_resume_from_their_prompt_end_when_templates_drop_the_last_answer():
+    """Agent sessions whose next turn continues from the previous PROMPT (chat templates drop the last
+    turn's reasoning), three sessions taking turns in a pool that holds about one: every later turn
+    restores the previous prompt end from the host. The prompt end P and the generation end G of a turn
+    leave the device together as one entry (before, each checkpoint was parked on its own, P and G in
+    different entries, and a session parked at G alone could not resume)."""
+    core = make_core(page_size=PAGE, max_context=256, host_kv_cache_mib=1)  # 16 pages
+    d = Driver(core)
+    prompts = {s: prompt(60, 60 + s) for s in range(3)}
+    for turn in range(3):
+        for s in range(3):
+            ids = prompts[s]
+            rid = f"s{s}t{turn}"
+            d.run(rid, ids, long_params(24), checkpoints=[30, len(ids)])
+            if turn:
+                assert d.finish[rid].num_cached_tokens == len(ids) - 20, rid  # the previous prompt end
+                assert d.finish[rid].num_host_cached_tokens == len(ids) - 20, rid
+            assert d.tokens[rid] == cold(ids, long_params(24))
+            prompts[s] = ids + prompt(20, 100 + 10 * s + turn)  # next turn: this prompt + new tokens
+    s = core.stats()
+    assert s.host_kv_restores == 6
+    assert s.host_kv_parks <= 9  # at most one entry per session turn
+    assert_evictions_accounted(core)

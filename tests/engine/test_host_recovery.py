@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 from engine_harness import GREEDY, alone, make_core, one_thread, prompt
-from test_host_engine import Driver, cold
+from test_host_engine import Driver, assert_evictions_accounted, cold
 
 from engine.core import EngineCore
 from engine.request import FinishEvent, SamplingParams
@@ -199,9 +199,9 @@ def test_storm_of_100_requests_with_parked_sessions():
     assert s.host_kv_restore_bytes == sum(
         host.geometry.entry_bytes(host.geometry.pages_for(n), 1, 0) for n in restored
     )
-    # Parks: one per evicted checkpoint (each eviction made room for an admitted request or a retained
-    # finish), each at most one max-context sequence.
-    assert s.host_kv_parks + sum(s.host_kv_park_refusals.values()) == core.scheduler.prefix.num_evictions
+    # Every eviction (each made room for an admitted request or a retained finish) is accounted for; each
+    # park is at most one max-context sequence.
+    assert_evictions_accounted(core)
     assert s.host_kv_parks - base.host_kv_parks <= 2 * (len(answered) + 1)
     max_entry = host.geometry.entry_bytes(host.geometry.pages_for(256), 4, 0)
     assert s.host_kv_park_bytes <= s.host_kv_parks * max_entry
