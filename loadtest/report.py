@@ -178,3 +178,47 @@ def write_results(out_dir: Path, records: Sequence[Mapping[str, Any]], summary: 
 
 def load_records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def server_breakdown(request_log: Path, since_unix: float) -> dict[str, Any]:
+    """The server's own view of the run, from its request log (`ninfer-serve --request-log-jsonl`):
+    requests finished since `since_unix`, grouped by how the prompt prefix was reused (`none`, `checkpoint`
+    = device prefix cache, `host_restore` = restored from host RAM), with the server-side queue, prefill
+    (admission to first token) and TTFT seconds and the reused tokens. Client TTFT mixes queueing for a
+    lane with prefill; this separates them. `resumed_vs_cold_prefill_p50` = prefill p50 of requests that
+    reused a prefix / of those that did not (None when either is missing)."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    with open(request_log, encoding="utf-8") as f:
+        for line in f:
+            event = json.loads(line)
+            if event.get("event") != "request_done" or event.get("timestamp_unix_ms", 0) < since_unix * 1000:
+                continue
+            timings = event.get("timings_seconds") or {}
+            if timings.get("prefill") is None:  # cut before its first token (e.g. stopped at the end)
+                continue
+            result = event["result"]
+            groups.setdefault(result.get("prefix_reuse_path") or "none", []).append(
+                {
+                    **timings,
+                    "cached": result.get("prefix_cache_hit_tokens", 0),
+                    "host": result.get("host_cache_hit_tokens", 0),
+                    "prompt": result["prompt_tokens"],
+                }
+            )
+    by_path = {
+        path: {
+            "requests": len(rows),
+            **{
+                f"{key}_s": distribution([r[key] for r in rows if r.get(key) is not None])
+                for key in ("queue", "prefill", "ttft")
+            },
+            "prompt_tokens": distribution([r["prompt"] for r in rows]),
+            "cached_tokens": distribution([r["cached"] for r in rows]),
+            "host_cached_tokens": distribution([r["host"] for r in rows]),
+        }
+        for path, rows in sorted(groups.items())
+    }
+    cold = [r["prefill"] for r in groups.get("none", [])]
+    resumed = [r["prefill"] for path, rows in groups.items() if path != "none" for r in rows]
+    ratio = quantile(resumed, 0.5) / quantile(cold, 0.5) if cold and resumed and quantile(cold, 0.5) else None
+    return {"by_reuse_path": by_path, "resumed_vs_cold_prefill_p50": ratio}

@@ -6,7 +6,8 @@
 
 Per profile it scrapes the server's `/stats` before and after, runs
 `locust -f loadtest/locustfile.py --headless ...` (Locust's own CSVs land in DIR/locust_*.csv), then adds
-the `/stats` deltas to DIR/summary.json under "server". Exit status: 0 when every profile ran without a
+the `/stats` deltas to DIR/summary.json under "server" (and, with `--server-request-log`, the server's own
+queue / prefill seconds per prefix-reuse path under "server_requests"). Exit status: 0 when every profile ran without a
 failed request, 1 otherwise, 2 on bad arguments. Only this wrapper imports nothing from locust, so it is
 safe to call from tests.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from report import server_breakdown
 
 HERE = Path(__file__).resolve().parent
 PROFILES = (
@@ -50,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model name to send (default: the server's first model)")
     p.add_argument("--api-key", default=os.environ.get("NINFER_API_KEY"), help="or NINFER_API_KEY")
     p.add_argument("--locust", default=str(Path(sys.executable).parent / "locust"), help="locust executable")
+    p.add_argument("--server-request-log", type=Path, metavar="JSONL",
+                   help="the server's --request-log-jsonl (same machine): adds its queue / prefill split by "
+                   "prefix-reuse path to summary.json as server_requests")  # fmt: skip
     return p
 
 
@@ -126,7 +131,7 @@ def run_profile(args: argparse.Namespace, profile: str, params: dict[str, Any]) 
         "--loglevel", "WARNING",
     ]  # fmt: skip
     before = server_stats(args.host, args.api_key)
-    started = time.monotonic()
+    started, started_unix = time.monotonic(), time.time()
     rc = subprocess.run(cmd, env=env, cwd=HERE).returncode
     elapsed = time.monotonic() - started
     summary_path = results / "summary.json"
@@ -137,6 +142,8 @@ def run_profile(args: argparse.Namespace, profile: str, params: dict[str, Any]) 
     summary["server"] = stats_delta(before, server_stats(args.host, args.api_key))
     summary["locust_exit_code"] = rc
     summary["wall_s"] = elapsed
+    if args.server_request_log is not None:
+        summary["server_requests"] = server_breakdown(args.server_request_log, started_unix)
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     overall = summary["overall"]
     ttft = overall["ttft_s"]["p50"]

@@ -107,7 +107,8 @@ serve_and_load() {
     log "serve ($profile): healthy after $((SECONDS - started))s"
     local left=$((LOAD_T - (SECONDS - started) - 30))
     stage "$profile" "$left" python3 loadtest/run.py "$profile" --scale gpu --host "http://127.0.0.1:$PORT" \
-      --run-time "$((left - 60))s" --locust "$(command -v locust)" --results "$WORK/load/$profile" "$@"
+      --run-time "$((left - 60))s" --locust "$(command -v locust)" --results "$WORK/load/$profile" \
+      --server-request-log "$WORK/requests_$profile.jsonl" "$@"
     python3 -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/stats').text)" >"$WORK/stats_$profile.json"
   else
     log "serve ($profile): not healthy (see serve_$profile.log)"; status=1

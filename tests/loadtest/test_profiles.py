@@ -1,7 +1,8 @@
 """Every Locust profile runs headless for a few seconds against a real `ninfer-serve` through
 `loadtest/run.py` (the `locust` CLI in a subprocess) and writes its results: summary.json with
 p50/p90/p99 overall and per group, goodput and cached share; summary.csv; records.jsonl; Locust's own
-CSVs with the custom TTFT / TPOT / ITL / TOKENS events. `agent_sessions_long` has 0 failed requests and
+CSVs with the custom TTFT / TPOT / ITL / TOKENS events; with the server's request log, its queue / prefill
+split by prefix-reuse path. `agent_sessions_long` has 0 failed requests and
 cached prompt tokens on every turn after the first. The engine is idle and healthy afterwards."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def _run(server: Server, profile: str, out: Path) -> dict[str, Any]:
     cmd = [
         sys.executable, str(ROOT / "loadtest" / "run.py"), profile,
         "--host", server.url, "--run-time", run_time, "--stop-timeout", "20", "--results", str(out),
+        "--server-request-log", str(server.request_log),
         *[arg for p in params for arg in ("--param", p)],
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -62,9 +64,15 @@ def test_profile_runs_and_writes_results(load_server: Server, tmp_path: Path, pr
     assert all(r["output_tokens"] >= 1 and r["prompt_tokens"] > 0 for r in records)
     kinds = {row["Type"] for row in csv.DictReader(open(tmp_path / "locust_stats.csv"))}
     assert {"STREAM", "TTFT", "TOKENS"} <= kinds, kinds
+    paths = summary["server_requests"]["by_reuse_path"]  # the server's log, this run only
+    assert sum(p["requests"] for p in paths.values()) <= summary["server"]["engine"]["num_requests_added"]
+    assert all(p["prefill_s"]["count"] == p["requests"] for p in paths.values()), paths
     if profile == "agent_sessions_long":
         later = summary["later_turns"]
         assert later["requests"] > 0 and later["without_cached_tokens"] == 0, later
+        reused = paths["checkpoint"]  # later turns continue from the device prefix cache
+        assert reused["requests"] >= later["requests"] and reused["cached_tokens"]["mean"] > 0, paths
+        assert "resumed_vs_cold_prefill_p50" in summary["server_requests"]
         assert {r["api"] for r in records} == {"openai", "anthropic"}
     if profile == "shared_prefix_fanout":
         assert overall["cached_token_share"] > 0.3
