@@ -78,16 +78,28 @@ def apply_penalties(
     return logits
 
 
+TOP_K_CANDIDATES = 1024  # rows all with 0 < top_k <= this filter their top-k candidates, not a full sort
+
+
 def filter_logits(
     logits: torch.Tensor,  # [B, V] float32, already divided by temperature
     top_k: torch.Tensor,  # [B] int64, 0 = off
     top_p: torch.Tensor,  # [B] float32, 1 = off
     min_p: torch.Tensor,  # [B] float32, 0 = off
+    max_k: int | None = None,  # largest top_k of the batch (host); 0 or None: some row has none
 ) -> torch.Tensor:
-    """Set the logits that top-k, then top-p, then min-p remove to -inf. The top token always stays."""
+    """Set the logits that top-k, then top-p, then min-p remove to -inf. The top token always stays.
+
+    Top-p and min-p only ever look at what top-k kept, so when every row has a top-k of at most
+    `TOP_K_CANDIDATES` (the model presets use 20) only the `max_k` best logits per row are selected
+    (`topk`) instead of sorting the whole vocabulary; the kept set and its logits are the same.
+    """
     vocab_size = logits.shape[-1]
-    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab_size, device=logits.device)
+    if max_k and max_k <= TOP_K_CANDIDATES and max_k < vocab_size:
+        sorted_logits, sorted_idx = logits.topk(max_k, dim=-1)  # sorted, best first
+    else:
+        sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(sorted_logits.shape[-1], device=logits.device)
     k = torch.where(top_k <= 0, vocab_size, top_k.clamp(max=vocab_size))
     sorted_logits.masked_fill_(ranks[None, :] >= k[:, None], float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
@@ -149,10 +161,13 @@ class Sampler:
         temperature = _column(params, "temperature", 1.0, dev).masked_fill(
             torch.tensor(greedy, device=dev), 1.0
         )
-        top_k = torch.tensor([p.top_k or 0 for p in params], dtype=torch.long, device=dev)
+        ks = [p.top_k or 0 for p in params]
+        top_k = torch.tensor(ks, dtype=torch.long, device=dev)
         top_p = _column(params, "top_p", 1.0, dev)
         min_p = _column(params, "min_p", 0.0, dev)
-        probs = filter_logits(logits / temperature[:, None], top_k, top_p, min_p).softmax(dim=-1)
+        sampled_ks = [k for k, g in zip(ks, greedy, strict=True) if not g]  # greedy rows ignore the filter
+        max_k = 0 if min(sampled_ks) <= 0 else max(sampled_ks)
+        probs = filter_logits(logits / temperature[:, None], top_k, top_p, min_p, max_k).softmax(dim=-1)
         noise = torch.empty_like(probs)
         for row, (p, request_id) in enumerate(zip(params, request_ids, strict=True)):
             if not greedy[row]:

@@ -141,3 +141,34 @@ def test_every_filter_on_still_samples_from_the_top_k() -> None:
 def test_rows_must_match_params() -> None:
     with pytest.raises(AssertionError, match="one row per request"):
         Sampler().sample(_logits(2), [SamplingParams()], ["a"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_top_k_candidates_filter_like_the_full_sort(seed: int) -> None:
+    """Rows that all have a top-k select their top-k candidates (no full-vocabulary sort): the same kept
+    tokens and the same logits as the sorted path, with top-p and min-p on top, for every mix of rows."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(6, 3000, generator=gen) * 3
+    top_k = torch.tensor([1, 5, 20, 20, 64, 1024])
+    top_p = torch.tensor([1.0, 0.9, 0.95, 0.5, 1.0, 0.8])
+    min_p = torch.tensor([0.0, 0.0, 0.05, 0.0, 0.2, 0.0])
+    full = filter_logits(logits, top_k, top_p, min_p)
+    fast = filter_logits(logits, top_k, top_p, min_p, int(top_k.max()))
+    assert torch.equal(torch.isfinite(fast), torch.isfinite(full))
+    assert torch.equal(fast[torch.isfinite(fast)], full[torch.isfinite(full)])
+    assert torch.isfinite(full).sum(dim=-1).tolist()[0] == 1 and (torch.isfinite(full).sum(-1) <= top_k).all()
+
+
+def test_sampler_with_and_without_a_top_k_row_draws_the_same_tokens() -> None:
+    """The candidate path is an optimisation only: a seeded request draws the same tokens whether its
+    batch takes it (every row has a top-k) or the full sort (a row without top-k joins the batch)."""
+    logits = torch.randn(2, 5000, generator=torch.Generator().manual_seed(7)) * 2
+    a = SamplingParams(temperature=1.0, top_k=20, top_p=0.95, seed=11)
+    b_topk, b_none = (
+        SamplingParams(temperature=0.8, top_k=40, seed=12),
+        SamplingParams(temperature=0.8, seed=12),
+    )
+    sampler_fast, sampler_full = Sampler(seed=0), Sampler(seed=0)
+    fast = [sampler_fast.sample(logits, [a, b_topk], ["a", "b"])[0].item() for _ in range(20)]
+    full = [sampler_full.sample(logits, [a, b_none], ["a", "b"])[0].item() for _ in range(20)]
+    assert fast == full and len(set(fast)) > 1
