@@ -8,6 +8,7 @@ This package imports nothing from ``engine``, ``api`` or ``monitor``.
 
 from __future__ import annotations
 
+from kernels.activation import silu_mul, silu_mul_ref
 from kernels.attention import (
     gather_kv_ref,
     paged_attention_decode,
@@ -38,7 +39,7 @@ from kernels.gdn import (
     l2norm_ref,
     recurrent_gated_delta_rule_ref,
 )
-from kernels.moe import moe_experts, moe_experts_ref, moe_route, moe_route_ref
+from kernels.moe import moe_combine, moe_combine_ref, moe_experts, moe_experts_ref, moe_route, moe_route_ref
 from kernels.norm import (
     add_rms_norm,
     add_rms_norm_ref,
@@ -80,6 +81,8 @@ __all__ = [
     "gather_kv_ref",
     "gdn_gate_ref",
     "l2norm_ref",
+    "moe_combine",
+    "moe_combine_ref",
     "moe_experts",
     "moe_experts_ref",
     "moe_route",
@@ -95,6 +98,8 @@ __all__ = [
     "rms_norm_ref",
     "rope_cos_sin_ref",
     "rope_inv_freq_ref",
+    "silu_mul",
+    "silu_mul_ref",
     "store_kv",
     "store_kv_ref",
 ]

@@ -374,10 +374,12 @@ if HAS_TRITON:
 
 # Tile of the varlen prefill conv: BLOCK_T tokens x BLOCK_C channels per program (the 27B shape
 # T=7680, C=10240 -> 241 x 80 programs). Memory bound: x read once from HBM (the K - 1 halo rows and
-# the shifted taps hit L1/L2), out written once. 8 warps: ~74 registers on sm_90 (4 warps: ~126).
+# the shifted taps hit L1/L2), out written once. 4 warps: 120 us at that shape on the H200 (2.6 TB/s,
+# bench/results/kernels_h200_2026-12-02_session3.json), against 228 us with 8 warps (fewer registers,
+# ~74 vs ~126 on sm_90, but half the bytes in flight per program); BLOCK_T=16 measured the same.
 _VARLEN_BLOCK_T = 32
 _VARLEN_BLOCK_C = 128
-_VARLEN_NUM_WARPS = 8
+_VARLEN_NUM_WARPS = 4
 _MIN_SPLIT_BLOCK_C = 16  # split points must be multiples of this to split inside the kernel
 
 

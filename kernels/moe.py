@@ -21,6 +21,13 @@ top-k, renormalise); ``moe_experts`` is two GEMV kernels that read each chosen e
   ``shared_down @ act[t, top_k]``) for ``BLOCK_H`` output rows of one token, all its slots in one
   program, in a fixed order: the routed experts' sum, then the shared expert (no atomics).
 
+Triton (many tokens: prefill, where engine/model/mlp.py groups the pairs' rows by expert for two grouped
+GEMMs): ``moe_combine``, ``_moe_combine_kernel``, grid ``(T, cdiv(H, BLOCK_H))``: ``out[t] = sum_k w[t, k] *
+expert_out[rows[t, k]] (+ shared[t])``, one token's top_k expert-output rows of ``BLOCK_H`` columns loaded at
+once ([BLOCK_TOPK, BLOCK_H]), weighted and summed in fp32, the shared expert's output added, rounded once; no
+atomics, no fp32 scatter (each token gathers its own rows). Rows that no token names (the grouped buffer's
+padding) are never read.
+
 Batch invariance: every program works for one pair or one token only, T is not a kernel argument (only
 the grid), and the tiles depend on the geometry (H, I, top_k, dtype), never on T: a token's output is
 bitwise the same alone or in any batch. Pairs (tokens) are the fastest grid axis, so all pairs of one row
@@ -92,6 +99,26 @@ def moe_experts_ref(
         act = F.silu(xf @ shared.gate_proj.float().t()) * (xf @ shared.up_proj.float().t())
         out += torch.sigmoid(xf @ shared.gate.float().t()) * (act @ shared.down_proj.float().t())
     return out.to(x.dtype)
+
+
+def moe_combine_ref(
+    expert_out: torch.Tensor,
+    expert_rows: torch.Tensor,
+    weights: torch.Tensor,
+    shared: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each token's routed sum read from a buffer of expert outputs: ``out[t] = sum_k weights[t, k] *
+    expert_out[expert_rows[t, k]]``, plus ``shared[t]`` (the gated shared expert's output, already computed)
+    when given; fp32 math, rounded once.
+
+    expert_out: [R, H], the experts' outputs in any row order (rows that ``expert_rows`` does not name are
+    never read); expert_rows: [T, top_k] int; weights: [T, top_k]; shared: [T, H] or None -> [T, H]
+    (expert_out.dtype).
+    """
+    out = (expert_out[expert_rows].float() * weights.float().unsqueeze(-1)).sum(dim=1)
+    if shared is not None:
+        out = out + shared.float()
+    return out.to(expert_out.dtype)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -294,6 +321,43 @@ if HAS_TRITON:
             out_ptr + token.to(tl.int64) * out_stride + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask
         )
 
+    @triton.jit
+    def _moe_combine_kernel(
+        expert_out_ptr,
+        rows_ptr,
+        weights_ptr,
+        shared_ptr,
+        out_ptr,
+        expert_out_stride,
+        shared_stride,
+        out_stride,
+        HIDDEN: tl.constexpr,
+        TOP_K: tl.constexpr,
+        HAS_SHARED: tl.constexpr,
+        BLOCK_TOPK: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
+        # grid (T, cdiv(H, BLOCK_H)): one program loads BLOCK_H columns of its token's TOP_K expert-output
+        # rows at once ([BLOCK_TOPK, BLOCK_H], every load in flight together), sums them weighted in fp32
+        # (a fixed-order reduction inside the program: no atomics, batch invariant), adds the shared
+        # expert's output (HAS_SHARED) and rounds once. Only the rows named in rows_ptr are read.
+        token = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        col_mask = cols < HIDDEN
+        ks = tl.arange(0, BLOCK_TOPK)
+        k_mask = ks < TOP_K
+        rows = tl.load(rows_ptr + token * TOP_K + ks, mask=k_mask, other=0).to(tl.int64)
+        weights = tl.load(weights_ptr + token * TOP_K + ks, mask=k_mask, other=0.0).to(tl.float32)
+        vals = tl.load(
+            expert_out_ptr + rows[:, None] * expert_out_stride + cols[None, :],
+            mask=k_mask[:, None] & col_mask[None, :],
+            other=0.0,
+        )
+        out = tl.sum(vals.to(tl.float32) * weights[:, None], axis=0)
+        if HAS_SHARED:
+            out += tl.load(shared_ptr + token * shared_stride + cols, mask=col_mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + token * out_stride + cols, out.to(out_ptr.dtype.element_ty), mask=col_mask)
+
 
 def moe_route(
     router_logits: torch.Tensor, top_k: int, renormalize: bool = True
@@ -488,3 +552,45 @@ def _launch_down(
         BLOCK_TOPK=triton.next_power_of_2(top_k), BLOCK_H=tiles.block_h, BLOCK_I=tiles.block_i,
         num_warps=tiles.warps_down,
     )  # fmt: skip
+
+
+def moe_combine(
+    expert_out: torch.Tensor,
+    expert_rows: torch.Tensor,
+    weights: torch.Tensor,
+    shared: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Launcher for ``moe_combine_ref`` (same contract): each token gathers and sums its own rows (no
+    scatter, no atomics, no fp32 [T * top_k, H] intermediate); no host sync, batch invariant.
+
+    Tiles: BLOCK_H = min(H, 8192 / BLOCK_TOPK, 1024) columns (powers of two) of all top_k rows a program, 4
+    warps (35B-A3B, top_k 8, H 2048: [8, 1024] a program, 64 elements a thread, 16-byte loads, 2 programs a
+    token). The row indices are trusted (they come from the grouping; nothing is read back to check them).
+    """
+    if not use_triton(expert_out, expert_rows, weights, shared):
+        return moe_combine_ref(expert_out, expert_rows, weights, shared)
+    num_tokens, top_k = expert_rows.shape
+    hidden = expert_out.shape[1]
+    assert weights.shape == (num_tokens, top_k), (
+        f"weights {tuple(weights.shape)} for rows {(num_tokens, top_k)}"
+    )
+    assert expert_out.stride(1) == 1, "expert_out needs unit stride along H"
+    if shared is not None:
+        assert shared.shape == (num_tokens, hidden), (
+            f"shared {tuple(shared.shape)} for {(num_tokens, hidden)}"
+        )
+        assert shared.stride(1) == 1, "shared needs unit stride along H"
+    expert_rows, weights = expert_rows.contiguous(), weights.contiguous()
+    out = torch.empty(num_tokens, hidden, dtype=expert_out.dtype, device=expert_out.device)
+    if num_tokens:
+        block_topk = triton.next_power_of_2(top_k)
+        block_h = min(1024, triton.next_power_of_2(hidden), max(16, 8192 // block_topk))
+        # without a shared term its pointer is never read: any tensor stands in
+        shared_t = shared if shared is not None else expert_out
+        _moe_combine_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+            expert_out, expert_rows, weights, shared_t, out,
+            expert_out.stride(0), shared_t.stride(0), out.stride(0),
+            HIDDEN=hidden, TOP_K=top_k, HAS_SHARED=shared is not None, BLOCK_TOPK=block_topk, BLOCK_H=block_h,
+            num_warps=4,
+        )  # fmt: skip
+    return out

@@ -125,6 +125,16 @@ _DECODE_27B = dict(NUM_Q_HEADS=24, GROUP=6, HEAD_DIM=256, PAGE_SIZE=64, SPLIT_UN
                    BLOCK_G=16, BLOCK_N=32, BLOCK_D=256)  # fmt: skip
 
 VARIANTS: dict[str, list[Variant]] = {
+    # kernels/activation.py silu_mul (silu_mul_tiles): BLOCK_COLS = min(1024, next_pow2(I)), BLOCK_ROWS =
+    # 1024 // BLOCK_COLS, 4 warps; the 27B dense MLP (I = 17408) and the 35B-A3B shared expert (I_s = 512)
+    "_silu_mul_kernel": [
+        Variant(
+            f"I={inter} bf16",
+            dict(gate_ptr="bf16", up_ptr="bf16", out_ptr="bf16"),
+            dict(BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols),
+        )
+        for inter, block_rows, block_cols in ((17408, 1, 1024), (512, 2, 512))
+    ],
     # kernels/norm.py _launch_rms_norm: BLOCK_D = next_pow2(D), BLOCK_ROWS = max(1, min(16, 2048 // BLOCK_D)),
     # num_warps 8 when BLOCK_D >= 4096
     "_rms_norm_kernel": [
@@ -173,7 +183,7 @@ VARIANTS: dict[str, list[Variant]] = {
                 out_ptr="bf16",
             ),
             dict(KERNEL=4, SILU=True, BLOCK_T=32, BLOCK_C=128, BLOCK_K=4, SEARCH_STEPS=steps),
-            num_warps=8,
+            num_warps=4,
         )
         for batch, steps in ((1, 0), (8, 3))
     ],
@@ -371,6 +381,18 @@ VARIANTS: dict[str, list[Variant]] = {
             num_warps=8,
         )
         for shared in (0, 512)
+    ],
+    # moe_combine (the prefill combine): H 2048, top_k 8 -> BLOCK_TOPK 8, BLOCK_H 1024, 4 warps; bf16 expert
+    # outputs, shared output and out, int64 rows, fp32 routing weights; without and with the shared term
+    "_moe_combine_kernel": [
+        Variant(
+            f"H=2048 top_k=8{' + shared' if has_shared else ''}",
+            dict(
+                expert_out_ptr="bf16", rows_ptr="i64", weights_ptr="fp32", shared_ptr="bf16", out_ptr="bf16"
+            ),
+            dict(HIDDEN=2048, TOP_K=8, HAS_SHARED=has_shared, BLOCK_TOPK=8, BLOCK_H=1024),
+        )
+        for has_shared in (False, True)
     ],
 }
 

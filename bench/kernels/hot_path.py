@@ -24,8 +24,9 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.model.mlp import SparseMoeBlock, _experts_gathered  # noqa: E402
+from engine.model.mlp import SparseMoeBlock, _expert_groups, _experts_gathered, _experts_grouped  # noqa: E402
 from engine.synthetic import GEOMETRIES  # noqa: E402
+from kernels.activation import SiluMulTiles, _launch_silu_mul, silu_mul, silu_mul_ref  # noqa: E402
 from kernels.attention import (  # noqa: E402
     DECODE_MAX_SPLITS,
     PrefillTiles,
@@ -57,6 +58,8 @@ from kernels.moe import (  # noqa: E402
     SharedExpert,
     _launch_down,
     _launch_gate_up,
+    moe_combine,
+    moe_combine_ref,
     moe_experts,
     moe_experts_ref,
     moe_route,
@@ -110,6 +113,47 @@ def bench_norms() -> None:
         err = _err(gated_rms_norm(core, z, wg, 1e-6), gated_rms_norm_ref(core, z, wg, 1e-6))
         _row("gated_rms_norm", f"{rows}x{HV}x{DV}", 3 * core.numel() * 2, lambda: gated_rms_norm(core, z, wg, 1e-6),
              lambda: gated_rms_norm_ref(core, z, wg, 1e-6), err)  # fmt: skip
+
+
+# (BLOCK_ROWS, BLOCK_COLS, warps) of the 7680 x 17408 sweep; silu_mul_tiles' default is (1, 1024, 4)
+SILU_MUL_TILES = ((1, 512, 4), (1, 1024, 4), (1, 1024, 8), (2, 1024, 8), (4, 1024, 8), (1, 2048, 8), (1, 4096, 8))  # fmt: skip
+
+
+def bench_silu_mul() -> None:
+    """The dense MLP's gated activation (27B: I = 17408) at T = 1, 8 (decode) and 7680 (a prefill chunk), and
+    the 35B-A3B shared expert's I_s = 512 at 7680: ``silu_mul`` (one kernel: read gate, read up, write out)
+    against the eager ``F.silu(gate) * up`` it replaces (two kernels, the bf16 silu written and read back).
+    Bytes = the fused kernel's 3 x T x I x 2 for both, so kernel_GBps and ref_GBps compare directly (the eager
+    pair moves 5/3 of that). ``ref_graph_us``: the eager pair replayed as a graph, what a decode step pays;
+    ``torch_add_us``: ``torch.add`` over the same bytes (two reads, one write), torch's elementwise roofline.
+    At 7680 x 17408 a tile sweep (``SiluMulTiles``: rows, columns, warps)."""
+    for tokens, inter in ((1, 17408), (8, 17408), (7680, 17408), (7680, 512)):
+        gate, up = (torch.randn(tokens, inter, device=DEV, dtype=BF16) for _ in range(2))
+        nbytes = 3 * gate.numel() * 2
+        out = silu_mul(gate, up)
+        eager = F.silu(gate) * up
+        extra = _err(out, silu_mul_ref(gate, up))
+        extra.update({f"eager_{key}": value for key, value in _err(out, eager).items()})
+        extra["frac_differs_from_eager"] = round((out != eager).float().mean().item(), 4)
+        extra["ref_graph_us"] = round(_us(lambda: F.silu(gate) * up, graph=True), 2)
+        added = torch.empty_like(gate)
+        extra["torch_add_us"] = round(_us(lambda: torch.add(gate, up, out=added), graph=True), 2)
+        shape = f"T{tokens} I{inter}"
+        _row("silu_mul", shape, nbytes, lambda: silu_mul(gate, up), lambda: F.silu(gate) * up, extra)
+        rates = {"ref_GBps": round(nbytes / ROWS[-1]["ref_us"] / 1e3, 1),
+                 "ref_graph_GBps": round(nbytes / extra["ref_graph_us"] / 1e3, 1),
+                 "torch_add_GBps": round(nbytes / extra["torch_add_us"] / 1e3, 1)}  # fmt: skip
+        ROWS[-1].update(rates)
+        print(json.dumps(rates), flush=True)
+        if (tokens, inter) != (7680, 17408):
+            continue
+        for block_rows, block_cols, warps in SILU_MUL_TILES:
+            tiles = SiluMulTiles(block_rows, block_cols, warps)
+            t = _us(lambda: _launch_silu_mul(gate, up, tiles), graph=True)
+            ROWS.append({"op": f"silu_mul BLOCK_ROWS={block_rows} BLOCK_COLS={block_cols} warps={warps}",
+                         "shape": shape, "kernel_us": round(t, 2), "ref_us": None, "bytes": nbytes,
+                         "kernel_GBps": round(nbytes / t / 1e3, 1)})  # fmt: skip
+            print(json.dumps(ROWS[-1]), flush=True)
 
 
 def bench_conv_and_gdn_decode(fla_recurrent: Callable | None) -> None:
@@ -581,6 +625,7 @@ def bench_moe() -> None:
             _moe_layers_row(f"moe down kernel + shared x32 BLOCK_H={block_h} BLOCK_I={block_i} warps={warps}", shape,
                             (mean_distinct + 1) * down_bytes, down_layers, read_gbps, check)  # fmt: skip
     bench_moe_block(gate_up, down, shareds, read_gbps)
+    bench_moe_prefill(gate_up, down, read_gbps)
 
 
 def _moe_shared() -> SharedExpert:
@@ -662,6 +707,78 @@ def bench_moe_block(
         print(json.dumps(saved), flush=True)
 
 
+MOE_PREFILL_TOKENS = 7680  # the ninfer-bench prefill of the 35B-A3B profile
+
+
+def _experts_grouped_previous(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+                              expert_ids: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """engine/model/mlp.py's CUDA prefill experts before moe_combine (kept here to time against): host-synced
+    counts, gather in pair order, zero fill + index_put into the padded groups, fp32 SiLU chain, gather back,
+    fp32 weights and index_add_, then + the shared expert in bf16."""
+    num_experts, top_k = gate_up.shape[0], expert_ids.shape[1]
+    flat = expert_ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    token_of = order // top_k
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    padded = [-(-c // 16) * 16 for c in counts]
+    ends = torch.tensor(padded, device=x.device).cumsum(0)
+    src_starts = torch.tensor(counts, device=x.device).cumsum(0) - torch.tensor(counts, device=x.device)
+    sorted_experts = flat[order]
+    dest = (ends - torch.tensor(padded, device=x.device))[sorted_experts] + torch.arange(
+        flat.numel(), device=x.device) - src_starts[sorted_experts]  # fmt: skip
+    offs = ends.to(torch.int32)
+    grouped = x.new_zeros(sum(padded), x.shape[-1])
+    grouped[dest] = x[token_of]
+    gate, up = torch._grouped_mm(grouped, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
+    act = (F.silu(gate.float()) * up.float()).to(x.dtype)
+    ys = torch._grouped_mm(act, down.transpose(1, 2), offs=offs)[dest].float()
+    ys = ys * weights.reshape(-1)[order].float().unsqueeze(-1)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    out.index_add_(0, token_of, ys)
+    return out.to(x.dtype) + shared
+
+
+def bench_moe_prefill(gate_up: torch.Tensor, down: torch.Tensor, read_gbps: float) -> None:
+    """The MoE prefill path outside the grouped GEMMs at 35B-A3B, T = 7680 (one layer, a random routing):
+    - ``moe_combine`` (+ the shared expert's output) over the grouped buffer ``_expert_groups`` lays out
+      (65280 rows, each token's 8 rows scattered over it) vs its reference; bytes = the T x 8 bf16 rows read +
+      shared read + out written; ``previous_us``: the fp32 gather, weight multiply and index_add_ it replaces;
+    - ``_experts_grouped`` (route excluded: grouping, gather, 2 grouped GEMMs, silu_mul, combine) timed eagerly
+      as the engine runs prefill, against the previous implementation (``ref_us``), bit-for-bit not expected
+      (one rounding instead of two)."""
+    tokens = MOE_PREFILL_TOKENS
+    x = torch.randn(tokens, MOE_H, device=DEV, dtype=BF16)
+    shared = torch.randn(tokens, MOE_H, device=DEV, dtype=BF16) * 0.1
+    weights, ids = moe_route(torch.randn(tokens, MOE_E, device=DEV, dtype=BF16), MOE_TOPK)
+    groups = _expert_groups(ids, MOE_E)
+    expert_out = torch.randn(groups.token_idx.numel(), MOE_H, device=DEV, dtype=BF16)
+    rows = groups.row_idx
+    pair_token = torch.arange(tokens, device=DEV).repeat_interleave(MOE_TOPK)
+
+    def previous_combine() -> torch.Tensor:
+        ys = expert_out[rows.reshape(-1)].float() * weights.reshape(-1, 1)
+        out = torch.zeros(tokens, MOE_H, dtype=torch.float32, device=DEV)
+        return out.index_add_(0, pair_token, ys).to(BF16) + shared
+
+    shape = f"T{tokens} k{MOE_TOPK} H{MOE_H} rows{expert_out.shape[0]}"
+    nbytes = (tokens * MOE_TOPK + 2 * tokens) * MOE_H * 2
+    extra = {**_err(moe_combine(expert_out, rows, weights, shared), moe_combine_ref(expert_out, rows, weights, shared)),
+             "previous_us": round(_us(previous_combine, graph=False), 2), "read_GBps": round(read_gbps, 1)}  # fmt: skip
+    _row("moe_combine + shared", shape, nbytes, lambda: moe_combine(expert_out, rows, weights, shared),
+         lambda: moe_combine_ref(expert_out, rows, weights, shared), extra)  # fmt: skip
+    new = _experts_grouped(x, gate_up, down, weights, ids, shared)
+    extra = _err(new, _experts_grouped_previous(x, gate_up, down, weights, ids, shared))
+    extra["graph_us"] = round(
+        _us(lambda: _experts_grouped(x, gate_up, down, weights, ids, shared), graph=True), 2
+    )
+    t_new = _us(lambda: _experts_grouped(x, gate_up, down, weights, ids, shared), graph=False)
+    t_old = _us(lambda: _experts_grouped_previous(x, gate_up, down, weights, ids, shared), graph=False)
+    ROWS.append({"op": "moe prefill experts (_experts_grouped + shared, eager) vs previous", "shape": shape,
+                 "kernel_us": round(t_new, 2), "ref_us": round(t_old, 2), "bytes": 0, "kernel_GBps": 0.0,
+                 "saved_ms_per_prefill_40_layers": round(40 * (t_old - t_new) / 1e3, 2), **extra})  # fmt: skip
+    print(json.dumps(ROWS[-1]), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", type=Path, required=True)
@@ -674,6 +791,7 @@ def main() -> None:
         fla_recurrent = None
     if not args.moe_only:
         bench_norms()
+        bench_silu_mul()
         bench_conv_and_gdn_decode(fla_recurrent)
         if fla_recurrent is not None:
             bench_gdn_prefill(7680)

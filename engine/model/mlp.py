@@ -12,8 +12,10 @@ Routing is ``kernels.moe.moe_route`` (one Triton kernel on CUDA, the reference e
   chosen experts' weights read in place, the shared expert a ninth expert weighted by its sigmoid gate,
   fp32 throughout, summed in a fixed order); no host sync (CUDA-graph safe), and each token's math
   independent of the batch (``NINFER_KERNELS=ref``: its reference, which syncs);
-* CUDA, more tokens (prefill): rows grouped by expert, each expert's rows one matmul in the model dtype
-  (``_experts_grouped``; syncs once for the counts), the shared expert as its own MLP;
+* CUDA, more tokens (prefill): ``_experts_grouped``, no host sync: the (token, expert) pairs' rows sorted
+  by expert into a padded buffer whose size is known from the shapes alone, two grouped GEMMs in the model
+  dtype, ``kernels.activation.silu_mul`` between them, and ``kernels.moe.moe_combine`` summing each
+  token's rows with the shared expert (its own MLP, computed first);
 * CPU, ``T * top_k <= GATHER_MAX_ROWS``: gather the chosen experts' weights and run two batched matmuls
   (each row's math independent of the batch); CPU, more: ``moe_experts_ref``; the shared expert as its
   own MLP, in the model dtype.
@@ -21,12 +23,16 @@ Routing is ``kernels.moe.moe_route`` (one Triton kernel on CUDA, the reference e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.model.config import ModelConfig
-from kernels.moe import SharedExpert, moe_experts, moe_experts_ref, moe_route
+from kernels.activation import silu_mul
+from kernels.moe import SharedExpert, moe_combine, moe_experts, moe_experts_ref, moe_route
 
 FUSED_MAX_TOKENS = 64  # CUDA: T at or below this takes the fused Triton experts
 GATHER_MAX_ROWS = 64  # CPU: T * top_k at or below this takes the gathered-weights path
@@ -40,7 +46,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class Router(nn.Module):
@@ -77,13 +83,13 @@ class SparseMoeBlock(nn.Module):
         gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
         if x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS:
             return moe_experts(x, gate_up, down, weights, expert_ids, self.shared_weights())
-        if x.is_cuda:
-            routed = _experts_grouped(x, gate_up, down, weights, expert_ids)
-        elif expert_ids.numel() <= GATHER_MAX_ROWS:
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        if x.is_cuda:  # the shared output joins the routed sum inside moe_combine
+            return _experts_grouped(x, gate_up, down, weights, expert_ids, shared)
+        if expert_ids.numel() <= GATHER_MAX_ROWS:
             routed = _experts_gathered(x, gate_up, down, weights, expert_ids)
         else:
             routed = moe_experts_ref(x, gate_up, down, weights, expert_ids)
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return routed + shared
 
     def shared_weights(self) -> SharedExpert:
@@ -113,42 +119,81 @@ def _experts_gathered(
     return out.to(x.dtype)
 
 
+_GROUP_ALIGN = 16  # rows per expert group padded to this (grouped-GEMM alignment)
+
+
+class ExpertGroups(NamedTuple):
+    """Where ``_experts_grouped`` puts the (token, slot) pairs: their rows sorted by expert (stable: token
+    order within an expert), each expert's group padded to a multiple of ``_GROUP_ALIGN`` rows, in a buffer
+    of ``_padded_rows_bound(T * top_k, E)`` rows, a size known from the shapes alone::
+
+        | e0 rows | pad | e1 rows | pad | (e2: none) | ... | e(E-1) rows | pad | unused (not computed) |
+        0               offs[0]         offs[1] = offs[2]                     offs[E-1]                bound
+
+    Padding rows copy token 0 (finite inputs); their outputs, and the rows past ``offs[-1]``, are never read.
+    """
+
+    offs: torch.Tensor  # [E] int32: each expert's group end (torch._grouped_mm's offs)
+    token_idx: torch.Tensor  # [bound] int64: the token whose x fills each row (0 for padding and unused rows)
+    row_idx: torch.Tensor  # [T, top_k] int64: the row that holds each (token, slot) pair
+
+
+def _padded_rows_bound(num_pairs: int, num_experts: int) -> int:
+    """Rows enough for any routing: at most min(E, pairs) groups are non-empty and each pads fewer than
+    ``_GROUP_ALIGN`` rows; rounded up to ``_GROUP_ALIGN``."""
+    bound = num_pairs + min(num_experts, num_pairs) * (_GROUP_ALIGN - 1)
+    return -(-bound // _GROUP_ALIGN) * _GROUP_ALIGN
+
+
+def _expert_groups(expert_ids: torch.Tensor, num_experts: int) -> ExpertGroups:
+    """``ExpertGroups`` for a routing (expert_ids [T, top_k]), all on its device: nothing is read back, so
+    no host sync (the counts come from the sorted ids, not ``torch.bincount``, whose CUDA kernel reads the
+    largest id back to size its output)."""
+    num_tokens, top_k = expert_ids.shape
+    device = expert_ids.device
+    flat = expert_ids.reshape(-1)
+    sorted_experts, order = flat.sort(stable=True)  # sorted position j holds pair order[j]
+    experts = torch.arange(num_experts + 1, dtype=sorted_experts.dtype, device=device)
+    starts = torch.searchsorted(sorted_experts, experts)  # [E + 1]: each expert's first sorted position
+    sizes = (starts.diff() + _GROUP_ALIGN - 1) // _GROUP_ALIGN * _GROUP_ALIGN  # [E]: padded group sizes
+    ends = sizes.cumsum(0)
+    # sorted position j of expert e goes to row (its group's start) + (j - starts[e])
+    shift = ends - sizes - starts[:-1]
+    dest = shift[sorted_experts] + torch.arange(flat.numel(), device=device)
+    row_idx = torch.empty_like(dest).scatter_(0, order, dest)
+    bound = _padded_rows_bound(flat.numel(), num_experts)
+    token_idx = torch.zeros(bound, dtype=torch.int64, device=device).scatter_(0, dest, order // top_k)
+    return ExpertGroups(ends.to(torch.int32), token_idx, row_idx.view(num_tokens, top_k))
+
+
 def _experts_grouped(
     x: torch.Tensor,
     gate_up: torch.Tensor,
     down: torch.Tensor,
     weights: torch.Tensor,
     expert_ids: torch.Tensor,
+    shared: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``moe_experts_ref`` for a large batch on CUDA: rows sorted by expert, each expert's rows padded to
-    a multiple of ``_GROUP_ALIGN`` and run as one grouped GEMM (``torch._grouped_mm``) in the model
-    dtype; one matmul per expert where the grouped GEMM is unavailable. Syncs once for the counts."""
-    num_experts = gate_up.shape[0]
-    top_k = expert_ids.shape[1]
-    flat = expert_ids.reshape(-1)
-    order = flat.argsort(stable=True)
-    token_of = order // top_k
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
-    xs = x[token_of]
-    if _grouped_mm_ok(x, gate_up):
-        ys = _grouped_rows(xs, flat[order], counts, gate_up, down)
-    else:
-        ys = torch.empty(xs.shape, dtype=torch.float32, device=x.device)
-        start = 0
-        for expert, count in enumerate(counts):
-            if count:
-                rows = slice(start, start + count)
-                gate, up = (xs[rows] @ gate_up[expert].t()).chunk(2, dim=-1)
-                act = (F.silu(gate.float()) * up.float()).to(x.dtype)
-                ys[rows] = (act @ down[expert].t()).float()
-                start += count
-    ys = ys * weights.reshape(-1)[order].float().unsqueeze(-1)
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    out.index_add_(0, token_of, ys)
-    return out.to(x.dtype)
+    """``moe_experts_ref`` (+ ``shared``, the gated shared expert's output [T, H], when given) for a large
+    batch: the pairs' rows grouped by expert (``ExpertGroups``), two grouped GEMMs in the model dtype
+    (``torch._grouped_mm``; ``_grouped_mm_loop`` where it is unavailable, which syncs), the activation and
+    the weighted per-token sum in fp32 (``silu_mul``, ``moe_combine``). No host sync on the grouped-GEMM
+    path: every shape comes from T, top_k and E.
 
-
-_GROUP_ALIGN = 16  # rows per expert group padded to this (grouped-GEMM alignment)
+    The input rows are one gather of x straight into the padded layout (write R x H, read x's rows, mostly
+    L2 hits): a gather in pair order followed by a zero fill and an ``index_put``/``index_copy_`` into the
+    padded buffer would write the rows twice more and read them once more. The output side never builds an
+    fp32 [T * top_k, H] tensor: ``moe_combine`` reads each token's top_k bf16 rows once.
+    """
+    groups = _expert_groups(expert_ids, gate_up.shape[0])
+    grouped_mm: Callable[..., torch.Tensor] = (
+        torch._grouped_mm if _grouped_mm_ok(x, gate_up) else _grouped_mm_loop
+    )
+    rows = x.index_select(0, groups.token_idx)  # [R, H]
+    gate, up = grouped_mm(rows, gate_up.transpose(1, 2), offs=groups.offs).chunk(2, dim=-1)  # [R, I] each
+    act = silu_mul(gate, up)
+    expert_out = grouped_mm(act, down.transpose(1, 2), offs=groups.offs)  # [R, H]
+    return moe_combine(expert_out, groups.row_idx, weights, shared)
 
 
 def _grouped_mm_ok(x: torch.Tensor, gate_up: torch.Tensor) -> bool:
@@ -162,36 +207,17 @@ def _grouped_mm_ok(x: torch.Tensor, gate_up: torch.Tensor) -> bool:
     )
 
 
-def _grouped_rows(
-    xs: torch.Tensor,
-    sorted_experts: torch.Tensor,
-    counts: list[int],
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-) -> torch.Tensor:
-    """Expert MLP of rows already sorted by expert -> fp32 [rows, H], through two grouped GEMMs."""
-    padded = [-(-c // _GROUP_ALIGN) * _GROUP_ALIGN for c in counts]
-    ends, starts, src_starts = [], [], []
-    total = src = 0
-    for count, size in zip(counts, padded, strict=True):
-        starts.append(total)
-        src_starts.append(src)
-        total += size
-        src += count
-        ends.append(total)
-    device = xs.device
-    dest = (
-        torch.tensor(starts, device=device)[sorted_experts]
-        + torch.arange(xs.shape[0], device=device)
-        - torch.tensor(src_starts, device=device)[sorted_experts]
-    )
-    offs = torch.tensor(ends, dtype=torch.int32, device=device)
-    grouped = xs.new_zeros(max(total, _GROUP_ALIGN), xs.shape[-1])
-    grouped[dest] = xs
-    gate_up_out = torch._grouped_mm(grouped, gate_up.transpose(1, 2), offs=offs)
-    gate, up = gate_up_out.chunk(2, dim=-1)
-    act = (F.silu(gate.float()) * up.float()).to(xs.dtype)
-    return torch._grouped_mm(act, down.transpose(1, 2), offs=offs)[dest].float()
+def _grouped_mm_loop(a: torch.Tensor, b: torch.Tensor, *, offs: torch.Tensor) -> torch.Tensor:
+    """``torch._grouped_mm(a, b, offs=offs)`` for a [M, K] and b [G, K, N]: rows ``offs[g-1]:offs[g]`` times
+    ``b[g]``, one matmul per group (reads offs back: one host sync); rows past ``offs[-1]`` are left
+    unwritten, as there."""
+    out = a.new_empty(a.shape[0], b.shape[-1])
+    start = 0
+    for group, end in enumerate(offs.tolist()):
+        if end > start:
+            out[start:end] = a[start:end] @ b[group]
+        start = end
+    return out
 
 
 def make_feed_forward(config: ModelConfig) -> nn.Module:

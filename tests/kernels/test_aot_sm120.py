@@ -36,6 +36,8 @@ KNOWN_KERNELS = {
     "_moe_route_kernel",
     "_moe_gate_up_kernel",
     "_moe_down_kernel",
+    "_moe_combine_kernel",
+    "_silu_mul_kernel",
 }
 
 

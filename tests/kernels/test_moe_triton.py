@@ -1,7 +1,9 @@
 """Triton MoE launchers vs their references: routing (softmax, top-k, renormalise), the routed experts
 (gate_up GEMV, SiLU, down GEMV, weighted sum) and the whole block's experts (routed + the gated shared expert
 in the same two kernels), odd sizes, batch invariance (bitwise), experts shared across tokens, CUDA-graph
-replay (GPU; or CPU under TRITON_INTERPRET=1 for everything but the real geometry)."""
+replay; the prefill combine (each token's weighted expert-output rows + the shared expert's output) vs its
+reference, the rows no pair names never read (GPU; or CPU under TRITON_INTERPRET=1 for everything but the
+real geometry)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.moe import SharedExpert, moe_experts, moe_experts_ref, moe_route, moe_route_ref
+from kernels.moe import (
+    SharedExpert,
+    moe_combine,
+    moe_combine_ref,
+    moe_experts,
+    moe_experts_ref,
+    moe_route,
+    moe_route_ref,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -249,3 +259,65 @@ def test_cuda_graph_replay_matches_eager(cuda_only):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured, step())
+
+
+# ---- moe_combine: each token's weighted sum of its expert-output rows (+ the shared expert), prefill -----
+
+
+def _combine_case(
+    tokens: int, top_k: int, hidden: int, dtype: torch.dtype, device: str, with_shared: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A buffer of T * top_k + 24 rows (as the grouped GEMM leaves it: the pairs' rows in a shuffled order,
+    the rows no pair names set to NaN, so reading one would show)."""
+    num_rows = tokens * top_k + 24
+    expert_out = torch.randn(num_rows, hidden, device=device).to(dtype)
+    rows = torch.randperm(num_rows, device=device)[: tokens * top_k].view(tokens, top_k)
+    unused = torch.ones(num_rows, dtype=torch.bool, device=device)
+    unused[rows.reshape(-1)] = False
+    expert_out[unused] = float("nan")
+    weights = torch.rand(tokens, top_k, device=device)
+    weights = weights / weights.sum(-1, keepdim=True)
+    shared = torch.randn(tokens, hidden, device=device).to(dtype) if with_shared else None
+    return expert_out, rows, weights, shared
+
+
+# (tokens, top_k, hidden): the 35B-A3B top_k and H (two column tiles); a small H not a multiple of anything;
+# top_k 3 (BLOCK_TOPK 4, one masked slot) with H over several tiles and a masked tail
+COMBINE_CASES = [(1, 8, 2048), (37, 8, 2048), (37, 8, 40), (13, 3, 2500)]
+
+
+@pytest.mark.parametrize(("tokens", "top_k", "hidden"), COMBINE_CASES)
+@pytest.mark.parametrize("with_shared", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_combine_matches_reference(tokens, top_k, hidden, with_shared, dtype, device, assert_close):
+    expert_out, rows, weights, shared = _combine_case(tokens, top_k, hidden, dtype, device, with_shared)
+    out = moe_combine(expert_out, rows, weights, shared)
+    assert out.dtype == dtype and out.shape == (tokens, hidden)
+    assert bool(out.isfinite().all()), "a row no pair names was read"
+    assert_close("moe_combine", out, moe_combine_ref(expert_out, rows, weights, shared), *TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_combine_batch_invariant_and_strided(dtype, device):
+    """Bitwise: a token alone and in the batch; int32 rows, row-strided expert_out and shared (unit stride
+    along H) give the same result as contiguous int64 ones; T = 0."""
+    expert_out, rows, weights, shared = _combine_case(21, 8, 96, dtype, device, with_shared=True)
+    batch = moe_combine(expert_out, rows, weights, shared)
+    for t in (0, 20):
+        alone = moe_combine(expert_out, rows[t : t + 1], weights[t : t + 1], shared[t : t + 1])
+        assert torch.equal(alone[0], batch[t]), f"token {t}: alone differs from the batch"
+    wide_out = torch.cat([expert_out, expert_out], dim=1)[:, 96:]
+    wide_shared = torch.cat([shared, shared], dim=1)[:, :96]
+    strided = moe_combine(wide_out, rows.int(), weights, wide_shared)
+    assert torch.equal(strided, batch)
+    assert moe_combine(expert_out, rows[:0], weights[:0], shared[:0]).shape == (0, 96)
+
+
+def test_combine_a3b_prefill_shape(cuda_only, assert_close):
+    """The 35B-A3B prefill combine: 7680 tokens x top-8 rows of H 2048 from a 65280-row grouped buffer."""
+    expert_out, rows, weights, shared = _combine_case(7680, 8, 2048, torch.bfloat16, cuda_only, True)
+    out = moe_combine(expert_out, rows, weights, shared)
+    assert bool(out.isfinite().all())
+    assert_close(
+        "a3b combine", out, moe_combine_ref(expert_out, rows, weights, shared), *TOLERANCE[torch.bfloat16]
+    )
