@@ -399,24 +399,24 @@ def moe_tiles(hidden: int, inter: int, top_k: int, dtype: torch.dtype) -> MoeTil
     """The tiles ``moe_experts`` uses. NOTE: never make them depend on the token count: a token's output
     must not change with the batch it runs in.
 
-    Qwen3.6-35B-A3B (H 2048, I 512, top_k 8, bf16) at T=1: gate_up 8 pairs x 32 row tiles = 256 programs
-    (288 with the shared expert, I_s 512: a ninth pair) of 8 warps, each streaming 2 x 16 rows x 512 bf16
-    (32 KiB) a step over 4 steps; down 512 programs of 8 warps, each loading 8 experts x 4 rows x 512
-    (32 KiB) in one step, then the shared expert's 4 rows x 512 in one more. The shared expert uses the
-    routed tiles (its I_s need not be a multiple of them: rows and columns past I_s are masked). sm_90,
-    strides specialised as multiples of 16 as at run time: 80 (gate_up) and 64 (down) registers a thread
-    with or without the shared expert, no spills, so 3 programs an SM (the 288 fit one wave of a 132-SM
-    H200); bench/kernels/hot_path.py sweeps other tiles.
+    Qwen3.6-35B-A3B (H 2048, I 512, top_k 8, bf16) at T=1: gate_up 8 pairs x 128 row tiles = 1,024
+    programs (1,152 with the shared expert, I_s 512: a ninth pair) of 8 warps, each streaming 2 x 4 rows x
+    2048 bf16 (32 KiB) in one step; down 512 programs of 4 warps, each loading 8 experts x 4 rows x 256
+    (16 KiB) a step over 2 steps, then the shared expert's 4 rows x 256 twice. The shared expert uses the
+    routed tiles (its I_s need not be a multiple of them: rows and columns past I_s are masked). Chosen by
+    the H200 sweep in bench/results/kernels_h200_2026-12-02_session3.json (bench/kernels/hot_path.py
+    --moe-only): gate_up 11.9 us per layer at T=1 (63.0 at T=8) against 13.4 (66.8) for the previous
+    16 x 512 tile, down 7.5 us (36.6) against 8.4 (36.9) for 4 x 512 with 8 warps.
     """
     wide = dtype.itemsize <= 2  # bf16/fp16 tiles hold twice the elements of fp32 ones in the same registers
     per_step = 16384 if wide else 8192
-    block_n = min(16, triton.next_power_of_2(inter))
-    block_k = min(per_step // 32, triton.next_power_of_2(hidden))
+    block_n = min(4, triton.next_power_of_2(inter))
+    block_k = min(per_step // 8, triton.next_power_of_2(hidden))
     block_h = min(4, triton.next_power_of_2(hidden))
     block_topk = triton.next_power_of_2(top_k)
-    block_i = max(16, min(triton.next_power_of_2(inter), per_step // (block_topk * block_h)))
+    block_i = max(16, min(triton.next_power_of_2(inter), per_step // (2 * block_topk * block_h)))
     warps_gate_up = 8 if block_n * block_k >= 8192 else 4
-    warps_down = 8 if block_topk * block_h * block_i >= 8192 else 4
+    warps_down = 8 if block_topk * block_h * block_i >= 16384 else 4
     return MoeTiles(block_n, block_k, warps_gate_up, block_h, block_i, warps_down)
 
 

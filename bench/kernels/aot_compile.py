@@ -350,7 +350,7 @@ VARIANTS: dict[str, list[Variant]] = {
             dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_E=256, RENORMALIZE=True),
         ),
     ],
-    # moe_experts (moe_tiles for bf16): BLOCK_N = 16, BLOCK_K = 512, 8 warps; BLOCK_H = 4, BLOCK_I = 512, 8 warps;
+    # moe_experts (moe_tiles for bf16): BLOCK_N = 4, BLOCK_K = 2048, 8 warps; BLOCK_H = 4, BLOCK_I = 256, 4 warps;
     # routed experts only (SHARED_INTER 0) and with the shared expert (the model's path: I_s = 512)
     "_moe_gate_up_kernel": [
         Variant(
@@ -367,7 +367,7 @@ VARIANTS: dict[str, list[Variant]] = {
                 shared_score_ptr="bf16",
                 act_ptr="fp32",
             ),
-            dict(HIDDEN=2048, INTER=512, TOP_K=8, SHARED_INTER=shared, SORTED=sort, BLOCK_N=16, BLOCK_K=512),
+            dict(HIDDEN=2048, INTER=512, TOP_K=8, SHARED_INTER=shared, SORTED=sort, BLOCK_N=4, BLOCK_K=2048),
             num_warps=8,
         )
         for shared in (0, 512)
@@ -377,8 +377,8 @@ VARIANTS: dict[str, list[Variant]] = {
         Variant(
             f"H=2048 I=512 top_k=8{f' + shared I_s={shared}' if shared else ''}",
             dict(act_ptr="fp32", down_ptr="bf16", ids_ptr="i64", shared_down_ptr="bf16", out_ptr="bf16"),
-            dict(HIDDEN=2048, INTER=512, TOP_K=8, SHARED_INTER=shared, BLOCK_TOPK=8, BLOCK_H=4, BLOCK_I=512),
-            num_warps=8,
+            dict(HIDDEN=2048, INTER=512, TOP_K=8, SHARED_INTER=shared, BLOCK_TOPK=8, BLOCK_H=4, BLOCK_I=256),
+            num_warps=4,
         )
         for shared in (0, 512)
     ],
