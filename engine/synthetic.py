@@ -95,7 +95,8 @@ def build_synthetic(
     device: torch.device | str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
 ) -> Qwen3_5ForCausalLM:
-    """The geometry with random weights, allocated and drawn on `device` (no host copy on a GPU)."""
+    """The geometry with random weights, allocated and drawn on `device` (no host copy on a GPU), its
+    projections then fused (``Qwen3_5ForCausalLM.fuse_projections``: the same weights, one GEMM each)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -117,6 +118,7 @@ def build_synthetic(
             else:
                 param.zero_()  # (1 + w) RMSNorm weights
     model.requires_grad_(False)
+    model.fuse_projections()  # as the artifact loader does: the same GEMMs as a real model runs
     model.eval()
     return model
 

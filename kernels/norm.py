@@ -12,6 +12,9 @@ Two forms appear in the model:
 
 Math is float32; the result is cast back to the input dtype. The Triton launchers ``rms_norm``,
 ``add_rms_norm`` and ``gated_rms_norm`` share one kernel and fall back to the references off CUDA.
+Their x (and gate) may be a [T, H, D] view with any token and head strides (unit stride along D), such as
+heads sliced from a fused projection's output: the kernel reads it in place, no copy; the output is
+contiguous.
 """
 
 from __future__ import annotations
@@ -69,9 +72,12 @@ if HAS_TRITON:
         sum_ptr,
         num_rows,
         dim,
+        num_heads,
         x_stride,
+        x_head_stride,
         res_stride,
         gate_stride,
+        gate_head_stride,
         out_stride,
         sum_stride,
         eps,
@@ -82,11 +88,17 @@ if HAS_TRITON:
         BLOCK_D: tl.constexpr,
     ):
         # grid (cdiv(num_rows, BLOCK_ROWS),): one program normalises BLOCK_ROWS whole rows in registers.
-        rows = (tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
+        # x and gate address row r as (token r // num_heads, head r % num_heads) with their own token and
+        # head strides (num_heads 1: one row stride); residual, sum and out are [num_rows, dim] rows.
+        rows32 = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        rows = rows32.to(tl.int64)
+        tokens = (rows32 // num_heads).to(tl.int64)
+        heads = (rows32 % num_heads).to(tl.int64)
         cols = tl.arange(0, BLOCK_D)
         col_mask = cols < dim
         mask = (rows < num_rows)[:, None] & col_mask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=mask, other=0.0)
+        x_rows = tokens * x_stride + heads * x_head_stride
+        x = tl.load(x_ptr + x_rows[:, None] + cols[None, :], mask=mask, other=0.0)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + rows[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(sum_ptr.dtype.element_ty)
@@ -98,7 +110,8 @@ if HAS_TRITON:
             w = 1.0 + w
         y = xf * inv_rms[:, None] * w[None, :]
         if HAS_GATE:
-            gate = tl.load(gate_ptr + rows[:, None] * gate_stride + cols[None, :], mask=mask, other=0.0)
+            gate_rows = tokens * gate_stride + heads * gate_head_stride
+            gate = tl.load(gate_ptr + gate_rows[:, None] + cols[None, :], mask=mask, other=0.0)
             gate = gate.to(tl.float32)
             y = y * (gate * tl.sigmoid(gate))
         tl.store(
@@ -110,6 +123,28 @@ def _rows(t: torch.Tensor, dim: int) -> torch.Tensor:
     """[..., D] -> [N, D] with unit stride along D (a view where possible)."""
     t2 = t.reshape(-1, dim)
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def _num_heads(*tensors: torch.Tensor | None) -> int:
+    """H when some input is a [T, H, D] view (unit stride along D) whose rows have no single row stride,
+    e.g. heads sliced from a fused projection's wider output row: the kernel then addresses its rows as
+    (token, head) pairs instead of a copy making it [T * H, D]; 1 otherwise."""
+    for t in tensors:
+        if t is None or t.dim() != 3 or t.stride(2) != 1:
+            continue
+        tokens, heads = t.shape[0], t.shape[1]
+        if tokens > 1 and heads > 1 and t.stride(0) != heads * t.stride(1):
+            return heads
+    return 1
+
+
+def _head_rows(t: torch.Tensor, dim: int, num_heads: int) -> tuple[torch.Tensor, int, int]:
+    """(tensor, token stride, head stride) addressing t's rows as the kernel does (see ``_num_heads``)."""
+    if num_heads == 1:
+        t2 = _rows(t, dim)
+        return t2, t2.stride(0), 0
+    t3 = t if t.stride(2) == 1 else t.contiguous()
+    return t3, t3.stride(0), t3.stride(1)
 
 
 def _launch_rms_norm(
@@ -124,21 +159,24 @@ def _launch_rms_norm(
     assert weight.shape == (dim,) and weight.is_contiguous(), f"weight {tuple(weight.shape)} for dim {dim}"
     for name, t in (("residual", residual), ("gate", gate)):
         assert t is None or t.shape == x.shape, f"{name} {tuple(t.shape)} != x {tuple(x.shape)}"
-    x2 = _rows(x, dim)
-    res2 = _rows(residual, dim) if residual is not None else x2
-    gate2 = _rows(gate, dim) if gate is not None else x2
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     out2 = out.view(-1, dim)
+    num_heads = _num_heads(x, gate)
+    x2, x_stride, x_head_stride = _head_rows(x, dim, num_heads)
+    res2 = _rows(residual, dim) if residual is not None else out2
+    gate_rows = _head_rows(gate, dim, num_heads) if gate is not None else (x2, 0, 0)
+    gate2, gate_stride, gate_head_stride = gate_rows
     summed = torch.empty_like(out) if residual is not None else None
     sum2 = summed.view(-1, dim) if summed is not None else out2
-    num_rows = x2.shape[0]
+    num_rows = out2.shape[0]
     block_d = triton.next_power_of_2(dim)
     block_rows = max(1, min(16, 2048 // block_d))
     grid = (triton.cdiv(num_rows, block_rows),)
     if num_rows:
         _rms_norm_kernel[grid](
-            x2, res2, gate2, weight, out2, sum2, num_rows, dim,
-            x2.stride(0), res2.stride(0), gate2.stride(0), out2.stride(0), sum2.stride(0), eps,
+            x2, res2, gate2, weight, out2, sum2, num_rows, dim, num_heads,
+            x_stride, x_head_stride, res2.stride(0), gate_stride, gate_head_stride, out2.stride(0),
+            sum2.stride(0), eps,
             HAS_RESIDUAL=residual is not None, HAS_GATE=gate is not None, ONE_PLUS_WEIGHT=one_plus_weight,
             BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=8 if block_d >= 4096 else 4,
         )  # fmt: skip

@@ -5,6 +5,11 @@ get a per-head ``(1 + w)`` RMSNorm, then partial RoPE; new K/V are stored into t
 each new token attends causally to its sequence's pages; the output is multiplied by
 ``sigmoid(gate)`` before ``o_proj``. Reads only the ForwardBatch and its own cache entry.
 
+``fuse_projections()`` (called once after loading, see ``Qwen3_5ForCausalLM.fuse_projections``) replaces
+q_proj, k_proj and v_proj by one ``qkv_proj`` ([q | gate per head, k, v] rows): one GEMM, whose output
+is split into views (query/gate [T, H, 2D] as before, key and value [T, H_kv, D] with the fused row
+stride); the q/k norms and ``store_kv`` read those strided views in place (no copy).
+
 Paths (chosen from shapes only, so attention never syncs with the host):
 - decode (every sequence brings one token, ``T == B``), float or int8 KV: ``store_kv`` +
   ``paged_attention_decode`` (Triton split-K over the pages on CUDA, batch-invariant).
@@ -23,6 +28,7 @@ from torch import nn
 
 from engine.model.config import ModelConfig
 from engine.model.forward import ForwardBatch, ModelCache
+from engine.model.fusion import concat_linears
 from engine.model.norm import RMSNorm
 from kernels.attention import paged_attention_decode, paged_prefill_attention, store_kv
 from kernels.rope import apply_rope_qk
@@ -40,6 +46,7 @@ class GatedAttention(nn.Module):
         self.q_proj = nn.Linear(hidden, 2 * self.num_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
+        self.qkv_proj: nn.Linear | None = None  # q_proj | k_proj | v_proj once fused
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -52,10 +59,11 @@ class GatedAttention(nn.Module):
         cache: ModelCache,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        query, gate = self.q_proj(x).view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q, k, v = self._project(x)
+        query, gate = q.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         query = self.q_norm(query)
-        key = self.k_norm(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim))
-        value = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        key = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))
+        value = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         cos, sin = rope
         query, key = apply_rope_qk(query, key, cos, sin)  # in place: both are fresh norm outputs
         key_cache, value_cache = cache.key_cache[self.kv_index], cache.value_cache[self.kv_index]
@@ -87,3 +95,20 @@ class GatedAttention(nn.Module):
             )
         out = out * torch.sigmoid(gate.float()).to(out.dtype)
         return self.o_proj(out.reshape(num_tokens, -1))
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q|gate [T, 2 * H * D], k [T, H_kv * D], v [T, H_kv * D]); once fused, views of one GEMM's output."""
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q_size, kv_size = 2 * self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        return q, k, v
+
+    def fuse_projections(self) -> bool:
+        """Replace q_proj, k_proj, v_proj by one ``qkv_proj`` (their weights concatenated, the originals
+        dropped). Returns False (and changes nothing) when already fused."""
+        if self.qkv_proj is not None:
+            return False
+        self.qkv_proj = concat_linears(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+        return True

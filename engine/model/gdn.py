@@ -15,6 +15,13 @@ Paths (chosen from shapes only):
   (no ``.contiguous()`` before the chunked rule); the rule runs as ``chunk_gated_delta_rule`` (fla-core's
   chunked kernel when installed) per multi-token sequence, the single-token rows through the decode
   kernel; elsewhere ``causal_conv1d_varlen_ref`` and ``gated_delta_rule_varlen_ref``.
+
+``fuse_projections()`` (called once after loading, see ``Qwen3_5ForCausalLM.fuse_projections``) replaces
+in_proj_qkv, in_proj_z, in_proj_b and in_proj_a by one ``in_proj`` (rows qkv | z | b | a): one GEMM whose
+output is split into views with the fused row stride. Every consumer reads them in place, no copy: the
+conv kernels take any row stride (qkv), the decode rule any row stride of a and b, the gated norm a
+[T, Hv, Dv] gate with any token and head strides (z); the prefill gate math (softplus, sigmoid) reads a
+and b into new tensors, as it did before.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from torch import nn
 
 from engine.model.config import ModelConfig
 from engine.model.forward import ForwardBatch, ModelCache
+from engine.model.fusion import concat_linears
 from engine.model.norm import GatedRMSNorm
 from kernels.conv import causal_conv1d_decode, causal_conv1d_varlen_ref, causal_conv1d_varlen_split
 from kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_decode, gated_delta_rule_varlen_ref
@@ -52,6 +60,8 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
         self.in_proj_b = nn.Linear(hidden, self.num_v_heads, bias=False)
         self.in_proj_a = nn.Linear(hidden, self.num_v_heads, bias=False)
+        self.in_proj: nn.Linear | None = None  # in_proj_qkv | in_proj_z | in_proj_b | in_proj_a once fused
+        self.conv_dim = config.conv_dim
         self.conv1d = _Conv1dWeight(config.conv_dim, config.linear_conv_kernel_dim)
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads), requires_grad=False)
@@ -68,8 +78,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv = self.in_proj_qkv(x)
-        a, b = self.in_proj_a(x), self.in_proj_b(x)
+        qkv, z, b, a = self._project(x)
         conv_state = cache.conv_state[self.state_index]
         states = cache.recurrent_state[self.state_index]
         weight = self.conv1d.weight.squeeze(1)
@@ -94,8 +103,26 @@ class GatedDeltaNet(nn.Module):
                 query, key, value, g, beta, states,
                 batch.query_start_loc, batch.state_slots, batch.has_initial_state,
             )  # fmt: skip
-        z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.v_dim)
-        return self.out_proj(self.norm(core, z).reshape(num_tokens, self.value_dim))
+        gate = z.view(num_tokens, self.num_v_heads, self.v_dim)
+        return self.out_proj(self.norm(core, gate).reshape(num_tokens, self.value_dim))
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(qkv [T, conv_dim], z [T, value_dim], b [T, Hv], a [T, Hv]); once fused, views of one GEMM's
+        output (unit stride along the channels, the fused row stride)."""
+        if self.in_proj is None:
+            return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+        sizes = [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads]
+        qkv, z, b, a = self.in_proj(x).split(sizes, dim=-1)
+        return qkv, z, b, a
+
+    def fuse_projections(self) -> bool:
+        """Replace in_proj_qkv, in_proj_z, in_proj_b, in_proj_a by one ``in_proj`` (their weights
+        concatenated, the originals dropped). Returns False (and changes nothing) when already fused."""
+        if self.in_proj is not None:
+            return False
+        self.in_proj = concat_linears(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        del self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a
+        return True
 
     def _prefill_cuda(
         self,

@@ -4,6 +4,10 @@ The model is constructed on the meta device and its parameters are then *assigne
 tensors (``load_state_dict(assign=True)``): a tensor already in the target dtype and device (an
 mmap view of the artifact on the CPU) becomes the parameter itself, with no copy; otherwise the one
 ``.to(device, dtype)`` copy is the only one. MTP weights are loaded only when ``with_mtp``.
+
+Then the model's input projections are fused (``Qwen3_5ForCausalLM.fuse_projections``): each layer's
+q/k/v (GDN in_proj_*, MLP gate/up) become one concatenated weight, a copy, and the separate
+parameters (mmap views or device copies) are dropped module by module.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ def build_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
     with_mtp: bool = False,
+    fuse: bool = True,
 ) -> Qwen3_5ForCausalLM:
-    """Model from already-collected tensors (model names, see ``weights.collect_weights``)."""
+    """Model from already-collected tensors (model names, see ``weights.collect_weights``), its
+    projections fused unless ``fuse`` is False (tests compare the two forms)."""
     with torch.device("meta"):
         model = model_class(config)(config, with_mtp=with_mtp)
     state: dict[str, torch.Tensor] = {}
@@ -47,7 +53,10 @@ def build_model(
             state[name] = t.to(device=device, dtype=target)
             bar.update(t.numel() * t.element_size())
     model.load_state_dict(state, strict=True, assign=True)
+    del state  # the parameters are now the only holders of the device copies: fusing can free them
     model.requires_grad_(False)
+    if fuse:
+        model.fuse_projections()
     return model.eval()
 
 

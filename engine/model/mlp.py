@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model.config import ModelConfig
+from engine.model.fusion import concat_linears
 from kernels.activation import silu_mul
 from kernels.moe import SharedExpert, moe_combine, moe_experts, moe_experts_ref, moe_route
 
@@ -39,14 +40,40 @@ GATHER_MAX_ROWS = 64  # CPU: T * top_k at or below this takes the gathered-weigh
 
 
 class MLP(nn.Module):
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))``. ``fuse_projections()`` (once, after loading) replaces
+    gate_proj and up_proj by one ``gate_up_proj`` [2I, H] (gate rows, then up rows): one GEMM, whose two
+    halves ``silu_mul`` reads in place (strided views, no copy)."""
+
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
+        self.intermediate_size = intermediate_size
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.gate_up_proj: nn.Linear | None = None  # gate_proj | up_proj once fused
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        if self.gate_up_proj is None:
+            return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(silu_mul(gate, up))
+
+    def gate_up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate [I, H], up [I, H]) weights: the parameters themselves, or once fused the two row halves of
+        ``gate_up_proj.weight`` (views: unit stride along H, row stride H, no copy)."""
+        if self.gate_up_proj is None:
+            return self.gate_proj.weight, self.up_proj.weight
+        gate, up = self.gate_up_proj.weight.split(self.intermediate_size, dim=0)
+        return gate, up
+
+    def fuse_projections(self) -> bool:
+        """Replace gate_proj and up_proj by one ``gate_up_proj`` (their weights concatenated, the originals
+        dropped). Returns False (and changes nothing) when already fused."""
+        if self.gate_up_proj is not None:
+            return False
+        self.gate_up_proj = concat_linears(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
+        return True
 
 
 class Router(nn.Module):
@@ -93,11 +120,10 @@ class SparseMoeBlock(nn.Module):
         return routed + shared
 
     def shared_weights(self) -> SharedExpert:
-        """The shared expert's parameters as ``kernels.moe.moe_experts`` takes them (the tensors themselves)."""
-        mlp = self.shared_expert
-        return SharedExpert(
-            mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, self.shared_expert_gate.weight
-        )
+        """The shared expert's parameters as ``kernels.moe.moe_experts`` takes them (the tensors themselves;
+        gate and up once fused: the two row halves of ``shared_expert.gate_up_proj.weight``, views)."""
+        gate, up = self.shared_expert.gate_up_weights()
+        return SharedExpert(gate, up, self.shared_expert.down_proj.weight, self.shared_expert_gate.weight)
 
 
 def _experts_gathered(

@@ -4,6 +4,10 @@
 ``[T, hidden]``; ``compute_logits(hidden, indices)`` projects only the rows that need logits.
 Module names equal the checkpoint tensor names (``model.layers.N.linear_attn.in_proj_qkv.weight``,
 ``lm_head.weight``, ``mtp.fc.weight``), so loading is a name-for-name assignment (``weights.py``).
+Once loaded, ``fuse_projections()`` concatenates each layer's input projections into one GEMM
+(``qkv_proj``, ``linear_attn.in_proj``, ``mlp.gate_up_proj``); every path that builds a model to run
+calls it (``loader.build_model``, ``engine.synthetic.build_synthetic``), so the fused names, not the
+checkpoint's, are what a running model's ``state_dict`` holds for those projections.
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ from typing import cast
 import torch
 from torch import nn
 
+from engine.model.attention import GatedAttention
 from engine.model.config import ModelConfig
 from engine.model.decoder import DecoderLayer
 from engine.model.forward import ForwardBatch, ModelCache
+from engine.model.gdn import GatedDeltaNet
+from engine.model.mlp import MLP
 from engine.model.mtp import MultiTokenPredictor
 from engine.model.norm import RMSNorm
 from kernels.rope import mrope_axis_map_ref, rope_inv_freq_ref
@@ -88,6 +95,28 @@ class Qwen3_5ForCausalLM(nn.Module):
     @property
     def has_mtp(self) -> bool:
         return self.mtp is not None
+
+    def fuse_projections(self) -> int:
+        """Fuse every layer's input projections (attention q/k/v, GDN in_proj_*, dense MLP and MoE shared
+        expert gate/up; the MTP head's layers too) into one ``nn.Linear`` each, module by module: call once,
+        after the weights are loaded. Returns how many modules it fused (0 when already fused: a no-op).
+
+        Memory: each module's concatenation is allocated before its originals are dropped, so the peak is
+        the model plus one module's projections; on CUDA the originals' cached blocks go back to the
+        driver after every module (``empty_cache``), or they would stay reserved (the fused blocks are
+        larger than any of them, so the allocator could not reuse them) and shrink the KV pool that
+        ``--kv-capacity auto`` sizes from the free device memory. Whoever holds other references to the
+        original weights (a loader's name -> tensor dict) must drop them first for the memory to return.
+        """
+        modules = [m for m in self.modules() if isinstance(m, GatedAttention | GatedDeltaNet | MLP)]
+        fused = 0
+        for module in modules:
+            if not module.fuse_projections():
+                continue
+            fused += 1
+            if any(p.is_cuda for p in module.parameters()):
+                torch.cuda.empty_cache()
+        return fused
 
     def forward(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         """Final hidden states [T, hidden] for every token of the batch (KV and GDN state written)."""

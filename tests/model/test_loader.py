@@ -1,4 +1,5 @@
-"""load_model from a real `.ninfer` container: zero-copy parameters, same logits, MTP only when asked."""
+"""load_model from a real `.ninfer` container: zero-copy parameters (but the fused input projections), same
+logits, MTP only when asked."""
 
 from __future__ import annotations
 
@@ -29,8 +30,12 @@ def test_load_model_assigns_mmap_views_and_matches_direct_build(artifact_path, p
     ckpt, path = artifact_path
     artifact = read_artifact(path, check_registry=False)
     model = load_model(artifact, device="cpu", dtype=torch.float32)
-    name = "model.language_model.layers.2.self_attn.q_proj.weight"
-    assert model.model.layers[2].self_attn.q_proj.weight.data_ptr() == artifact.tensor(name).data_ptr()
+    attn = model.model.layers[2].self_attn
+    name = "model.language_model.layers.2.self_attn.o_proj.weight"
+    assert attn.o_proj.weight.data_ptr() == artifact.tensor(name).data_ptr()
+    # the fused input projections are the one copy: the checkpoint's q, k, v rows, concatenated
+    parts = [artifact.tensor(name.replace("o_proj", proj)) for proj in ("q_proj", "k_proj", "v_proj")]
+    assert torch.equal(attn.qkv_proj.weight, torch.cat(parts))
     assert model.mtp is None
     cache = allocate_model_cache(
         ckpt.config, num_pages=2, page_size=64, num_state_slots=1, dtype=torch.float32
