@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_device import kernel_device
 
 
 def _assert_close(
@@ -32,12 +33,4 @@ def _seed() -> None:
 @pytest.fixture
 def device() -> str:
     """Where the Triton tests run: the GPU, or the CPU under Triton's interpreter (TRITON_INTERPRET=1)."""
-    from kernels._dispatch import HAS_TRITON, INTERPRET
-
-    if not HAS_TRITON:
-        pytest.fail("the gpu tests need Triton: run them on the device machine (make test-gpu)")
-    if INTERPRET:
-        return "cpu"
-    if not torch.cuda.is_available():
-        pytest.fail("the gpu tests need a CUDA device (or TRITON_INTERPRET=1)")
-    return "cuda"
+    return kernel_device()

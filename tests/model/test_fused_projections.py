@@ -13,6 +13,7 @@ import weakref
 
 import pytest
 import torch
+from kernel_device import kernel_device
 
 from engine.model import allocate_model_cache, build_model, collect_weights
 from engine.model.config import ModelConfig
@@ -193,24 +194,12 @@ def test_shared_expert_weights_are_views_of_the_fused_weight():
         gate_proj=gate, up_proj=up)), 1e-6)  # fmt: skip
 
 
-def _kernel_device() -> str:
-    from kernels._dispatch import HAS_TRITON, INTERPRET
-
-    if not HAS_TRITON:
-        pytest.fail("the gpu tests need Triton: run them on the device machine (make test-gpu)")
-    if INTERPRET:
-        return "cpu"
-    if not torch.cuda.is_available():
-        pytest.fail("the gpu tests need a CUDA device (or TRITON_INTERPRET=1)")
-    return "cuda"
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_shared_expert_decode_kernel_reads_the_fused_weight(dtype):
     """The decode path (``moe_experts`` with the shared expert, what ``SparseMoeBlock.forward`` runs on CUDA
     for few tokens) given the fused weight's row halves equals its reference on the unfused weights."""
-    device = _kernel_device()
+    device = kernel_device()
     block = _moe_block(dtype, device)
     unfused = block.shared_weights()
     unfused = unfused._replace(gate_proj=unfused.gate_proj.clone(), up_proj=unfused.up_proj.clone())

@@ -25,7 +25,8 @@ def _rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize(
-    ("tokens", "experts", "top_k", "hidden", "inter"), [(300, 8, 2, 64, 48), (777, 256, 8, 256, 64)]
+    ("tokens", "experts", "top_k", "hidden", "inter"),
+    [(300, 8, 2, 64, 48), (777, 256, 8, 256, 64), (7680, 256, 8, 2048, 512)],  # the last: 35B-A3B prefill
 )
 def test_grouped_experts_match_the_reference(
     tokens: int, experts: int, top_k: int, hidden: int, inter: int
@@ -37,8 +38,18 @@ def test_grouped_experts_match_the_reference(
     ).bfloat16()
     down = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) * inter**-0.5).bfloat16()
     weights, ids = moe_route_ref(torch.randn(tokens, experts, device="cuda", generator=gen), top_k)
+    shared = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
     expected = moe_experts_ref(x.float(), gate_up.float(), down.float(), weights, ids)
     assert _rel_rms(_experts_grouped(x, gate_up, down, weights, ids), expected) < 1e-2
+    out = _experts_grouped(x, gate_up, down, weights, ids, shared)
+    assert _rel_rms(out, expected + shared.float()) < 1e-2
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # the prefill path reads nothing back to the host
+    try:
+        again = _experts_grouped(x, gate_up, down, weights, ids, shared)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(again, out), "two runs of the same batch differ"
 
 
 @pytest.mark.parametrize(
