@@ -50,7 +50,7 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 
 from engine.cache.host import HostMatch, HostParking
-from engine.cache.prefix import Checkpoint, PrefixIndex
+from engine.cache.prefix import Checkpoint, PrefixIndex, extend_page_hashes
 from engine.scheduler.output import HostPark, HostUnpark
 
 
@@ -87,10 +87,12 @@ class HostPlanner:
         top = group[-1]
         shorter = [o for o in others if o not in group and self._extends(top, o)]
         checkpoints = sorted((c.num_tokens, c.state_slot) for c in group + shorter)
-        if all(self._host_holds(top, n) for n, _ in checkpoints):
+        assert top.token_ids is not None
+        hashes: list[bytes] = []  # once for the whole entry: every checkpoint is a prefix of top
+        extend_page_hashes(hashes, top.token_ids, top.num_tokens, self.prefix.page_size)
+        if all(self._host_holds(top.token_ids, hashes, n) for n, _ in checkpoints):
             self.park_skips["on_host"] += 1
             return []
-        assert top.token_ids is not None
         self._parks.append(HostPark(top.checkpoint_id, top.page_ids, top.token_ids, tuple(checkpoints)))
         self.num_co_evicted += len(later)
         return later
@@ -107,9 +109,8 @@ class HostPlanner:
             and longer.token_ids[:n] == shorter.token_ids
         )
 
-    def _host_holds(self, cp: Checkpoint, num_tokens: int) -> bool:
-        assert cp.token_ids is not None
-        found = self.host.lookup(cp.token_ids, None, num_tokens)
+    def _host_holds(self, token_ids: Sequence[int], page_hashes: Sequence[bytes], num_tokens: int) -> bool:
+        found = self.host.lookup(token_ids, page_hashes, num_tokens)
         return found is not None and found.num_tokens == num_tokens
 
     # ---- restore on match ----------------------------------------------------------------------------
