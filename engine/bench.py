@@ -67,6 +67,11 @@ PAGE_SIZE = 64
 GREEDY = SamplingParams(temperature=0.0)
 
 
+def _sig(seconds: float, digits: int = 6) -> float:
+    """A time kept to ``digits`` significant digits (a fixed number of decimals loses short times)."""
+    return float(f"{seconds:.{digits}g}")
+
+
 def _ints(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -513,8 +518,8 @@ def _hf_prefill_row(
             row["skipped"] = reason
         else:
             seconds = statistics.median(times)
-            row.update(seconds=round(seconds, 4), tok_s=round(length / seconds, 1),
-                       runs_s=[round(t, 4) for t in times])  # fmt: skip
+            row.update(seconds=_sig(seconds), tok_s=round(length / seconds, 1),
+                       runs_s=[_sig(t) for t in times])  # fmt: skip
     log(f"hf prefill {row}")
     return row
 
@@ -614,10 +619,10 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                      for _ in range(args.prefill_runs)]  # fmt: skip
             seconds = statistics.median(times)
             limit = flop_rate / prefill_flops_per_token(config, weights, length)
-            row = {"prompt_len": length, "chunk": args.prefill_chunk, "seconds": round(seconds, 4),
+            row = {"prompt_len": length, "chunk": args.prefill_chunk, "seconds": _sig(seconds),
                    "tok_s": round(length / seconds, 1), "limit_tok_s": round(limit, 1),
                    "fraction_of_limit": round(length / seconds / limit, 3),
-                   "runs_s": [round(t, 4) for t in times]}  # fmt: skip
+                   "runs_s": [_sig(t) for t in times]}  # fmt: skip
             _log(f"prefill {row}")
             rows.append(row)
         result["prefill"] = rows

@@ -38,6 +38,12 @@ class ForwardBatch:
     slot_mapping: torch.Tensor  # [T] int64, page * page_size + row; -1 = padding (not stored)
     state_slots: torch.Tensor  # [B] int64, GDN state slot per sequence
     has_initial_state: torch.Tensor  # [B] bool, continue from the slot's saved state
+    # Host copies of the three above, when the batch was built from host lists (``make_forward_batch``):
+    # layers that need them as Python ints (the per-sequence GDN prefill) read these instead of a
+    # ``.tolist()``, which would wait for the GPU to drain every layer. None in graph-captured batches.
+    query_start_loc_cpu: tuple[int, ...] | None = None
+    state_slots_cpu: tuple[int, ...] | None = None
+    has_initial_state_cpu: tuple[bool, ...] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -50,6 +56,21 @@ class ForwardBatch:
     def last_token_indices(self) -> torch.Tensor:
         """Row of each sequence's last new token -> [B] (the rows whose logits sample the next token)."""
         return (self.query_start_loc[1:] - 1).long()
+
+    def host_layout(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]]:
+        """(query_start_loc, state_slots, has_initial_state) as host tuples: the mirrors when present,
+        else read back from the device (one sync)."""
+        if (
+            self.query_start_loc_cpu is not None
+            and self.state_slots_cpu is not None
+            and self.has_initial_state_cpu is not None
+        ):
+            return self.query_start_loc_cpu, self.state_slots_cpu, self.has_initial_state_cpu
+        return (
+            tuple(self.query_start_loc.tolist()),
+            tuple(self.state_slots.tolist()),
+            tuple(self.has_initial_state.tolist()),
+        )
 
 
 def make_forward_batch(
@@ -101,6 +122,9 @@ def make_forward_batch(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         state_slots=torch.tensor(list(state_slots), dtype=torch.int64, device=device),
         has_initial_state=torch.tensor(cont, dtype=torch.bool, device=device),
+        query_start_loc_cpu=tuple(starts),
+        state_slots_cpu=tuple(state_slots),
+        has_initial_state_cpu=tuple(bool(c) for c in cont),
     )
 
 

@@ -134,7 +134,8 @@ class GatedDeltaNet(nn.Module):
         states: torch.Tensor,  # [slots, Hv, Dk, Dv] fp32
         batch: ForwardBatch,
     ) -> torch.Tensor:
-        """One varlen conv launch for the batch, then the chunked rule per sequence (syncs once)."""
+        """One varlen conv launch for the batch, then the chunked rule per sequence (the sequence bounds come
+        from the batch's host mirrors: no sync)."""
         num_tokens = qkv.shape[0]
         q_all, k_all, v_all = causal_conv1d_varlen_split(
             qkv, weight, conv_state, batch.query_start_loc, batch.state_slots, batch.has_initial_state,
@@ -143,8 +144,7 @@ class GatedDeltaNet(nn.Module):
         query_all = q_all.view(num_tokens, self.num_k_heads, self.k_dim)  # contiguous, as fla wants
         key_all = k_all.view(num_tokens, self.num_k_heads, self.k_dim)
         value_all = v_all.view(num_tokens, self.num_v_heads, self.v_dim)
-        bounds = batch.query_start_loc.tolist()
-        slots, cont = batch.state_slots.tolist(), batch.has_initial_state.tolist()
+        bounds, slots, cont = batch.host_layout()
         g_all = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         beta_all = torch.sigmoid(b)
         core: torch.Tensor | None = None

@@ -88,3 +88,35 @@ def test_cuda_chunked_prefill_and_decode_match_the_cpu_model(
                 out.append(model.compute_logits(model(batch, cache)).cpu())
         logits[device] = torch.cat(out)
     assert _rel_rms(logits["cuda"], logits["cpu"]) < limit
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+def test_a_mixed_prefill_step_reads_nothing_back_to_the_host(arch: str, tmp_path: Path) -> None:
+    """A varlen step (a fresh prompt, a chunk continuing a cached prefix and a decode row) runs the whole
+    model (bf16, fla-core's chunked GDN, the fused MoE) without one device-to-host sync: the GDN prefill takes
+    the sequence bounds from the batch's host mirrors, so the host keeps queueing kernels ahead of the GPU."""
+    path = build_tiny(tmp_path / f"tiny-{arch}.ninfer", arch=arch, seed=0)
+    model = load_artifact(path, device="cuda", dtype=torch.bfloat16).model
+    config = model.config
+    tokens = torch.randint(0, config.vocab_size, (300,), generator=torch.Generator().manual_seed(2)).tolist()
+    cache = allocate_model_cache(config, 24, 16, 4, dtype=torch.bfloat16, device="cuda")
+    with torch.inference_mode():
+        first = make_forward_batch([tokens[:40], tokens[100:101]], [0, 0], [range(8), range(8, 16)], [1, 2],
+                                   16, device="cuda")  # fmt: skip
+        model(first, cache)
+        step = make_forward_batch(
+            [tokens[200:297], tokens[40:90], tokens[101:102]], [0, 40, 1],
+            [range(16, 24), range(8), range(8, 16)], [3, 1, 2], 16, device="cuda",
+        )  # fmt: skip
+        expected = model.compute_logits(model(step, cache), step.last_token_indices()).float()  # warm-up
+        # Run the same step again from the same state: restore what the warm-up wrote.
+        cache = allocate_model_cache(config, 24, 16, 4, dtype=torch.bfloat16, device="cuda")
+        model(first, cache)
+        last = step.last_token_indices()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            logits = model.compute_logits(model(step, cache), last)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert _rel_rms(logits.float(), expected) < 1e-2
