@@ -18,7 +18,8 @@ Engine statistics fields read (all optional except where the engine already has 
     num_requests_rejected: {code: n}                                                         counter
     host_kv_used_bytes, host_kv_capacity_bytes                                               gauges
     host_kv_park_bytes, host_kv_park_seconds, host_kv_restore_bytes, host_kv_restore_seconds counters
-    host_kv_evictions: {reason: n}                                                           counter
+    host_kv_parks, host_kv_restores                                                          counters
+    host_kv_evictions, host_kv_park_skips, host_kv_park_refusals: {reason: n}                counters
 """
 
 from __future__ import annotations
@@ -74,10 +75,14 @@ _COUNTERS = (
     ("host_kv_park_seconds", "host_park_seconds"),
     ("host_kv_restore_bytes", "host_restore_bytes"),
     ("host_kv_restore_seconds", "host_restore_seconds"),
+    ("host_kv_parks", "host_parks"),
+    ("host_kv_restores", "host_restores"),
 )
 _LABELLED_COUNTERS = (
     ("num_requests_rejected", "engine_rejected", "code"),
     ("host_kv_evictions", "host_evictions", "reason"),
+    ("host_kv_park_skips", "host_park_skips", "reason"),
+    ("host_kv_park_refusals", "host_park_refusals", "reason"),
 )
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9_.:-]{1,48}$")
 

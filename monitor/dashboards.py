@@ -285,6 +285,13 @@ CACHE = Board(
             "percentunit",
         ),
         P(
+            "Parks / restores per second",
+            (
+                Q(f"sum({rate('ninfer_host_kv_parks_total')})", "parks"),
+                Q(f"sum({rate('ninfer_host_kv_restores_total')})", "restores"),
+            ),
+        ),
+        P(
             "Host evictions / s by reason",
             (Q(f"sum by (reason) ({rate('ninfer_host_kv_evictions_total')})", "{{reason}}"),),
         ),

@@ -48,6 +48,8 @@ FINISH_REASONS = ("stop", "length", "context", "aborted", "client_disconnected",
 REJECT_CODES = ("server_overloaded", "request_queue_timeout", "context_length_exceeded", "request_too_large")
 PROMPT_SOURCES = ("computed", "device_cache", "host_cache")
 HOST_EVICTION_REASONS = ("capacity", "superseded", "expired")
+HOST_PARK_SKIP_REASONS = ("covered", "on_host")  # engine/scheduler/host.py
+HOST_PARK_REFUSAL_REASONS = ("off", "oversize", "pinned")  # engine/cache/host.py _park_refusal
 SPEC_POSITIONS = 5  # MTP drafts 1..5 tokens: positions 0..4
 REUSE_PATHS = ("none", "checkpoint", "host_restore")
 
@@ -209,6 +211,25 @@ class ServerMetrics:
         self.host_evictions = Counter(
             "ninfer_host_kv_evictions_total", "Host KV entries evicted, by reason.", ["reason"], registry=r
         )
+        self.host_parks = Counter(
+            "ninfer_host_kv_parks_total", "Sequences parked device -> host (one entry each).", registry=r
+        )
+        self.host_restores = Counter(
+            "ninfer_host_kv_restores_total", "Host entries restored host -> device.", registry=r
+        )
+        self.host_park_skips = Counter(
+            "ninfer_host_kv_park_skips_total",
+            "Evicted device checkpoints not parked, by reason (covered: their tokens live on in longer device "
+            "checkpoints; on_host: already parked).",
+            ["reason"],
+            registry=r,
+        )
+        self.host_park_refusals = Counter(
+            "ninfer_host_kv_park_refusals_total",
+            "Parks refused by the host cache, by reason (oversize, pinned, ...).",
+            ["reason"],
+            registry=r,
+        )
         self.steps = Counter(
             "ninfer_engine_steps_total", "Scheduler steps (including empty ones).", registry=r
         )
@@ -259,6 +280,10 @@ class ServerMetrics:
             self.prefix_reuse_path.labels(path=path)
         for reason in HOST_EVICTION_REASONS:
             self.host_evictions.labels(reason=reason)
+        for reason in HOST_PARK_SKIP_REASONS:
+            self.host_park_skips.labels(reason=reason)
+        for reason in HOST_PARK_REFUSAL_REASONS:
+            self.host_park_refusals.labels(reason=reason)
         for code in REJECT_CODES:
             self.engine_rejected.labels(code=code)
         for pos in range(SPEC_POSITIONS):

@@ -19,6 +19,8 @@ ninfer_generation_tokens_total ninfer_prompt_tokens_by_source_total ninfer_prefi
 ninfer_prefix_cache_hits_total ninfer_kv_cache_usage_ratio ninfer_host_kv_cache_used_bytes
 ninfer_host_kv_cache_capacity_bytes ninfer_host_kv_park_bytes_total ninfer_host_kv_park_seconds_total
 ninfer_host_kv_restore_bytes_total ninfer_host_kv_restore_seconds_total ninfer_host_kv_evictions_total
+ninfer_host_kv_parks_total ninfer_host_kv_restores_total ninfer_host_kv_park_skips_total
+ninfer_host_kv_park_refusals_total
 ninfer_spec_decode_drafts_total ninfer_spec_decode_draft_tokens_total ninfer_spec_decode_accepted_tokens_total
 ninfer_spec_decode_accepted_tokens_per_pos_total ninfer_model_info ninfer_build_info""".split()
 
@@ -41,6 +43,10 @@ class Stats:  # the shape of engine.core.EngineStats plus the host-cache fields 
     host_kv_capacity_bytes: int = 4 << 30
     host_kv_park_bytes: int = 5000
     host_kv_evictions: dict[str, int] = field(default_factory=lambda: {"capacity": 3})
+    host_kv_parks: int = 6
+    host_kv_restores: int = 2
+    host_kv_park_skips: dict[str, int] = field(default_factory=lambda: {"covered": 5, "on_host": 1})
+    host_kv_park_refusals: dict[str, int] = field(default_factory=lambda: {"oversize": 1})
 
 
 def samples(metrics: ServerMetrics | SidecarMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -99,6 +105,10 @@ def test_engine_stats_set_gauges_and_counters_count_increments_across_a_restart(
     assert s[("ninfer_engine_rejected_total", (("code", "server_overloaded"),))] == 2
     assert s[("ninfer_host_kv_evictions_total", (("reason", "capacity"),))] == 4
     assert s[("ninfer_host_kv_park_bytes_total", ())] == 5000
+    assert s[("ninfer_host_kv_parks_total", ())] == 6 and s[("ninfer_host_kv_restores_total", ())] == 2
+    assert s[("ninfer_host_kv_park_skips_total", (("reason", "covered"),))] == 5
+    assert s[("ninfer_host_kv_park_skips_total", (("reason", "on_host"),))] == 1
+    assert s[("ninfer_host_kv_park_refusals_total", (("reason", "oversize"),))] == 1
     assert s[("vllm:num_requests_waiting", (("model_name", ""),))] == 2
     # the engine restarted: its counters begin again at 10; the exported counter only grows
     collect.observe_engine(m, Stats(num_prefill_tokens=10))
