@@ -3,16 +3,17 @@
 # scripts/device/prepare_wheels.sh). Stages, each optional and each bounded by `timeout`:
 #   install  pip install --no-index the carried wheels into /tmp/site
 #   tests    python3 -m pytest -m gpu TEST_PATHS (default: tests, without tests/operator)
-#   hotpath  bench/kernels/hot_path.py (kernel timings; only with --hot-path)
+#   hotpath  bench/kernels/hot_path.py (kernel timings; only with --hot-path or --hot-path-args, e.g. "--linear-only")
 #   bench    ninfer-bench per --geometries (default 27B; BENCH_ARGS default: prefill 7680, decode C=1,8)
 #            + bench/host_parking.py (unless --no-host-parking)
 #   load     per profile, its own ninfer-serve --synthetic qwen3.6-27b (host parking on), then loadtest/run.py:
 #            agent_sessions_long: 4 lanes, 4 sessions of ~--context tokens, device KV --kv-capacity (holds them all)
 #            park_resume: --park-lanes lanes, --park-users sessions of ~--park-context tokens, device KV
 #            --park-kv-capacity (smaller than their sum: sessions are evicted, parked to host RAM and restored)
-# Logs and results go to $OUT (the few files that come back) and, whole, to $OUT/session.tar.gz.
+# Logs and results go to $OUT after every stage (the few files that come back: a call cut off at its limit still
+# returns what finished; the load runs' files in $OUT/load.tar.gz) and, whole, to $OUT/session.tar.gz at the end.
 # Usage: scripts/device/gpu_session.sh [--no-tests] [--no-bench] [--no-engine-bench] [--load none|agent|park|both]
-#        [--test-paths "P..."] [--hot-path] [--geometries "G..."] [--bench-args "ARGS"] [--no-host-parking]
+#        [--test-paths "P..."] [--hot-path] [--hot-path-args "ARGS"] [--geometries "G..."] [--bench-args "ARGS"] [--no-host-parking]
 #        [--tests-timeout S] [--bench-timeout S] [--load-timeout S (per profile)] [--geometry G]
 #        [--context N] [--users N] [--kv-capacity TOKENS] [--host-kv-mib N] [--max-context N]
 #        [--park-users N] [--park-context N] [--park-lanes N] [--park-kv-capacity TOKENS]
@@ -20,7 +21,7 @@
 # per call (--load agent, then --load park), each with --no-tests --no-bench.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-TESTS=1 BENCH=1 ENGINE_BENCH=1 LOAD=both HOT_PATH=0 HOST_PARKING=1
+TESTS=1 BENCH=1 ENGINE_BENCH=1 LOAD=both HOT_PATH=0 HOT_PATH_ARGS="" HOST_PARKING=1
 TEST_PATHS="tests --ignore tests/operator" GEOMETRIES=qwen3.6-27b
 BENCH_ARGS="--prompt-len 7680 --concurrency 1,8 --decode-tokens 32"
 TESTS_T=240 BENCH_T=240 LOAD_T=420
@@ -30,7 +31,7 @@ while (($#)); do
   case $1 in
     --no-tests) TESTS=0 ;; --no-bench) BENCH=0 ;; --no-engine-bench) ENGINE_BENCH=0 ;;
     --no-load) LOAD=none ;; --load) LOAD=$2; shift ;;
-    --test-paths) TEST_PATHS=$2; shift ;; --hot-path) HOT_PATH=1 ;; --no-host-parking) HOST_PARKING=0 ;;
+    --test-paths) TEST_PATHS=$2; shift ;; --hot-path) HOT_PATH=1 ;; --hot-path-args) HOT_PATH=1 HOT_PATH_ARGS=$2; shift ;; --no-host-parking) HOST_PARKING=0 ;;
     --geometries) GEOMETRIES=$2; shift ;; --bench-args) BENCH_ARGS=$2; shift ;;
     --tests-timeout) TESTS_T=$2; shift ;; --bench-timeout) BENCH_T=$2; shift ;; --load-timeout) LOAD_T=$2; shift ;;
     --geometry) GEOMETRY=$2; shift ;; --context) CONTEXT=$2; shift ;; --users) USERS=$2; shift ;;
@@ -49,6 +50,20 @@ mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
 log() { echo "[gpu_session $(date +%T)] $*" | tee -a "$WORK/session.log"; }
 status=0
+# collect: copy what has come out so far into $OUT (at most 8 files come back), after every stage, so a call cut
+# off at its limit still returns the stages that finished.
+collect() {
+  cp "$WORK/session.log" "$OUT/"
+  for f in gpu_tests.log hot_path.json "$WORK"/bench_*.json; do
+    f=${f##*/}; [[ -f $WORK/$f ]] && tail -c 2000000 "$WORK/$f" >"$OUT/$f"
+  done
+  cat "$WORK"/bench_*.log "$WORK"/hot_path.log >"$OUT/bench_logs.txt" 2>/dev/null
+  cat "$WORK"/load/*/summary.json >"$OUT/load_summaries.json" 2>/dev/null
+  if [[ -d $WORK/load ]]; then  # (cd: the globs are relative to $WORK)
+    (cd "$WORK" && tar -czf "$OUT/load.tar.gz" load ./*.jsonl ./stats_*.json ./serve_*.log 2>/dev/null)
+  fi
+  return 0
+}
 stage() {  # stage NAME SECONDS CMD...: run bounded, log to $WORK/NAME.log, record the exit status
   local name=$1 seconds=$2; shift 2
   log "$name: start (limit ${seconds}s): $*"
@@ -56,6 +71,7 @@ stage() {  # stage NAME SECONDS CMD...: run bounded, log to $WORK/NAME.log, reco
   local rc=$?
   log "$name: exit $rc$( ((rc == 124)) && echo ' (timed out)')"
   ((rc)) && status=1
+  collect
   return 0
 }
 
@@ -75,7 +91,8 @@ export PATH=/tmp/site/bin:$PATH
 # ---- tests ----
 # shellcheck disable=SC2086  # TEST_PATHS and BENCH_ARGS are word lists
 ((TESTS)) && stage gpu_tests "$TESTS_T" python3 -m pytest -m gpu $TEST_PATHS -q -p no:cacheprovider --timeout 150 --durations 20 -rfE
-((HOT_PATH)) && stage hot_path "$BENCH_T" python3 bench/kernels/hot_path.py --json "$WORK/hot_path.json"
+# shellcheck disable=SC2086
+((HOT_PATH)) && stage hot_path "$BENCH_T" python3 bench/kernels/hot_path.py $HOT_PATH_ARGS --json "$WORK/hot_path.json"
 
 # ---- bench ----
 if ((BENCH)); then
@@ -110,6 +127,7 @@ serve_and_load() {
       --run-time "$((left - 60))s" --locust "$(command -v locust)" --results "$WORK/load/$profile" \
       --server-request-log "$WORK/requests_$profile.jsonl" "$@"
     python3 -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/stats').text)" >"$WORK/stats_$profile.json"
+    collect
   else
     log "serve ($profile): not healthy (see serve_$profile.log)"; status=1
   fi
@@ -123,14 +141,9 @@ if [[ $LOAD == park || $LOAD == both ]]; then
     --param "context_tokens=$PARK_CONTEXT" --param "think_time_s=[10, 30]"
 fi
 
-# ---- results back: at most 8 files come back from $OUT ----
+# ---- results back ----
 log "done, status $status"
+collect
 tar -czf "$OUT/session.tar.gz" -C "$WORK" . 2>/dev/null
-cp "$WORK/session.log" "$OUT/"
-for f in gpu_tests.log hot_path.json "$WORK"/bench_*.json; do
-  f=${f##*/}; [[ -f $WORK/$f ]] && tail -c 2000000 "$WORK/$f" >"$OUT/$f"
-done
-cat "$WORK"/bench_*.log "$WORK"/hot_path.log >"$OUT/bench_logs.txt" 2>/dev/null
-cat "$WORK"/load/*/summary.json >"$OUT/load_summaries.json" 2>/dev/null
 cat "$WORK/session.log"
 exit $status
