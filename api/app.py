@@ -34,6 +34,7 @@ from api.options import ServerOptions
 from api.request_log import RequestLog
 from api.state import ServerState, new_id
 from api.tracing import RequestTracing, request_headers
+from engine.config import EngineConfig
 from monitor.metrics import ServerMetrics
 
 logger = logging.getLogger("ninfer.api")
@@ -204,7 +205,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         synthetic=state.synthetic,  # geometry name when the weights are random (`--synthetic`), else null
         model_id=state.engine.model_id,
         served_model_id=state.served_model_id,
-        engine_config=dataclasses.asdict(state.engine.config),
+        engine_config=_loggable_engine_config(state.engine.config),
         options=_loggable_options(options),
         argv=app.state.argv,
     )
@@ -222,6 +223,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             await asyncio.to_thread(state.tracing.shutdown)  # exports what is still batched
         if state.request_log is not None:
             state.request_log.close()
+
+
+def _loggable_engine_config(config: EngineConfig) -> dict[str, Any]:
+    """The engine config as logged: defaults that resolve from other fields show their effective value."""
+    values = dataclasses.asdict(config)
+    values["scheduler"]["prefill_chunk_decoding"] = config.scheduler.effective_prefill_chunk_decoding
+    return values
 
 
 def _loggable_options(options: ServerOptions) -> dict[str, Any]:

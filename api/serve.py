@@ -132,6 +132,14 @@ def _check_combinations(args: argparse.Namespace) -> None:
             )
     if args.prefill_chunk % 128:
         raise ValueError(f"--prefill-chunk {args.prefill_chunk}: must be a multiple of 128")
+    decoding = args.prefill_chunk_decoding
+    if decoding is not None and decoding % 128:
+        raise ValueError(f"--prefill-chunk-decoding {decoding}: must be a multiple of 128")
+    if decoding is not None and decoding > args.prefill_chunk:
+        raise ValueError(
+            f"--prefill-chunk-decoding {decoding} must be <= --prefill-chunk {args.prefill_chunk} "
+            "(it only shrinks the prefill budget of a step that also decodes)"
+        )
     if isinstance(args.kv_capacity, int) and args.kv_capacity < args.max_context:
         raise ValueError(f"--kv-capacity {args.kv_capacity} must be >= --max-context {args.max_context}")
     if args.host_kv_cache_mib and args.no_prefix_reuse:

@@ -51,6 +51,8 @@ class EngineStats:
     num_pages_used: int
     page_size: int
     kv_dtype: str
+    prefill_chunk: int  # prefill tokens of a step without decode rows
+    prefill_chunk_decoding: int  # ... of a step with decode rows (the effective value, default resolved)
     num_checkpoints: int
     num_prefix_hits: int
     num_prefix_hit_tokens: int  # tokens reused instead of recomputed
@@ -301,6 +303,8 @@ class EngineCore:
             num_pages_used=s.num_pages_used,
             page_size=self.config.cache.page_size,
             kv_dtype=self.config.cache.kv_dtype,
+            prefill_chunk=self.config.scheduler.prefill_chunk,
+            prefill_chunk_decoding=self.config.scheduler.effective_prefill_chunk_decoding,
             num_checkpoints=s.num_checkpoints,
             num_prefix_hits=s.num_prefix_hits,
             num_prefix_hit_tokens=s.num_prefix_hit_tokens,

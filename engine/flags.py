@@ -41,12 +41,20 @@ def kv_capacity(text: str) -> int | str:
 
 
 def add_engine_flags(p: _Adder) -> None:
-    """Context, KV pool, prefill chunk and the GPU switches."""
+    """Context, KV pool, prefill chunks and the GPU switches."""
     p.add_argument(
         "--max-context", type=positive_int, default=8192, help="longest prompt + output, in tokens"
     )
     p.add_argument("--kv-capacity", type=kv_capacity, default=None, help="auto | N tokens (>= max-context)")
     p.add_argument("--prefill-chunk", type=positive_int, default=1024, help="a multiple of 128")
+    p.add_argument(
+        "--prefill-chunk-decoding",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="prefill tokens of a step that also carries decode rows (bounds their inter-token latency); "
+        "a multiple of 128, <= --prefill-chunk; default min(prefill-chunk, 2048)",
+    )
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16")
     p.add_argument("--no-prefix-reuse", action="store_true")
     p.add_argument("--no-cuda-graph", action="store_true", help="run every decode step eagerly (debugging)")
@@ -76,6 +84,7 @@ def engine_config(args: argparse.Namespace, artifact: str | None, **more: Any) -
         max_context=args.max_context,
         kv_capacity=args.kv_capacity,
         prefill_chunk=args.prefill_chunk,
+        prefill_chunk_decoding=args.prefill_chunk_decoding,
         kv_dtype=args.kv_dtype,
         prefix_reuse=not args.no_prefix_reuse,
         greedy=args.greedy,

@@ -77,6 +77,9 @@ def test_real_server_logs_request_events_without_text(real_server: Server) -> No
     assert all(
         r["artifact_type"] == "ninfer_serve_request_log" and "server_instance_id" in r for r in records
     )
+    start = next(r for r in records if r["event"] == "server_start")
+    scheduler = start["engine_config"]["scheduler"]  # the effective value, not the unset default (None)
+    assert (scheduler["prefill_chunk"], scheduler["prefill_chunk_decoding"]) == (1024, 1024)
     ticks = [r for r in records if r["event"] == "throughput"]
     # Engine progress, not request completions: the prefilled tokens appear in the intervals that ran them.
     prefilled = sum(t["prefill_tokens_per_second"] * t["interval_seconds"] for t in ticks)

@@ -13,6 +13,10 @@ from api.serve import parse_args, redacted_argv
     ("argv", "reason"),
     [
         (["--prefill-chunk", "100"], "multiple of 128"),
+        (["--prefill-chunk-decoding", "100"], "--prefill-chunk-decoding 100: must be a multiple of 128"),
+        (["--prefill-chunk-decoding", "2048"], "decoding 2048 must be <= --prefill-chunk 1024"),
+        (["--prefill-chunk-decoding", "0"], "argument --prefill-chunk-decoding: 0 must be >= 1"),
+        (["--prefill-chunk-decoding", "1.5"], "argument --prefill-chunk-decoding: '1.5' is not an integer"),
         (["--max-context", "4096", "--kv-capacity", "1024"], "must be >= --max-context"),
         (["--max-concurrency", "9"], "max_concurrency=9"),
         (["--kv-dtype", "fp4"], "invalid choice"),
@@ -50,7 +54,7 @@ def test_good_flags_map_to_engine_config_and_options(tmp_path: Path) -> None:
             "--max-context", "4096", "--kv-capacity", "auto", "--max-concurrency", "4", "--no-prefix-reuse",
             "--prefill-chunk", "256", "--kv-dtype", "int8", "--greedy", "--top-p", "0.5", "--model-id", "alias",
             "--request-log-jsonl", str(log), "--request-log-max-mib", "2", "--request-log-keep", "3", "--cors",
-            "--no-cuda-graph",
+            "--no-cuda-graph", "--prefill-chunk-decoding", "128",
         ]
     )  # fmt: skip
     assert config.scheduler.max_context == 4096 and config.scheduler.max_concurrency == 4
@@ -60,6 +64,9 @@ def test_good_flags_map_to_engine_config_and_options(tmp_path: Path) -> None:
     assert options.request_log_keep == 3 and options.request_log_max_mib == 2.0
     assert (args.host, args.port) == ("127.0.0.1", 8080)
     assert config.cuda_graph is False
+    assert config.scheduler.prefill_chunk == 256 and config.scheduler.prefill_chunk_decoding == 128
+    default = parse_args(["--prefill-chunk", "8192"])[1].scheduler
+    assert default.prefill_chunk_decoding is None and default.effective_prefill_chunk_decoding == 2048
     assert parse_args([])[1].cuda_graph is True
 
 

@@ -93,6 +93,7 @@ def make_scheduler(
     page_size: int = 4,
     max_context: int = 32,
     prefill_chunk: int = 8,
+    prefill_chunk_decoding: int | None = None,
     max_pending: int = 16,
     timeout_ms: int = 30_000,
     prefix_reuse: bool = True,
@@ -107,6 +108,7 @@ def make_scheduler(
         max_pending_requests=max_pending,
         pending_timeout_ms=timeout_ms,
         prefill_chunk=prefill_chunk,
+        prefill_chunk_decoding=prefill_chunk_decoding,
     )
     cache = CacheConfig(
         page_size=page_size,
@@ -163,8 +165,17 @@ class Driver:
         self.scheduler.check_integrity()
         self.runner.check_checkpoints(self.scheduler)
         self.num_steps += 1
-        budget = self.scheduler.config.max_num_batched_tokens
+        config = self.scheduler.config
+        budget = config.max_num_batched_tokens
         assert out.num_tokens <= budget, f"step ran {out.num_tokens} tokens, budget {budget}"
+        # A decode row is the one-token row that samples (its lane had exactly one token left); any other
+        # row is a prefill chunk. With a decode row in the step, prefill gets the smaller budget.
+        num_decode = sum(1 for row in out.requests if row.num_tokens == 1 and row.sample)
+        prefill_budget = config.effective_prefill_chunk_decoding if num_decode else config.prefill_chunk
+        num_prefill = out.num_tokens - num_decode
+        assert num_prefill <= prefill_budget, (
+            f"step prefilled {num_prefill} tokens beside {num_decode} decode rows, budget {prefill_budget}"
+        )
         return out
 
     def run(self, max_steps: int = 10_000) -> None:

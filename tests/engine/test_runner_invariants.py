@@ -73,6 +73,40 @@ def test_chunked_prefill_equals_unchunked(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_under_the_decoding_budget_equals_alone(arch):
+    """A 90-token prompt arrives while another lane decodes: it prefills in 8-token chunks (the decoding
+    budget, not the 64-token prefill_chunk) beside that lane's decode rows; both give their alone tokens."""
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    prompts = {"dec": prompt(12, 51), "pre": prompt(90, 52)}
+    core = make_core(arch, max_concurrency=2, prefill_chunk=64, prefill_chunk_decoding=8, prefix_reuse=False)
+    schedule = core.scheduler.schedule
+    steps: list[list[tuple[str, int]]] = []
+
+    def recording_schedule():
+        out = schedule()
+        steps.append([(row.request_id, row.num_tokens) for row in out.requests])
+        return out
+
+    core.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+    tokens: dict[str, list[int]] = {"dec": [], "pre": []}
+    assert core.add_request("dec", prompts["dec"], params) is None
+    while core.has_work():
+        if len(tokens["dec"]) == 2 and core.scheduler.num_running == 1:
+            assert core.add_request("pre", prompts["pre"], params) is None
+        for event in core.step():
+            if isinstance(event, TokenEvent):
+                tokens[event.request_id].extend(event.token_ids)
+        core.check_integrity()
+    prefill_steps = [step for step in steps if any(rid == "pre" and n > 1 for rid, n in step)]
+    assert [step[0] for step in prefill_steps] == [("dec", 1)] * 12  # each beside a decode row of "dec"
+    assert [step[1] for step in prefill_steps] == [("pre", 8)] * 11 + [("pre", 2)]  # 90 prompt tokens
+    stats = core.stats()  # /stats shows both budgets
+    assert (stats.prefill_chunk, stats.prefill_chunk_decoding) == (64, 8)
+    assert tokens["dec"] == alone(arch, [prompts["dec"]], params)[0]
+    assert tokens["pre"] == alone(arch, [prompts["pre"]], params)[0]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_prefix_reused_requests_equal_cold(arch):
     """Append a turn to a finished conversation, and rewind to an earlier message boundary."""
     core = make_core(arch, page_size=16)  # 16-token pages: reuse ends inside a page (copy-on-write)

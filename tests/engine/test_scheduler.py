@@ -89,6 +89,57 @@ def test_single_token_budget_mixes_decode_rows_and_a_prefill_chunk() -> None:
     drv.run()
 
 
+def _alone(prompt: list[int], max_tokens: int) -> list[int]:
+    drv = Driver(make_scheduler(num_pages=32, max_context=128, prefill_chunk=128, prefix_reuse=False))
+    drv.add(request("r", prompt, max_tokens=max_tokens))
+    drv.run()
+    return drv.tokens["r"]
+
+
+@pytest.mark.parametrize("decoding", [1, 4])
+def test_a_step_with_decode_rows_prefills_at_most_prefill_chunk_decoding(decoding: int) -> None:
+    """Two lanes decode for the whole of a 30-token prefill: every step carries decode rows, so the prefill
+    advances `decoding` tokens a step (never stalls), then all three give their alone tokens."""
+    sched = make_scheduler(
+        lanes=3, num_pages=48, max_context=128, prefill_chunk=16, prefill_chunk_decoding=decoding,
+        prefix_reuse=False,
+    )  # fmt: skip
+    drv = Driver(sched)
+    prompts = {"d1": [1, 2, 3], "d2": [4, 5], "pre": list(range(1, 31))}
+    drv.add(request("d1", prompts["d1"], max_tokens=40))
+    drv.add(request("d2", prompts["d2"], max_tokens=40))
+    drv.step()  # both prompts in one step, no decode rows yet
+    drv.add(request("pre", prompts["pre"], max_tokens=3))
+    chunks = []
+    while "pre" not in drv.tokens:
+        out = drv.step()
+        assert [(r.request_id, r.num_tokens) for r in out.requests[:2]] == [("d1", 1), ("d2", 1)]
+        chunks += [r.num_tokens for r in out.requests if r.request_id == "pre"]
+    assert chunks == [decoding] * (30 // decoding) + ([30 % decoding] if 30 % decoding else [])
+    drv.run()
+    for rid, max_tokens in (("d1", 40), ("d2", 40), ("pre", 3)):
+        assert drv.tokens[rid] == _alone(prompts[rid], max_tokens), rid
+
+
+def test_without_decode_rows_a_prefill_uses_the_full_prefill_chunk() -> None:
+    """Full chunks while nothing decodes, the smaller budget while a lane does, full again once it ends."""
+    sched = make_scheduler(
+        lanes=2, num_pages=48, max_context=128, prefill_chunk=16, prefill_chunk_decoding=4, prefix_reuse=False
+    )
+    drv = Driver(sched)
+    drv.add(request("a", list(range(1, 41)), max_tokens=2))
+    drv.add(request("b", list(range(2, 42)), max_tokens=2))
+    steps = []
+    while sched.has_work():
+        out = drv.step()
+        steps.append([(r.request_id, r.num_tokens) for r in out.requests])
+    assert steps[:4] == [[("a", 16)], [("a", 16)], [("a", 8), ("b", 8)], [("a", 1), ("b", 4)]]
+    # "a" finished at its second token: "b" is alone again and prefills at the full chunk.
+    assert steps[4:] == [[("b", 16)], [("b", 12)], [("b", 1)]]
+    assert drv.tokens["a"] == _alone(list(range(1, 41)), 2)
+    assert drv.tokens["b"] == _alone(list(range(2, 42)), 2)
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 8])
 def test_chunked_prefill_gives_the_same_tokens_for_any_chunk_size(chunk: int) -> None:
     drv = Driver(make_scheduler(num_pages=16, max_context=64, prefill_chunk=chunk, prefix_reuse=False))

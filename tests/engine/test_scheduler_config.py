@@ -16,6 +16,11 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
         (SchedulerConfig, "max_pending_requests", -1),
         (SchedulerConfig, "pending_timeout_ms", 0),
         (SchedulerConfig, "prefill_chunk", 0),
+        (SchedulerConfig, "prefill_chunk_decoding", 0),
+        (SchedulerConfig, "prefill_chunk_decoding", -128),
+        (SchedulerConfig, "prefill_chunk_decoding", 1.5),
+        (SchedulerConfig, "prefill_chunk_decoding", "512"),
+        (SchedulerConfig, "prefill_chunk_decoding", True),
         (SchedulerConfig, "default_max_tokens", 0),
         (CacheConfig, "page_size", 0),
         (CacheConfig, "kv_dtype", "fp16"),
@@ -28,6 +33,22 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 def test_bad_values_raise_value_error_naming_field_and_value(cls: type, field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"^{field}={value!r}"):
         cls(**{field: value})
+
+
+def test_prefill_chunk_decoding_defaults_to_at_most_2048_and_never_exceeds_prefill_chunk() -> None:
+    assert SchedulerConfig().effective_prefill_chunk_decoding == 1024  # min(prefill_chunk 1024, 2048)
+    assert SchedulerConfig(prefill_chunk=8192).effective_prefill_chunk_decoding == 2048
+    assert SchedulerConfig(prefill_chunk=128).effective_prefill_chunk_decoding == 128
+    explicit = SchedulerConfig(prefill_chunk=8192, prefill_chunk_decoding=512, max_concurrency=4)
+    assert explicit.effective_prefill_chunk_decoding == 512
+    assert explicit.max_num_batched_tokens == 8192 + 4  # the step bound: the budget only ever shrinks
+    equal = SchedulerConfig(prefill_chunk=256, prefill_chunk_decoding=256)
+    assert equal.effective_prefill_chunk_decoding == 256
+    with pytest.raises(ValueError, match=r"^prefill_chunk_decoding=4096: must be <= prefill_chunk \(2048\)"):
+        SchedulerConfig(prefill_chunk=2048, prefill_chunk_decoding=4096)
+    with pytest.raises(ValueError, match="^prefill_chunk_decoding=0: .*starve"):
+        EngineConfig.from_flags(prefill_chunk_decoding=0)
+    assert EngineConfig.from_flags(prefill_chunk_decoding=64).scheduler.prefill_chunk_decoding == 64
 
 
 def test_num_pages_follows_kv_capacity() -> None:

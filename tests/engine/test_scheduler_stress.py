@@ -30,12 +30,15 @@ def _cold(prompt: list[int], max_tokens: int, max_context: int) -> list[int]:
 def test_random_traffic_keeps_accounting_and_matches_cold_tokens(seed: int, lanes: int) -> None:
     rng = random.Random(seed)
     max_context = 48
+    chunk = rng.choice([3, 8, 16])
+    decoding = (None, 1, 2, 5)[seed]  # by seed, not drawn: the traffic stays what it was
     sched = make_scheduler(
         lanes=lanes,
         num_pages=40,
         page_size=4,
         max_context=max_context,
-        prefill_chunk=rng.choice([3, 8, 16]),
+        prefill_chunk=chunk,
+        prefill_chunk_decoding=None if decoding is None else min(decoding, chunk),
         max_pending=12,
         max_checkpoints=rng.choice([3, 4, 8]),
     )
