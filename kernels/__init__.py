@@ -8,7 +8,7 @@ This package imports nothing from ``engine``, ``api`` or ``monitor``.
 
 from __future__ import annotations
 
-from kernels.activation import silu_mul, silu_mul_ref
+from kernels.activation import sigmoid_gate_mul, sigmoid_gate_mul_ref, silu_mul, silu_mul_ref
 from kernels.attention import (
     gather_kv_ref,
     paged_attention_decode,
@@ -98,6 +98,8 @@ __all__ = [
     "rms_norm_ref",
     "rope_cos_sin_ref",
     "rope_inv_freq_ref",
+    "sigmoid_gate_mul",
+    "sigmoid_gate_mul_ref",
     "silu_mul",
     "silu_mul_ref",
     "store_kv",

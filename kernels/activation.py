@@ -1,4 +1,5 @@
-"""The SiLU-gated activation of the feed-forward blocks: ``silu(gate) * up``.
+"""Elementwise gates: the SiLU-gated activation of the feed-forward blocks, ``silu(gate) * up``, and the
+sigmoid output gate of gated attention, ``x * sigmoid(gate)``.
 
 ``silu_mul_ref`` is the specification: float32 math, one rounding to the input dtype at the end. (The
 eager ``F.silu(gate) * up`` on bf16 rounds twice, once after the silu and once after the product: on
@@ -9,6 +10,13 @@ The Triton launcher ``silu_mul`` does it in one pass (read gate, read up, write 
 expression takes two kernels and writes and re-reads the silu; it falls back to the reference off CUDA.
 ``gate`` and ``up`` need unit stride along the last dim only: they may be the two halves of one
 ``[..., 2I]`` tensor.
+
+``sigmoid_gate_mul_ref`` (attention's output gate, before ``o_proj``) likewise computes in float32 and
+rounds once. The eager ``out * torch.sigmoid(gate.float()).to(out.dtype)`` it replaces rounds twice on bf16
+(the sigmoid to bf16, then the product) and takes 3-4 kernels (cast, sigmoid, cast, mul); in fp32 the two
+are the same expression. The Triton launcher ``sigmoid_gate_mul`` is one pass over x [T, H, D] and the
+gate, a strided view of the fused qkv projection output (per head, the second half of the [2D] q | gate
+slice), read in place; it writes a new contiguous [T, H, D].
 """
 
 from __future__ import annotations
@@ -114,3 +122,108 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if not use_triton(gate, up):
         return silu_mul_ref(gate, up)
     return _launch_silu_mul(gate, up, silu_mul_tiles(gate.shape[-1]))
+
+
+def sigmoid_gate_mul_ref(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """``x * sigmoid(gate)`` in float32, rounded once to x's dtype.
+
+    x: [T, H, D], the attention output (contiguous in the model; any strides work here).
+    gate: [T, H, D], same shape and dtype; in attention a strided view, the second half of each head's [2D]
+    slice of the fused qkv projection output: strides (row stride of the fused output, 2 * D, 1).
+    -> [T, H, D] (dtype of x).
+    """
+    return (x.float() * torch.sigmoid(gate.float())).to(x.dtype)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _sigmoid_gate_mul_kernel(
+        x_ptr,
+        gate_ptr,
+        out_ptr,
+        num_rows,
+        num_heads,
+        head_dim,
+        x_stride_t,
+        x_stride_h,
+        gate_stride_t,
+        gate_stride_h,
+        BLOCK_ROWS: tl.constexpr,
+        BLOCK_COLS: tl.constexpr,
+    ):
+        # 1-D grid (cdiv(T * H, BLOCK_ROWS) * cdiv(D, BLOCK_COLS),): one program does one [BLOCK_ROWS,
+        # BLOCK_COLS] tile of the (token, head) rows; row r is token r // H, head r % H, read through each
+        # input's token and head strides (unit stride along D); out is contiguous [T * H, D].
+        pid = tl.program_id(0)
+        num_col_blocks = tl.cdiv(head_dim, BLOCK_COLS)
+        rows = ((pid // num_col_blocks) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
+        cols = (pid % num_col_blocks) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+        mask = (rows < num_rows)[:, None] & (cols < head_dim)[None, :]
+        token, head = rows // num_heads, rows % num_heads
+        x_rows = token * x_stride_t + head * x_stride_h
+        gate_rows = token * gate_stride_t + head * gate_stride_h
+        x = tl.load(x_ptr + x_rows[:, None] + cols[None, :], mask=mask, other=0.0)
+        gate = tl.load(gate_ptr + gate_rows[:, None] + cols[None, :], mask=mask, other=0.0)
+        out = x.to(tl.float32) / (1.0 + tl.exp(-gate.to(tl.float32)))
+        tl.store(
+            out_ptr + rows[:, None] * head_dim + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask
+        )
+
+
+class SigmoidGateMulTiles(NamedTuple):
+    """Launch shape of ``_sigmoid_gate_mul_kernel``: one program's tile of (token, head) rows and its warps."""
+
+    block_rows: int
+    block_cols: int
+    warps: int
+
+
+def sigmoid_gate_mul_tiles(head_dim: int) -> SigmoidGateMulTiles:
+    """The default tile for a head size: whole head rows packed up to 1024 elements (8 elements, 16 bytes of
+    bf16 a thread at 4 warps; the 27B's D = 256 gives 4 heads a program, 6 programs for one decode token),
+    or 1024 columns of one row when the head is longer."""
+    block_cols = min(1024, triton.next_power_of_2(max(head_dim, 1)))
+    return SigmoidGateMulTiles(max(1, 1024 // block_cols), block_cols, 4)
+
+
+def _check_sigmoid_gate_mul(x: torch.Tensor, gate: torch.Tensor) -> None:
+    assert x.dim() == 3, f"x {tuple(x.shape)}: expected [T, H, D]"
+    assert x.shape == gate.shape, f"x {tuple(x.shape)} != gate {tuple(gate.shape)}"
+    assert x.dtype == gate.dtype, f"x {x.dtype} != gate {gate.dtype}"
+    assert x.dtype in (torch.bfloat16, torch.float16, torch.float32), f"dtype {x.dtype}"
+    assert x.device == gate.device, f"x on {x.device}, gate on {gate.device}"
+    assert x.stride(-1) == 1 or x.shape[-1] <= 1, f"x strides {x.stride()}: need unit stride along D"
+    assert gate.stride(-1) == 1 or gate.shape[-1] <= 1, (
+        f"gate strides {gate.stride()}: need unit stride along D"
+    )
+
+
+def _launch_sigmoid_gate_mul(x: torch.Tensor, gate: torch.Tensor, tiles: SigmoidGateMulTiles) -> torch.Tensor:
+    """``sigmoid_gate_mul`` with a given tile (the launcher's choice is ``sigmoid_gate_mul_tiles``; the bench
+    sweeps others)."""
+    _check_sigmoid_gate_mul(x, gate)
+    num_tokens, num_heads, head_dim = x.shape
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    num_rows = num_tokens * num_heads
+    grid = (triton.cdiv(num_rows, tiles.block_rows) * triton.cdiv(head_dim, tiles.block_cols),)
+    _sigmoid_gate_mul_kernel[grid](
+        x, gate, out, num_rows, num_heads, head_dim, x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
+        BLOCK_ROWS=tiles.block_rows, BLOCK_COLS=tiles.block_cols, num_warps=tiles.warps,
+    )  # fmt: skip
+    return out
+
+
+def sigmoid_gate_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Launcher for ``sigmoid_gate_mul_ref`` (same contract): one pass, x and gate read once (in place,
+    through their strides), out written once.
+
+    x, gate: [T, H, D], same shape and dtype, unit stride along D (any token and head strides)
+    -> [T, H, D], contiguous, dtype of x.
+    """
+    _check_sigmoid_gate_mul(x, gate)
+    if not use_triton(x, gate):
+        return sigmoid_gate_mul_ref(x, gate).contiguous()  # a no-op for a contiguous x
+    return _launch_sigmoid_gate_mul(x, gate, sigmoid_gate_mul_tiles(x.shape[-1]))

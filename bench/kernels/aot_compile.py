@@ -135,6 +135,15 @@ VARIANTS: dict[str, list[Variant]] = {
         )
         for inter, block_rows, block_cols in ((17408, 1, 1024), (512, 2, 512))
     ],
+    # kernels/activation.py sigmoid_gate_mul (sigmoid_gate_mul_tiles): BLOCK_COLS = min(1024, next_pow2(D)),
+    # BLOCK_ROWS = 1024 // BLOCK_COLS, 4 warps; attention's output gate at 24 heads x 256
+    "_sigmoid_gate_mul_kernel": [
+        Variant(
+            "H=24 D=256 bf16",
+            dict(x_ptr="bf16", gate_ptr="bf16", out_ptr="bf16"),
+            dict(BLOCK_ROWS=4, BLOCK_COLS=256),
+        ),
+    ],
     # kernels/norm.py _launch_rms_norm: BLOCK_D = next_pow2(D), BLOCK_ROWS = max(1, min(16, 2048 // BLOCK_D)),
     # num_warps 8 when BLOCK_D >= 4096
     "_rms_norm_kernel": [

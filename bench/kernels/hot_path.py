@@ -26,7 +26,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from engine.model.mlp import SparseMoeBlock, _expert_groups, _experts_gathered, _experts_grouped  # noqa: E402
 from engine.synthetic import GEOMETRIES  # noqa: E402
-from kernels.activation import SiluMulTiles, _launch_silu_mul, silu_mul, silu_mul_ref  # noqa: E402
+from kernels.activation import (  # noqa: E402
+    SigmoidGateMulTiles,
+    SiluMulTiles,
+    _launch_sigmoid_gate_mul,
+    _launch_silu_mul,
+    sigmoid_gate_mul,
+    sigmoid_gate_mul_ref,
+    silu_mul,
+    silu_mul_ref,
+)
 from kernels.attention import (  # noqa: E402
     DECODE_MAX_SPLITS,
     PrefillTiles,
@@ -151,6 +160,60 @@ def bench_silu_mul() -> None:
             tiles = SiluMulTiles(block_rows, block_cols, warps)
             t = _us(lambda: _launch_silu_mul(gate, up, tiles), graph=True)
             ROWS.append({"op": f"silu_mul BLOCK_ROWS={block_rows} BLOCK_COLS={block_cols} warps={warps}",
+                         "shape": shape, "kernel_us": round(t, 2), "ref_us": None, "bytes": nbytes,
+                         "kernel_GBps": round(nbytes / t / 1e3, 1)})  # fmt: skip
+            print(json.dumps(ROWS[-1]), flush=True)
+
+
+# (BLOCK_ROWS, BLOCK_COLS, warps) of the sweep at T = 1 and 7680; sigmoid_gate_mul_tiles' default at D = 256
+# is (4, 256, 4)
+SIGMOID_GATE_TILES = ((1, 256, 2), (2, 256, 4), (4, 256, 4), (4, 256, 8), (8, 256, 8), (16, 256, 8))
+
+
+def bench_sigmoid_gate_mul() -> None:
+    """Attention's output gate at 27B (24 heads x 256, 16 full-attention layers): ``sigmoid_gate_mul`` (one
+    kernel: read x, read the gate view of the fused qkv output in place, write out) against the eager
+    ``x * torch.sigmoid(gate.float()).to(x.dtype)`` it replaces (cast, sigmoid, cast, mul). T = 1 and 8 are
+    decode steps, timed as CUDA-graph replays on both sides (``ref_us`` then is what a graphed step paid,
+    ``kernel_eager_us`` beside); T = 7680 a prefill chunk, timed eagerly on both sides as the engine runs
+    prefill (``kernel_graph_us`` beside).
+    Bytes = the fused kernel's 3 x T x H x D x 2; ``saved_us_per_step``: the 27B's attention layers times the
+    difference. A tile sweep (``SigmoidGateMulTiles``) at T = 1 and 7680, graph-timed."""
+    layers = sum(t == "full_attention" for t in GEOMETRIES["qwen3.6-27b"].layer_types)
+    fused_width = 2 * HQ * HEAD_DIM + 2 * HKV * HEAD_DIM
+    for tokens in (1, 8, 7680):
+        fused = torch.randn(tokens, fused_width, device=DEV, dtype=BF16)
+        q = fused.split([2 * HQ * HEAD_DIM, 2 * HKV * HEAD_DIM], dim=-1)[0]
+        gate = q.view(tokens, HQ, 2 * HEAD_DIM).chunk(2, dim=-1)[1]  # as GatedAttention: strides (row, 2D, 1)
+        x = torch.randn(tokens, HQ, HEAD_DIM, device=DEV, dtype=BF16)
+        nbytes = 3 * x.numel() * 2
+        decode = tokens <= 8
+
+        def eager() -> torch.Tensor:
+            return x * torch.sigmoid(gate.float()).to(x.dtype)
+
+        out = sigmoid_gate_mul(x, gate)
+        extra = _err(out, sigmoid_gate_mul_ref(x, gate))
+        extra.update({f"eager_{key}": value for key, value in _err(out, eager()).items()})
+        extra["frac_differs_from_eager"] = round((out != eager()).float().mean().item(), 4)
+        t_k = _us(lambda: sigmoid_gate_mul(x, gate), graph=decode)
+        t_r = _us(eager, graph=decode)
+        extra["kernel_graph_us" if not decode else "kernel_eager_us"] = round(
+            _us(lambda: sigmoid_gate_mul(x, gate), graph=not decode), 2
+        )
+        extra["saved_us_per_step"] = round(layers * (t_r - t_k), 2)
+        shape = f"T{tokens} H{HQ} D{HEAD_DIM}"
+        ROWS.append({"op": f"sigmoid_gate_mul ({'graph' if decode else 'eager'} vs eager expression)",
+                     "shape": shape, "kernel_us": round(t_k, 2), "ref_us": round(t_r, 2), "bytes": nbytes,
+                     "kernel_GBps": round(nbytes / t_k / 1e3, 1), "ref_GBps": round(nbytes / t_r / 1e3, 1),
+                     "layers": layers, **extra})  # fmt: skip
+        print(json.dumps(ROWS[-1]), flush=True)
+        if tokens == 8:
+            continue
+        for block_rows, block_cols, warps in SIGMOID_GATE_TILES:
+            tiles = SigmoidGateMulTiles(block_rows, block_cols, warps)
+            t = _us(lambda: _launch_sigmoid_gate_mul(x, gate, tiles), graph=True)
+            ROWS.append({"op": f"sigmoid_gate_mul BLOCK_ROWS={block_rows} BLOCK_COLS={block_cols} warps={warps}",
                          "shape": shape, "kernel_us": round(t, 2), "ref_us": None, "bytes": nbytes,
                          "kernel_GBps": round(nbytes / t / 1e3, 1)})  # fmt: skip
             print(json.dumps(ROWS[-1]), flush=True)
@@ -792,6 +855,7 @@ def main() -> None:
     if not args.moe_only:
         bench_norms()
         bench_silu_mul()
+        bench_sigmoid_gate_mul()
         bench_conv_and_gdn_decode(fla_recurrent)
         if fla_recurrent is not None:
             bench_gdn_prefill(7680)

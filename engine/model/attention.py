@@ -3,7 +3,8 @@
 ``q_proj`` emits, per head, the query followed by an output gate of the same width. Query and key
 get a per-head ``(1 + w)`` RMSNorm, then partial RoPE; new K/V are stored into their pages, then
 each new token attends causally to its sequence's pages; the output is multiplied by
-``sigmoid(gate)`` before ``o_proj``. Reads only the ForwardBatch and its own cache entry.
+``sigmoid(gate)`` before ``o_proj`` (``sigmoid_gate_mul``: one Triton pass on CUDA reading the gate view in
+place, fp32 math rounded once). Reads only the ForwardBatch and its own cache entry.
 
 ``fuse_projections()`` (called once after loading, see ``Qwen3_5ForCausalLM.fuse_projections``) replaces
 q_proj, k_proj and v_proj by one ``qkv_proj`` ([q | gate per head, k, v] rows): one GEMM, whose output
@@ -30,6 +31,7 @@ from engine.model.config import ModelConfig
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.fusion import concat_linears
 from engine.model.norm import RMSNorm
+from kernels.activation import sigmoid_gate_mul
 from kernels.attention import paged_attention_decode, paged_prefill_attention, store_kv
 from kernels.rope import apply_rope_qk
 
@@ -93,7 +95,7 @@ class GatedAttention(nn.Module):
                 key_scale,
                 value_scale,
             )
-        out = out * torch.sigmoid(gate.float()).to(out.dtype)
+        out = sigmoid_gate_mul(out, gate)  # one pass; gate read in place from the projection output
         return self.o_proj(out.reshape(num_tokens, -1))
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

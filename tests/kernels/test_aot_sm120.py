@@ -38,6 +38,7 @@ KNOWN_KERNELS = {
     "_moe_down_kernel",
     "_moe_combine_kernel",
     "_silu_mul_kernel",
+    "_sigmoid_gate_mul_kernel",
 }
 
 
