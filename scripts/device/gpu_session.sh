@@ -57,8 +57,10 @@ collect() {
   for f in gpu_tests.log hot_path.json "$WORK"/bench_*.json; do
     f=${f##*/}; [[ -f $WORK/$f ]] && tail -c 2000000 "$WORK/$f" >"$OUT/$f"
   done
-  cat "$WORK"/bench_*.log "$WORK"/hot_path.log >"$OUT/bench_logs.txt" 2>/dev/null
-  cat "$WORK"/load/*/summary.json >"$OUT/load_summaries.json" 2>/dev/null
+  compgen -G "$WORK/load/*/summary.json" >/dev/null && cat "$WORK"/load/*/summary.json >"$OUT/load_summaries.json"
+  local logs; logs=$(ls "$WORK"/bench_*.log "$WORK"/hot_path.log 2>/dev/null)
+  # shellcheck disable=SC2086
+  [[ -n $logs ]] && cat $logs >"$OUT/bench_logs.txt"
   if [[ -d $WORK/load ]]; then  # (cd: the globs are relative to $WORK)
     (cd "$WORK" && tar -czf "$OUT/load.tar.gz" load ./*.jsonl ./stats_*.json ./serve_*.log 2>/dev/null)
   fi
