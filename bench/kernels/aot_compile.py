@@ -135,6 +135,36 @@ VARIANTS: dict[str, list[Variant]] = {
         )
         for inter, block_rows, block_cols in ((17408, 1, 1024), (512, 2, 512))
     ],
+    # kernels/linear.py linear (gemv_tiles for bf16): BLOCK_N 32, BLOCK_K 256, 4 warps, 4 pipeline stages; T is a
+    # run-time argument (one compiled kernel for T = 1..8), K_SPLIT = K / SPLIT_K. 27B: K 5120 (qkv, GDN in_proj,
+    # MLP gate_up, lm_head), 6144 (o_proj, GDN out_proj), 17408 (MLP down), unsplit (bf16 out); 35B-A3B: K 2048
+    # (qkv, in_proj, lm_head) unsplit, o_proj / out_proj [2048, 4096] split in 2 and the router [256, 2048] in
+    # 8 (fp32 partials)
+    "_linear_gemv_kernel": [
+        Variant(
+            f"{what} K_SPLIT={k // split}",
+            dict(x_ptr="bf16", w_ptr="bf16", out_ptr="fp32" if split > 1 else "bf16"),
+            dict(K_SPLIT=k // split, BLOCK_N=32, BLOCK_K=256, NUM_STAGES=4, IEEE=False),
+            num_stages=4,
+        )
+        for what, k, split in (
+            ("27B K=5120", 5120, 1),
+            ("27B K=6144", 6144, 1),
+            ("27B K=17408", 17408, 1),
+            ("35B-A3B K=2048", 2048, 1),
+            ("35B-A3B o_proj 2048x4096 split 2", 4096, 2),
+            ("35B-A3B router 256x2048 split 8", 2048, 8),
+        )
+    ],
+    # the split-K reduce: REDUCE_BLOCK 1024, SPLIT_K 2 (35B-A3B o_proj / out_proj) and 8 (its router)
+    "_linear_reduce_kernel": [
+        Variant(
+            f"SPLIT_K={split} bf16 out",
+            dict(part_ptr="fp32", out_ptr="bf16"),
+            dict(SPLIT_K=split, BLOCK=1024),
+        )
+        for split in (2, 8)
+    ],
     # kernels/norm.py _launch_rms_norm: BLOCK_D = next_pow2(D), BLOCK_ROWS = max(1, min(16, 2048 // BLOCK_D)),
     # num_warps 8 when BLOCK_D >= 4096
     "_rms_norm_kernel": [

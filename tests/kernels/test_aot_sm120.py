@@ -38,6 +38,8 @@ KNOWN_KERNELS = {
     "_moe_down_kernel",
     "_moe_combine_kernel",
     "_silu_mul_kernel",
+    "_linear_gemv_kernel",
+    "_linear_reduce_kernel",
 }
 
 
