@@ -19,3 +19,12 @@ def kernels_mode() -> str:
     if value not in ("auto", "ref"):
         raise ValueError(f"NINFER_KERNELS={value!r}: expected 'auto' or 'ref'")
     return value
+
+
+def gemv_mode() -> str:
+    """`NINFER_GEMV`: `auto` (decode-sized linear layers, at most 8 rows, run the Triton GEMV on CUDA) or `off`
+    (`F.linear`, cuBLAS, always). Read by `kernels._dispatch` at import (kernels may not import engine)."""
+    value = os.environ.get("NINFER_GEMV", "auto")
+    if value not in ("auto", "off"):
+        raise ValueError(f"NINFER_GEMV={value!r}: expected 'auto' or 'off'")
+    return value

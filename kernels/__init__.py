@@ -39,6 +39,7 @@ from kernels.gdn import (
     l2norm_ref,
     recurrent_gated_delta_rule_ref,
 )
+from kernels.linear import linear, linear_ref
 from kernels.moe import moe_combine, moe_combine_ref, moe_experts, moe_experts_ref, moe_route, moe_route_ref
 from kernels.norm import (
     add_rms_norm,
@@ -81,6 +82,8 @@ __all__ = [
     "gather_kv_ref",
     "gdn_gate_ref",
     "l2norm_ref",
+    "linear",
+    "linear_ref",
     "moe_combine",
     "moe_combine_ref",
     "moe_experts",

@@ -5,6 +5,10 @@ A launcher runs Triton only when Triton imports, every tensor it is given lives 
 kernel, CPU CI). With ``TRITON_INTERPRET=1`` Triton's interpreter runs the kernels on CPU tensors too,
 which is how the kernels are checked on a machine without a GPU.
 
+``NINFER_GEMV`` picks what the bias-free linear layers of few rows run (``kernels.linear.linear``): ``auto``
+(the default: the Triton GEMV for at most 8 rows wherever the kernels run Triton, ``F.linear`` for more)
+or ``off`` (``F.linear``, i.e. cuBLAS on CUDA, always).
+
 ``kernels`` may not import ``engine``, so this is the one place in the package that reads the
 environment; it is read once, at import.
 """
@@ -26,6 +30,17 @@ KERNELS_MODE = os.environ.get("NINFER_KERNELS", "auto").strip().lower()
 if KERNELS_MODE not in ("auto", "ref", "triton"):
     raise ValueError(f"NINFER_KERNELS={KERNELS_MODE!r}: expected 'auto', 'ref' or 'triton'")
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def parse_gemv_mode(value: str) -> str:
+    """``NINFER_GEMV``'s value, normalised: ``auto`` or ``off``; ValueError for anything else."""
+    mode = value.strip().lower()
+    if mode not in ("auto", "off"):
+        raise ValueError(f"NINFER_GEMV={value!r}: expected 'auto' or 'off'")
+    return mode
+
+
+GEMV_MODE = parse_gemv_mode(os.environ.get("NINFER_GEMV", "auto"))
 
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:

@@ -56,13 +56,16 @@ class Variant:
     """One launch configuration of a kernel: what its launcher passes at the 27B geometry.
 
     ptrs: element type of every pointer arg (Triton's names: bf16, fp32, i64, i1, ...); floats: the
-    scalar args that are Python floats (fp32); every other non-constexpr arg is an int (i32).
+    scalar args that are Python floats (fp32); every other non-constexpr arg is an int (i32). Pointers are
+    compiled as 16-byte aligned; aligned: the int args that are multiples of 16 at the launch, as Triton's
+    JIT specializes them (strides of the real shapes: what enables 16-byte vector and async copies).
     """
 
     label: str
     ptrs: dict[str, str]
     constexprs: dict[str, int | bool]
     floats: tuple[str, ...] = ()
+    aligned: tuple[str, ...] = ()
     num_warps: int = 4
     num_stages: int = 3
 
@@ -143,6 +146,38 @@ VARIANTS: dict[str, list[Variant]] = {
             dict(x_ptr="bf16", gate_ptr="bf16", out_ptr="bf16"),
             dict(BLOCK_ROWS=4, BLOCK_COLS=256),
         ),
+    ],
+    # kernels/linear.py linear (gemv_tiles for bf16): BLOCK_N 32, BLOCK_K 256, 4 warps, 4 pipeline stages; T is a
+    # run-time argument (one compiled kernel for T = 1..8), K_SPLIT = K / SPLIT_K. 27B: K 5120 (qkv, GDN in_proj,
+    # MLP gate_up, lm_head), 6144 (o_proj, GDN out_proj), 17408 (MLP down), unsplit (bf16 out); 35B-A3B: K 2048
+    # (qkv, in_proj, lm_head) unsplit, o_proj / out_proj [2048, 4096] split in 2 and the router [256, 2048] in
+    # 8 (fp32 partials)
+    "_linear_gemv_kernel": [
+        Variant(
+            f"{what} K_SPLIT={k // split}{'' if aligned else ' strides not multiples of 16'}",
+            dict(x_ptr="bf16", w_ptr="bf16", out_ptr="fp32" if split > 1 else "bf16"),
+            dict(K_SPLIT=k // split, BLOCK_N=32, BLOCK_K=256, NUM_STAGES=4, IEEE=False),
+            aligned=("x_stride", "w_stride") if aligned else (),
+            num_stages=4,
+        )
+        for what, k, split, aligned in (
+            ("27B K=5120", 5120, 1, True),
+            ("27B K=6144", 6144, 1, True),
+            ("27B K=17408", 17408, 1, True),
+            ("35B-A3B K=2048", 2048, 1, True),
+            ("35B-A3B o_proj 2048x4096 split 2", 4096, 2, True),
+            ("35B-A3B router 256x2048 split 8", 2048, 8, True),
+            ("27B K=6144", 6144, 1, False),  # the fallback Triton compiles for odd strides (no async copies)
+        )
+    ],
+    # the split-K reduce: REDUCE_BLOCK 1024, SPLIT_K 2 (35B-A3B o_proj / out_proj) and 8 (its router)
+    "_linear_reduce_kernel": [
+        Variant(
+            f"SPLIT_K={split} bf16 out",
+            dict(part_ptr="fp32", out_ptr="bf16"),
+            dict(SPLIT_K=split, BLOCK=1024),
+        )
+        for split in (2, 8)
     ],
     # kernels/norm.py _launch_rms_norm: BLOCK_D = next_pow2(D), BLOCK_ROWS = max(1, min(16, 2048 // BLOCK_D)),
     # num_warps 8 when BLOCK_D >= 4096
@@ -419,6 +454,11 @@ def signature(kernel: KernelSource, variant: Variant) -> tuple[dict[str, str], d
         raise ValueError(
             f"{kernel.name} [{variant.label}]: pointer args {sorted(pointers)} != {sorted(variant.ptrs)}"
         )
+    ints = set(kernel.args) - pointers - set(kernel.constexprs) - set(variant.floats)
+    if not set(variant.aligned) <= ints:
+        raise ValueError(
+            f"{kernel.name} [{variant.label}]: aligned {sorted(set(variant.aligned) - ints)}: no int args"
+        )
     sig: dict[str, str] = {}
     for arg in kernel.args:
         if arg in variant.constexprs:
@@ -506,7 +546,9 @@ def compile_all(
             for variant in VARIANTS[kernel.name]:
                 sig, constexprs = signature(kernel, variant)
                 attrs = {
-                    (i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.args) if a in variant.ptrs
+                    (i,): [["tt.divisibility", 16]]
+                    for i, a in enumerate(kernel.args)
+                    if a in variant.ptrs or a in variant.aligned
                 }
                 for target in targets:
                     backend, arch = target.split(":")

@@ -33,6 +33,7 @@ from engine.model.fusion import concat_linears
 from engine.model.norm import RMSNorm
 from kernels.activation import sigmoid_gate_mul
 from kernels.attention import paged_attention_decode, paged_prefill_attention, store_kv
+from kernels.linear import linear
 from kernels.rope import apply_rope_qk
 
 
@@ -96,14 +97,14 @@ class GatedAttention(nn.Module):
                 value_scale,
             )
         out = sigmoid_gate_mul(out, gate)  # one pass; gate read in place from the projection output
-        return self.o_proj(out.reshape(num_tokens, -1))
+        return linear(out.reshape(num_tokens, -1), self.o_proj.weight)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q|gate [T, 2 * H * D], k [T, H_kv * D], v [T, H_kv * D]); once fused, views of one GEMM's output."""
         if self.qkv_proj is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            return linear(x, self.q_proj.weight), linear(x, self.k_proj.weight), linear(x, self.v_proj.weight)
         q_size, kv_size = 2 * self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = linear(x, self.qkv_proj.weight).split([q_size, kv_size, kv_size], dim=-1)
         return q, k, v
 
     def fuse_projections(self) -> bool:

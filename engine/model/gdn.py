@@ -36,6 +36,7 @@ from engine.model.fusion import concat_linears
 from engine.model.norm import GatedRMSNorm
 from kernels.conv import causal_conv1d_decode, causal_conv1d_varlen_ref, causal_conv1d_varlen_split
 from kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_decode, gated_delta_rule_varlen_ref
+from kernels.linear import linear
 
 
 class _Conv1dWeight(nn.Module):
@@ -104,15 +105,16 @@ class GatedDeltaNet(nn.Module):
                 batch.query_start_loc, batch.state_slots, batch.has_initial_state,
             )  # fmt: skip
         gate = z.view(num_tokens, self.num_v_heads, self.v_dim)
-        return self.out_proj(self.norm(core, gate).reshape(num_tokens, self.value_dim))
+        return linear(self.norm(core, gate).reshape(num_tokens, self.value_dim), self.out_proj.weight)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(qkv [T, conv_dim], z [T, value_dim], b [T, Hv], a [T, Hv]); once fused, views of one GEMM's
         output (unit stride along the channels, the fused row stride)."""
         if self.in_proj is None:
-            return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+            qkv, z = linear(x, self.in_proj_qkv.weight), linear(x, self.in_proj_z.weight)
+            return qkv, z, linear(x, self.in_proj_b.weight), linear(x, self.in_proj_a.weight)
         sizes = [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads]
-        qkv, z, b, a = self.in_proj(x).split(sizes, dim=-1)
+        qkv, z, b, a = linear(x, self.in_proj.weight).split(sizes, dim=-1)
         return qkv, z, b, a
 
     def fuse_projections(self) -> bool:

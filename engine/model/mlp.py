@@ -33,6 +33,7 @@ from torch import nn
 from engine.model.config import ModelConfig
 from engine.model.fusion import concat_linears
 from kernels.activation import silu_mul
+from kernels.linear import linear
 from kernels.moe import SharedExpert, moe_combine, moe_experts, moe_experts_ref, moe_route
 
 FUSED_MAX_TOKENS = 64  # CUDA: T at or below this takes the fused Triton experts
@@ -54,9 +55,11 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
-            return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(silu_mul(gate, up))
+            act = silu_mul(linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight))
+        else:
+            gate, up = linear(x, self.gate_up_proj.weight).split(self.intermediate_size, dim=-1)
+            act = silu_mul(gate, up)
+        return linear(act, self.down_proj.weight)
 
     def gate_up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate [I, H], up [I, H]) weights: the parameters themselves, or once fused the two row halves of
@@ -106,11 +109,11 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, expert_ids = moe_route(F.linear(x, self.gate.weight), self.top_k)
+        weights, expert_ids = moe_route(linear(x, self.gate.weight), self.top_k)
         gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
         if x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS:
             return moe_experts(x, gate_up, down, weights, expert_ids, self.shared_weights())
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        shared = torch.sigmoid(linear(x, self.shared_expert_gate.weight)) * self.shared_expert(x)
         if x.is_cuda:  # the shared output joins the routed sum inside moe_combine
             return _experts_grouped(x, gate_up, down, weights, expert_ids, shared)
         if expert_ids.numel() <= GATHER_MAX_ROWS:

@@ -20,6 +20,7 @@ from engine.model.config import ModelConfig
 from engine.model.decoder import DecoderLayer
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.norm import RMSNorm
+from kernels.linear import linear
 
 
 class MultiTokenPredictor(nn.Module):
@@ -47,6 +48,6 @@ class MultiTokenPredictor(nn.Module):
         fused = torch.cat(
             [self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(target_hidden)], dim=-1
         )
-        hidden = self.fc(fused)
+        hidden = linear(fused, self.fc.weight)
         hidden = self.layers[step % len(self.layers)](hidden, rope, batch, cache)
         return self.norm(hidden)

@@ -25,6 +25,7 @@ from engine.model.gdn import GatedDeltaNet
 from engine.model.mlp import MLP
 from engine.model.mtp import MultiTokenPredictor
 from engine.model.norm import RMSNorm
+from kernels.linear import linear
 from kernels.rope import mrope_axis_map_ref, rope_inv_freq_ref
 
 
@@ -126,7 +127,7 @@ class Qwen3_5ForCausalLM(nn.Module):
         """fp32 logits [N, vocab] for ``hidden[indices]`` (all rows when indices is None)."""
         rows = hidden if indices is None else hidden[indices]
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(rows, weight).float()
+        return linear(rows, weight).float()
 
     def forward_mtp(
         self, batch: ForwardBatch, target_hidden: torch.Tensor, cache: ModelCache, step: int = 0

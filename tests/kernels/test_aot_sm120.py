@@ -39,6 +39,8 @@ KNOWN_KERNELS = {
     "_moe_combine_kernel",
     "_silu_mul_kernel",
     "_sigmoid_gate_mul_kernel",
+    "_linear_gemv_kernel",
+    "_linear_reduce_kernel",
 }
 
 
