@@ -889,23 +889,30 @@ def _linear_shapes() -> list[tuple[str, str, int, int, int]]:
     return [(g, name, n, k, calls) for (g, n, k), (name, calls) in shapes.items()]
 
 
-def _linear_sweep(n: int, k: int) -> list[GemvTiles]:
-    """The tiles tried on one [N, K] bf16 weight (``LINEAR_TILE_SWEEP`` x splits; see there), default first."""
+# --linear-sweep small: the first tiles of LINEAR_TILE_SWEEP, each at its rule's split only
+LINEAR_SWEEP_SMALL = 4
+
+
+def _linear_sweep(n: int, k: int, small: bool = False) -> list[GemvTiles]:
+    """The tiles tried on one [N, K] bf16 weight (``LINEAR_TILE_SWEEP`` x splits; see there), default first;
+    ``small``: the first ``LINEAR_SWEEP_SMALL`` tiles at the rule's split only (a call of a few minutes)."""
     tried = [gemv_tiles(n, k, BF16)]
-    for block_n, block_k, warps, stages in LINEAR_TILE_SWEEP:
+    for block_n, block_k, warps, stages in (
+        LINEAR_TILE_SWEEP[:LINEAR_SWEEP_SMALL] if small else LINEAR_TILE_SWEEP
+    ):
         block_k = min(block_k, max(16, 1 << (k - 1).bit_length()))
         split = 1
         while -(-n // block_n) * split < MIN_PROGRAMS and split < 16 and k % (2 * split * block_k) == 0:
             split *= 2
-        splits = {split, max(1, split // 2)}
-        if n <= 6144 and k % (2 * split * block_k) == 0:
+        splits = {split} if small else {split, max(1, split // 2)}
+        if not small and n <= 6144 and k % (2 * split * block_k) == 0:
             splits.add(2 * split)
         tried += [GemvTiles(block_n, block_k, warps, s, stages) for s in sorted(splits)]
     return list(dict.fromkeys(tried))
 
 
 def _bench_linear_shape(geometry: str, name: str, n: int, k: int, calls: int, read_gbps: float,
-                        sweep: bool) -> dict[int, tuple[float, float, float]]:  # fmt: skip
+                        sweep: str) -> dict[int, tuple[float, float, float]]:  # fmt: skip
     """The rows of one [N, K] weight (see ``bench_linear``); {T: (us per call: GEMV default, best tile, cuBLAS)}."""
     nbytes = n * k * 2
     copies = max(1, min(LINEAR_MAX_COPIES, -(-LINEAR_WORKING_SET // nbytes)))
@@ -942,7 +949,7 @@ def _bench_linear_shape(geometry: str, name: str, n: int, k: int, calls: int, re
         ROWS.append(row)
         print(json.dumps(row), flush=True)
         best: tuple[float, GemvTiles] = (t_gemv, default)
-        for tiles in _linear_sweep(n, k)[1:] if sweep else []:
+        for tiles in _linear_sweep(n, k, small=sweep == "small")[1:] if sweep != "none" else []:
             err = _err(_launch_linear(x, weights[0], tiles), linear_ref(x, weights[0]))
             t = per_layer(lambda w: _launch_linear(x, w, tiles))
             ROWS.append({"op": f"linear GEMV sweep BLOCK_N={tiles.block_n} BLOCK_K={tiles.block_k} "
@@ -952,7 +959,7 @@ def _bench_linear_shape(geometry: str, name: str, n: int, k: int, calls: int, re
                          "speedup_vs_cublas": round(t_cublas / t, 3), **err})  # fmt: skip
             print(json.dumps(ROWS[-1]), flush=True)
             best = min(best, (t, tiles))
-        if sweep:
+        if sweep != "none":
             ROWS.append({"op": "linear GEMV best tile", "shape": shape, "kernel_us": round(best[0], 2),
                          "ref_us": round(t_cublas, 2), "bytes": nbytes, "kernel_GBps": round(nbytes / best[0] / 1e3, 1),
                          "tiles": list(best[1]), "is_default": best[1] == default,
@@ -962,14 +969,14 @@ def _bench_linear_shape(geometry: str, name: str, n: int, k: int, calls: int, re
     return result
 
 
-def bench_linear(sweep: bool, only: str = "") -> None:
+def bench_linear(sweep: str, only: str = "") -> None:
     """Every dense decode linear of 27B and 35B-A3B (``_linear_shapes``) at T = 1 and 8: the Triton GEMV
     (``linear``, gemv_tiles' default) against cuBLAS ``F.linear``, both as CUDA-graph replays over enough
     distinct copies of the weight (``LINEAR_WORKING_SET``) that every call reads its weight from HBM, as a
     decode step's layers do; time per call ("per layer"), bytes = the weight's, fraction of the measured read
     bandwidth. Each row checks the kernel against ``linear_ref`` and, at T=8, that every row is bitwise the
-    row run alone. With ``sweep`` (``--linear-only``) the tile sweep (``_linear_sweep``) per shape and T and
-    the best tile per shape. Last, per geometry and T, one decode step's dense linears summed (calls x us
+    row run alone. With ``sweep`` "small" or "full" (``--linear-only``, ``--linear-sweep``) the tile sweep
+    (``_linear_sweep``) per shape and T and the best tile per shape. Last, per geometry and T, one decode step's dense linears summed (calls x us
     per call: GEMV default, best tile, cuBLAS): the numbers that decide whether ``NINFER_GEMV=auto`` stays the
     default and which tiles ``gemv_tiles`` should pick. ``only``: the shapes whose "geometry projection"
     contains it (all when empty), to split the sweep over several calls."""
@@ -1006,6 +1013,8 @@ def main() -> None:
         action="store_true",
         help="only the linear rows: Triton GEMV vs cuBLAS, tile sweep (27B and 35B-A3B)",
     )
+    parser.add_argument("--linear-sweep", default="full", choices=("none", "small", "full"),
+                        help="with --linear-only: the tile sweep per shape (small: 4 tiles, rule splits)")  # fmt: skip
     parser.add_argument("--linear-shapes", default="", metavar="SUBSTR",
                         help="with --linear-only: the shapes whose 'geometry projection' contains SUBSTR")  # fmt: skip
     args = parser.parse_args()
@@ -1017,7 +1026,7 @@ def main() -> None:
     except ImportError:
         fla_recurrent = None
     if args.linear_only:
-        bench_linear(sweep=True, only=args.linear_shapes)
+        bench_linear(sweep=args.linear_sweep, only=args.linear_shapes)
     elif not args.moe_only:
         bench_norms()
         bench_silu_mul()
@@ -1033,7 +1042,7 @@ def main() -> None:
     if not args.linear_only:
         bench_moe()
     if not args.moe_only and not args.linear_only:
-        bench_linear(sweep=False)  # the sweep (minutes) only with --linear-only
+        bench_linear(sweep="none")  # the sweep (minutes) only with --linear-only
     commit = (
         os.environ.get("NINFER_COMMIT")
         or subprocess.run(
