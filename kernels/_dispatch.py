@@ -6,8 +6,10 @@ kernel, CPU CI). With ``TRITON_INTERPRET=1`` Triton's interpreter runs the kerne
 which is how the kernels are checked on a machine without a GPU.
 
 ``NINFER_GEMV`` picks what the bias-free linear layers of few rows run (``kernels.linear.linear``): ``auto``
-(the default: the Triton GEMV for at most 8 rows wherever the kernels run Triton, ``F.linear`` for more)
-or ``off`` (``F.linear``, i.e. cuBLAS on CUDA, always).
+(the default: the Triton GEMV for at most 8 rows on the weight shapes where it was measured faster than cuBLAS
+on that GPU, ``kernels.linear.GEMV_FASTER``; ``F.linear`` for everything else), ``on`` (the Triton GEMV for
+every linear of at most 8 rows wherever the kernels run Triton) or ``off`` (``F.linear``, i.e. cuBLAS on
+CUDA, always).
 
 ``kernels`` may not import ``engine``, so this is the one place in the package that reads the
 environment; it is read once, at import.
@@ -33,10 +35,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
 def parse_gemv_mode(value: str) -> str:
-    """``NINFER_GEMV``'s value, normalised: ``auto`` or ``off``; ValueError for anything else."""
+    """``NINFER_GEMV``'s value, normalised: ``auto``, ``on`` or ``off``; ValueError for anything else."""
     mode = value.strip().lower()
-    if mode not in ("auto", "off"):
-        raise ValueError(f"NINFER_GEMV={value!r}: expected 'auto' or 'off'")
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"NINFER_GEMV={value!r}: expected 'auto', 'on' or 'off'")
     return mode
 
 

@@ -1,14 +1,16 @@
 """Bias-free linear layers ``y = x @ weight^T`` for decode-sized batches: a weight-streaming Triton GEMV.
 
 ``linear_ref`` is the specification (float32 math, one rounding to x's dtype). The launcher ``linear`` runs
-the Triton GEMV when ``use_gemv`` says so (Triton on the tensors' device, at most ``GEMV_MAX_ROWS`` rows,
-``NINFER_GEMV`` not ``off``: see ``kernels._dispatch``) and ``F.linear`` (cuBLAS on CUDA) everywhere else, so
+the Triton GEMV when ``use_gemv`` says so (Triton on the tensors' device, at most ``GEMV_MAX_ROWS`` rows, and
+under ``NINFER_GEMV=auto`` a weight shape that ``GEMV_FASTER`` lists as measured faster than cuBLAS on that GPU;
+any shape under ``on``: see ``kernels._dispatch``) and ``F.linear`` (cuBLAS on CUDA) everywhere else, so
 prefill and the CPU path are exactly what they were.
 
 Why a GEMV of its own: at batch 1..8 a linear layer reads its whole weight once for a few FLOPs per byte, so
-its time is the weight's bytes over the read bandwidth; cuBLAS leaves some of that on the table for the
-medium shapes (27B o_proj / GDN out_proj [5120, 6144], with split-K reduce kernels; every dense projection
-of the 35B-A3B geometry, hidden 2048).
+its time is the weight's bytes over the read bandwidth; cuBLAS leaves some of that on the table. Measured on an
+H200 (``GEMV_FASTER``): the GEMV streams the 27B MLP and lm_head weights at 3.6-4.4 TB/s (1.01-1.08x cuBLAS)
+and every 35B-A3B projection but its qkv 1.06-1.2x faster, but loses on the 27B qkv, o_proj / out_proj and GDN
+in_proj (0.74-0.93x), which stay on cuBLAS.
 
 ``_linear_gemv_kernel``, grid ``(cdiv(N, BLOCK_N), SPLIT_K)`` (the weight-row tiles the fastest axis): one
 program computes ``out^T [BLOCK_N, 16] = w [BLOCK_N, K / SPLIT_K] @ x^T`` for its rows of the weight and its
@@ -34,6 +36,7 @@ widen them first (``interpreter_fixes`` in tests/kernels/conftest.py). On a GPU 
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -164,10 +167,42 @@ def gemv_tiles(n: int, k: int, dtype: torch.dtype) -> GemvTiles:
     return GemvTiles(block_n, block_k, 4, split_k, 4)
 
 
+# The weight shapes [N, K] where the GEMV (gemv_tiles' default) beat cuBLAS ``F.linear`` at both T = 1 and T = 8,
+# per GPU compute capability: measured on an H200 as CUDA-graph replays over distinct weights
+# (bench/results/kernels_linear_h200_2026-12-03_session4.json). Under NINFER_GEMV=auto only these take the GEMV;
+# the others (27B qkv [14336, 5120], o_proj / GDN out_proj [5120, 6144], GDN in_proj [16480, 5120]; 35B-A3B qkv
+# [9216, 2048]: 0.74-0.93x of cuBLAS) and every GPU not measured yet keep cuBLAS.
+GEMV_FASTER: dict[tuple[int, int], frozenset[tuple[int, int]]] = {
+    (9, 0): frozenset(
+        {
+            (34816, 5120),  # 27B MLP gate_up: 1.01x cuBLAS
+            (5120, 17408),  # 27B MLP down: 1.01-1.04x
+            (248320, 5120),  # 27B lm_head: 1.08x
+            (2048, 4096),  # 35B-A3B o_proj / GDN out_proj: 1.13-1.15x
+            (12352, 2048),  # 35B-A3B GDN in_proj: 1.06x
+            (256, 2048),  # 35B-A3B router: 1.1-1.2x
+            (248320, 2048),  # 35B-A3B lm_head: 1.07x
+        }
+    ),
+}
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``linear`` runs the Triton GEMV on these tensors: Triton on their device (``use_triton``), at
-    most ``GEMV_MAX_ROWS`` rows, and ``NINFER_GEMV`` not ``off``."""
-    return _dispatch.GEMV_MODE != "off" and x.shape[0] <= GEMV_MAX_ROWS and use_triton(x, weight)
+    most ``GEMV_MAX_ROWS`` rows, and ``NINFER_GEMV`` ``on``, or ``auto`` with a weight shape that
+    ``GEMV_FASTER`` lists for the device's compute capability (``auto`` under Triton's interpreter: every
+    shape, so the CPU checks of the kernel run it)."""
+    mode = _dispatch.GEMV_MODE
+    if mode == "off" or x.shape[0] > GEMV_MAX_ROWS or not use_triton(x, weight):
+        return False
+    if mode == "on" or _dispatch.INTERPRET:
+        return True
+    return tuple(weight.shape) in GEMV_FASTER.get(_capability(weight.device) or (0, 0), frozenset())
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:

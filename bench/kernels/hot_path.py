@@ -64,7 +64,7 @@ from kernels.gdn import (  # noqa: E402
     gated_delta_rule_decode_ref,
     gdn_gate_ref,
 )
-from kernels.linear import MIN_PROGRAMS, GemvTiles, _launch_linear, gemv_tiles, linear, linear_ref  # noqa: E402
+from kernels.linear import MIN_PROGRAMS, GemvTiles, _launch_linear, gemv_tiles, linear_ref  # noqa: E402
 from kernels.moe import (  # noqa: E402
     SharedExpert,
     _launch_down,
@@ -922,12 +922,13 @@ def _bench_linear_shape(geometry: str, name: str, n: int, k: int, calls: int, re
     for tokens in LINEAR_TOKENS:
         shape = f"{geometry} {name} T{tokens} N{n} K{k}"
         x = torch.randn(tokens, k, device=DEV, dtype=BF16)
-        out = linear(x, weights[0])
+        out = _launch_linear(x, weights[0], default)  # the GEMV itself, whatever NINFER_GEMV=auto would pick
         check = {**_err(out, linear_ref(x, weights[0])), "tiles": list(default), "copies": copies,
                  "calls_per_step": calls, "read_GBps": round(read_gbps, 1)}  # fmt: skip
         if tokens > 1:
             check["batch_invariant"] = all(
-                torch.equal(linear(x[i : i + 1], weights[0])[0], out[i]) for i in range(tokens)
+                torch.equal(_launch_linear(x[i : i + 1], weights[0], default)[0], out[i])
+                for i in range(tokens)
             )
 
         def per_layer(fn: Callable[[torch.Tensor], object]) -> float:
@@ -939,7 +940,7 @@ def _bench_linear_shape(geometry: str, name: str, n: int, k: int, calls: int, re
             return _us(layers, graph=True) / copies
 
         t_cublas = per_layer(lambda w: F.linear(x, w))
-        t_gemv = per_layer(lambda w: linear(x, w))
+        t_gemv = per_layer(lambda w: _launch_linear(x, w, default))
         row = {"op": "linear GEMV (default tiles) vs cuBLAS F.linear", "shape": shape, "kernel_us": round(t_gemv, 2),
                "ref_us": round(t_cublas, 2), "bytes": nbytes, "kernel_GBps": round(nbytes / t_gemv / 1e3, 1),
                "cublas_GBps": round(nbytes / t_cublas / 1e3, 1),

@@ -3,12 +3,14 @@ GEMV_MAX_ROWS rows and under NINFER_GEMV=off), its asserts, and the tile chooser
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import kernels._dispatch
-from kernels.linear import GEMV_MAX_ROWS, MIN_PROGRAMS, gemv_tiles, linear, linear_ref, use_gemv
+from kernels.linear import GEMV_FASTER, GEMV_MAX_ROWS, MIN_PROGRAMS, gemv_tiles, linear, linear_ref, use_gemv
 
 
 @pytest.mark.parametrize(("rows", "n", "k"), [(1, 37, 60), (3, 1000, 200), (8, 64, 513), (20, 7, 5)])
@@ -75,9 +77,29 @@ def test_dispatch_rules(monkeypatch):
     assert not use_gemv(torch.randn(1, 32), w)  # CPU tensors without the interpreter
 
 
+def test_auto_takes_the_gemv_only_on_shapes_measured_faster(monkeypatch):
+    """NINFER_GEMV=auto on a GPU: the GEMV for the weight shapes GEMV_FASTER lists for the device's compute
+    capability, cuBLAS for the others and on GPUs with no measurements; `on` takes it everywhere."""
+    monkeypatch.setattr(kernels._dispatch, "HAS_TRITON", True)
+    monkeypatch.setattr(kernels._dispatch, "KERNELS_MODE", "auto")
+    monkeypatch.setattr(kernels._dispatch, "INTERPRET", False)
+    module = importlib.import_module("kernels.linear")  # the attribute kernels.linear is the launcher
+    monkeypatch.setattr(module, "use_triton", lambda *tensors: True)  # stands in for CUDA tensors
+    x = torch.empty(1, 5120, device="meta")
+    faster, slower = torch.empty(34816, 5120, device="meta"), torch.empty(14336, 5120, device="meta")
+    assert (34816, 5120) in GEMV_FASTER[(9, 0)] and (14336, 5120) not in GEMV_FASTER[(9, 0)]
+    for mode, capability, expected in (("auto", (9, 0), (True, False)), ("auto", (12, 0), (False, False)),
+                                       ("on", (12, 0), (True, True)), ("off", (9, 0), (False, False))):  # fmt: skip
+        monkeypatch.setattr(kernels._dispatch, "GEMV_MODE", mode)
+        monkeypatch.setattr(module, "_capability", lambda device, c=capability: c)
+        assert (use_gemv(x, faster), use_gemv(x, slower)) == expected, (mode, capability)
+    assert not use_gemv(torch.empty(GEMV_MAX_ROWS + 1, 5120, device="meta"), faster)  # prefill: F.linear
+
+
 def test_gemv_mode_parsing():
     assert kernels._dispatch.parse_gemv_mode("auto") == "auto"
     assert kernels._dispatch.parse_gemv_mode(" OFF ") == "off"
+    assert kernels._dispatch.parse_gemv_mode("on") == "on"
     with pytest.raises(ValueError, match="NINFER_GEMV"):
         kernels._dispatch.parse_gemv_mode("triton")
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import kernels._dispatch
 from kernels.linear import GemvTiles, _launch_linear, gemv_tiles, linear, linear_ref
 
 # NOTE: interpreter_fixes (conftest.py): Triton 3.6's interpreter multiplies bf16 dot operands as raw integers
@@ -21,6 +22,13 @@ RMS_RATIO = {torch.bfloat16: 6e-3, torch.float16: 2e-3, torch.float32: 1e-5}
 # the reference's own half ulp), plus the fp32 summation-order difference, relative to sum |x_k w_k|
 ELEMENT_RTOL = {torch.bfloat16: 2.0**-7 + 2.0**-8, torch.float16: 2.0**-10 + 2.0**-11, torch.float32: 1e-6}
 SUM_RTOL = 2e-5
+
+
+@pytest.fixture(autouse=True)
+def _gemv_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``linear`` runs the GEMV on every shape here (NINFER_GEMV=on): under the default ``auto`` a GPU sends
+    the shapes it has not measured faster to cuBLAS (kernels.linear.GEMV_FASTER), which would test cuBLAS."""
+    monkeypatch.setattr(kernels._dispatch, "GEMV_MODE", "on")
 
 
 def _check(name: str, actual: torch.Tensor, x: torch.Tensor, w: torch.Tensor, assert_close) -> None:
