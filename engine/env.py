@@ -22,9 +22,9 @@ def kernels_mode() -> str:
 
 
 def gemv_mode() -> str:
-    """`NINFER_GEMV`: `auto` (decode-sized linear layers, at most 8 rows, run the Triton GEMV on CUDA where it
-    was measured faster than cuBLAS), `on` (the GEMV for every such layer) or `off` (`F.linear`, cuBLAS,
-    always). Parsed by `kernels._dispatch` at import (kernels may not import engine)."""
+    """`NINFER_GEMV`: `off` (the default: `F.linear`, cuBLAS, always), `auto` (decode-sized linear layers, at
+    most 8 rows, run the Triton GEMV on CUDA where it was measured faster than cuBLAS alone) or `on` (the GEMV
+    for every such layer). Parsed by `kernels._dispatch` at import (kernels may not import engine)."""
     from kernels._dispatch import parse_gemv_mode
 
-    return parse_gemv_mode(os.environ.get("NINFER_GEMV", "auto"))
+    return parse_gemv_mode(os.environ.get("NINFER_GEMV", "off"))

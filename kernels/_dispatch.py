@@ -5,11 +5,11 @@ A launcher runs Triton only when Triton imports, every tensor it is given lives 
 kernel, CPU CI). With ``TRITON_INTERPRET=1`` Triton's interpreter runs the kernels on CPU tensors too,
 which is how the kernels are checked on a machine without a GPU.
 
-``NINFER_GEMV`` picks what the bias-free linear layers of few rows run (``kernels.linear.linear``): ``auto``
-(the default: the Triton GEMV for at most 8 rows on the weight shapes where it was measured faster than cuBLAS
-on that GPU, ``kernels.linear.GEMV_FASTER``; ``F.linear`` for everything else), ``on`` (the Triton GEMV for
-every linear of at most 8 rows wherever the kernels run Triton) or ``off`` (``F.linear``, i.e. cuBLAS on
-CUDA, always).
+``NINFER_GEMV`` picks what the bias-free linear layers of few rows run (``kernels.linear.linear``): ``off`` (the
+default: ``F.linear``, i.e. cuBLAS on CUDA, always; measured fastest end to end on the H200), ``auto`` (the
+Triton GEMV for at most 8 rows on the weight shapes where it was measured faster than cuBLAS alone on that GPU,
+``kernels.linear.GEMV_FASTER``; ``F.linear`` for everything else) or ``on`` (the Triton GEMV for every linear
+of at most 8 rows wherever the kernels run Triton).
 
 ``kernels`` may not import ``engine``, so this is the one place in the package that reads the
 environment; it is read once, at import.
@@ -42,7 +42,7 @@ def parse_gemv_mode(value: str) -> str:
     return mode
 
 
-GEMV_MODE = parse_gemv_mode(os.environ.get("NINFER_GEMV", "auto"))
+GEMV_MODE = parse_gemv_mode(os.environ.get("NINFER_GEMV", "off"))
 
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:

@@ -2,15 +2,21 @@
 
 ``linear_ref`` is the specification (float32 math, one rounding to x's dtype). The launcher ``linear`` runs
 the Triton GEMV when ``use_gemv`` says so (Triton on the tensors' device, at most ``GEMV_MAX_ROWS`` rows, and
-under ``NINFER_GEMV=auto`` a weight shape that ``GEMV_FASTER`` lists as measured faster than cuBLAS on that GPU;
-any shape under ``on``: see ``kernels._dispatch``) and ``F.linear`` (cuBLAS on CUDA) everywhere else, so
-prefill and the CPU path are exactly what they were.
+``NINFER_GEMV=on``, or ``auto`` with a weight shape that ``GEMV_FASTER`` lists as measured faster than cuBLAS on
+that GPU: see ``kernels._dispatch``) and ``F.linear`` (cuBLAS on CUDA) everywhere else, so prefill, the CPU path
+and the default (``off``) are exactly what they were.
 
 Why a GEMV of its own: at batch 1..8 a linear layer reads its whole weight once for a few FLOPs per byte, so
 its time is the weight's bytes over the read bandwidth; cuBLAS leaves some of that on the table. Measured on an
 H200 (``GEMV_FASTER``): the GEMV streams the 27B MLP and lm_head weights at 3.6-4.4 TB/s (1.01-1.08x cuBLAS)
 and every 35B-A3B projection but its qkv 1.06-1.2x faster, but loses on the 27B qkv, o_proj / out_proj and GDN
-in_proj (0.74-0.93x), which stay on cuBLAS.
+in_proj (0.74-0.93x), which stay on cuBLAS under ``auto``.
+
+NOTE: timed alone, the per-shape gains added up to 0.13 ms a 35B-A3B decode step (and a 0.39 ms loss on the 27B),
+but inside the CUDA-graphed model the GEMV everywhere (``on``) cost 0.05 ms (35B-A3B) and 0.89 ms (27B) a step
+against cuBLAS (bench/results/bench_*_session4_gemv_on.json vs bench_decode_gemv_off_*): something the isolated
+timing does not see (cuBLAS' kernels overlapping their neighbours' launch, the split-K reduce launches) costs
+~0.2-0.5 ms a step. Hence ``off`` is the default; ``auto`` waits for an end-to-end measurement.
 
 ``_linear_gemv_kernel``, grid ``(cdiv(N, BLOCK_N), SPLIT_K)`` (the weight-row tiles the fastest axis): one
 program computes ``out^T [BLOCK_N, 16] = w [BLOCK_N, K / SPLIT_K] @ x^T`` for its rows of the weight and its
