@@ -46,6 +46,7 @@ while (($#)); do
 done
 OUT=${OUT:-$PWD/out}
 WORK=/tmp/ninfer-session
+rm -rf "$WORK"  # a warm machine keeps the last call's files: they would come back again as this call's
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
 log() { echo "[gpu_session $(date +%T)] $*" | tee -a "$WORK/session.log"; }
