@@ -352,7 +352,8 @@ class HostParking:
 
         Only the ceil(L / page_size) pages of that checkpoint are copied (into page_ids[:that]), plus
         its state and, when `extra` destinations are given, the parked extras. Releases one pin. The
-        entry is then freed (its bytes are on the device again) unless `keep` or other pins hold it.
+        entry is then freed (its bytes are on the device again) unless `keep` or other pins hold it; a kept
+        entry with no pins left goes to the front of the LRU (the next to evict).
         A geometry mismatch drops the entry and raises `HostEntryMismatch` (the request prefills cold).
         """
         entry = self.entry(entry_key)
@@ -386,8 +387,15 @@ class HostParking:
         handle = self._execute(plan, "unpark", entry_key, num_runs)
         if entry.num_pins:
             entry.num_pins -= 1
-        if keep or entry.num_pins:
+        if entry.num_pins:  # another scheduled restore still needs it
             self._lru.move_to_end(entry_key)
+        elif keep:
+            # NOTE: first in line for eviction, not last: the restored checkpoint's tokens are on the device again
+            # (parked anew, in a longer entry, if they fall out of it), so what is left here is the entry's later
+            # checkpoints, which the request that continued from an earlier one did not want (an agent's next turn
+            # continues from the previous prompt end P, not from its generation end G). As the most recently used
+            # entry it used to push other sessions' only copies out of a full budget first.
+            self._lru.move_to_end(entry_key, last=False)
         else:  # NOTE: safe while the copies run: only later copies on the same stream rewrite these blocks
             del self._lru[entry_key]
             self.blocks.free(entry.block_ids)

@@ -217,6 +217,30 @@ def test_budget_zero_is_off() -> None:
         HostParking.from_mib(CacheGeometry.of(cache), -1)
 
 
+def test_a_kept_restore_is_evicted_before_entries_never_restored() -> None:
+    """Restoring an earlier checkpoint keeps the entry for its later ones, but at the front of the LRU: the
+    restored tokens are on the device again, and a full budget evicts that remainder before another session's
+    only copy (an agent's next turn restores P from [P, G]; the run on the H200 evicted other sessions first)."""
+    cache = make_cache()
+    probe = parking(cache, capacity_blocks=64)
+    capacity = blocks_of(probe, 1, 2) + 2 * blocks_of(probe, 1)  # "a" (two checkpoints), "b" and "c"; no more
+    host = parking(cache, capacity_blocks=capacity)
+    park(host, cache, "a", [0], tokens_of("a", 4), [(2, 0), (4, 1)])
+    park(host, cache, "b", [1], tokens_of("b", 4))
+    park(host, cache, "c", [2], tokens_of("c", 4))
+    host.pin("a")
+    host.unpark("a", cache, page_ids=[5], state_slot=2, num_tokens=2, keep=True)
+    host.check_integrity()
+    assert host.entry_keys == ["a", "b", "c"]  # kept, first to go (it was the oldest anyway: move it last)
+    host.touch("a")
+    host.pin("a")
+    host.unpark("a", cache, page_ids=[5], state_slot=2, num_tokens=2, keep=True)
+    assert host.entry_keys == ["a", "b", "c"]
+    park(host, cache, "d", [3], tokens_of("d", 4))
+    host.check_integrity()
+    assert host.entry_keys == ["b", "c", "d"] and host.stats().evictions == {"lru": 1}
+
+
 def test_pins_hold_an_entry_across_restores_and_keep_retains_it() -> None:
     cache = make_cache()
     host = parking(cache, capacity_blocks=32)
