@@ -226,6 +226,11 @@ def _launch_linear(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles) -> t
     x: [T, K], 1 <= T <= GEMV_MAX_ROWS, unit stride along K (any row stride); weight: [N, K] contiguous.
     """
     _check(x, weight)
+    return _gemv(x, weight, tiles)
+
+
+def _gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles) -> torch.Tensor:
+    """``_launch_linear`` after ``_check`` (``linear`` has checked already)."""
     rows, k = x.shape
     n = weight.shape[0]
     assert 1 <= rows <= GEMV_MAX_ROWS, f"{rows} rows: the GEMV takes 1..{GEMV_MAX_ROWS}"
@@ -264,4 +269,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     _check(x, weight)
     if x.shape[0] == 0 or not use_gemv(x, weight):
         return F.linear(x, weight)
-    return _launch_linear(x, weight, gemv_tiles(weight.shape[0], weight.shape[1], weight.dtype))
+    return _gemv(x, weight, gemv_tiles(weight.shape[0], weight.shape[1], weight.dtype))

@@ -158,13 +158,20 @@ def bench_silu_mul() -> None:
         print(json.dumps(rates), flush=True)
         if (tokens, inter) != (7680, 17408):
             continue
-        for block_rows, block_cols, warps in SILU_MUL_TILES:
-            tiles = SiluMulTiles(block_rows, block_cols, warps)
-            t = _us(lambda: _launch_silu_mul(gate, up, tiles), graph=True)
-            ROWS.append({"op": f"silu_mul BLOCK_ROWS={block_rows} BLOCK_COLS={block_cols} warps={warps}",
-                         "shape": shape, "kernel_us": round(t, 2), "ref_us": None, "bytes": nbytes,
-                         "kernel_GBps": round(nbytes / t / 1e3, 1)})  # fmt: skip
-            print(json.dumps(ROWS[-1]), flush=True)
+        _elementwise_sweep("silu_mul", shape, nbytes, SILU_MUL_TILES,
+                           lambda tiles: _launch_silu_mul(gate, up, SiluMulTiles(*tiles)))  # fmt: skip
+
+
+def _elementwise_sweep(op: str, shape: str, nbytes: float, sweep: tuple[tuple[int, int, int], ...],
+                       launch: Callable[[tuple[int, int, int]], object]) -> None:  # fmt: skip
+    """One graph-timed row per (BLOCK_ROWS, BLOCK_COLS, warps) tile of an elementwise kernel's sweep."""
+    for tiles in sweep:
+        t = _us(lambda: launch(tiles), graph=True)
+        block_rows, block_cols, warps = tiles
+        ROWS.append({"op": f"{op} BLOCK_ROWS={block_rows} BLOCK_COLS={block_cols} warps={warps}",
+                     "shape": shape, "kernel_us": round(t, 2), "ref_us": None, "bytes": nbytes,
+                     "kernel_GBps": round(nbytes / t / 1e3, 1)})  # fmt: skip
+        print(json.dumps(ROWS[-1]), flush=True)
 
 
 # (BLOCK_ROWS, BLOCK_COLS, warps) of the sweep at T = 1 and 7680; sigmoid_gate_mul_tiles' default at D = 256
@@ -212,13 +219,8 @@ def bench_sigmoid_gate_mul() -> None:
         print(json.dumps(ROWS[-1]), flush=True)
         if tokens == 8:
             continue
-        for block_rows, block_cols, warps in SIGMOID_GATE_TILES:
-            tiles = SigmoidGateMulTiles(block_rows, block_cols, warps)
-            t = _us(lambda: _launch_sigmoid_gate_mul(x, gate, tiles), graph=True)
-            ROWS.append({"op": f"sigmoid_gate_mul BLOCK_ROWS={block_rows} BLOCK_COLS={block_cols} warps={warps}",
-                         "shape": shape, "kernel_us": round(t, 2), "ref_us": None, "bytes": nbytes,
-                         "kernel_GBps": round(nbytes / t / 1e3, 1)})  # fmt: skip
-            print(json.dumps(ROWS[-1]), flush=True)
+        _elementwise_sweep("sigmoid_gate_mul", shape, nbytes, SIGMOID_GATE_TILES,
+                           lambda tiles: _launch_sigmoid_gate_mul(x, gate, SigmoidGateMulTiles(*tiles)))  # fmt: skip
 
 
 def bench_conv_and_gdn_decode(fla_recurrent: Callable | None) -> None:

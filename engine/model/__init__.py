@@ -2,8 +2,8 @@
 
 Layers take plain tensors plus a ``ForwardBatch`` and a ``ModelCache``; they never see requests. Every dense
 projection (attention q/k/v and o_proj, GDN in/out_proj, MLP gate_up/down, MoE router and shared-expert gate,
-MTP fc, lm_head) runs ``kernels.linear.linear`` on its ``nn.Linear``'s weight: the Triton GEMV for decode-sized
-batches on CUDA (at most 8 rows; ``NINFER_GEMV=off`` turns it off), ``F.linear`` otherwise.
+MTP fc, lm_head) runs ``kernels.linear.linear`` on its ``nn.Linear``'s weight: ``F.linear`` (cuBLAS on CUDA) by
+default, the Triton GEMV for decode-sized batches (at most 8 rows) on CUDA under ``NINFER_GEMV=on|auto``.
 """
 
 from __future__ import annotations
