@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.artifact.container import Artifact, read_artifact
+from engine.cache.kv import resolve_num_pages
 from engine.config import EngineConfig
 from engine.model.config import ModelConfig
+from engine.model.forward import kv_spec
 from engine.model.loader import load_model
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import Event, FinishEvent, FinishKind, FinishReason, Request, SamplingParams, TokenEvent
-from engine.runner import ModelRunner, WarmupReport, resolve_num_pages
+from engine.runner import ModelRunner, WarmupReport
 from engine.runner.host_copies import host_stat_fields, make_host_parking
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
@@ -152,13 +154,8 @@ class EngineCore:
         self.model_config: ModelConfig = model.config
         self.server_sampling = server_sampling
         param = next(model.parameters())
-        num_pages = resolve_num_pages(
-            config.cache,
-            config.scheduler.max_context,
-            self.model_config,
-            dtype=param.dtype,
-            device=param.device,
-        )
+        spec = kv_spec(self.model_config, param.dtype, config.cache.kv_dtype)
+        num_pages = resolve_num_pages(config.cache, config.scheduler.max_context, spec, device=param.device)
         self.scheduler = Scheduler(
             config.scheduler, config.cache, num_pages=num_pages, eos_token_ids=tokenizer.eos_token_ids
         )

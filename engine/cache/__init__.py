@@ -1,7 +1,12 @@
-"""Device KV page accounting, GDN state slots and hybrid prefix reuse (pure Python, no torch).
+"""The caches' bookkeeping and tensors: device KV pages, GDN state slots, hybrid prefix reuse, host parking.
 
-The tensors themselves (KV pool, GDN conv/recurrent state) belong to the runner's cache owner; this
-package only decides which page ids and slot ids hold what. It imports nothing from the scheduler.
+Pure Python (no torch; the scheduler's side): pages.py (`PagePool`: page ids, ref counts, free list),
+prefix.py (`PrefixIndex`: checkpoints, LRU), state.py (`StateSlotPool`). They decide which page and slot
+ids hold what and never touch a tensor.
+Torch: kv.py (`ModelCache`: the device KV pool and GDN state tensors, built from a `KVSpec`; the page-bytes
+formula and the `--kv-capacity` page count), host.py / host_blocks.py / host_layout.py (host parking:
+entries, pinned host blocks, the copies between them and the device cache).
+The package imports nothing from the scheduler, the runner or the model (`.importlinter`).
 """
 
 from engine.cache.pages import PagePool

@@ -53,7 +53,7 @@ DEFAULT_GATHER_RUN_BYTES = 1 * MIB
 DEFAULT_STAGING_BYTES = 64 * MIB
 
 if TYPE_CHECKING:
-    from engine.model.forward import ModelCache
+    from engine.cache.kv import ModelCache
 
 
 class HostEntryMismatch(ValueError):

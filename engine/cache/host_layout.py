@@ -28,7 +28,7 @@ import torch
 from engine.cache.host_blocks import Extent, HostBlockPool
 
 if TYPE_CHECKING:
-    from engine.model.forward import ModelCache
+    from engine.cache.kv import ModelCache
 
 TensorSpec = tuple[str, tuple[int, ...]]  # (dtype, shape of one page or one state slot)
 

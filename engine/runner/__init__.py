@@ -6,20 +6,7 @@ host_copies.py (host parking's copies), warmup.py (first-use step shapes). It ne
 engine.scheduler (`.importlinter`): plans come down as plain data, results go up the same way.
 """
 
-from engine.runner.runner import (
-    CPU_AUTO_KV_BYTES,
-    ModelRunner,
-    auto_num_pages,
-    kv_bytes_per_page,
-    resolve_num_pages,
-)
+from engine.runner.runner import ModelRunner
 from engine.runner.warmup import WarmupReport
 
-__all__ = [
-    "CPU_AUTO_KV_BYTES",
-    "ModelRunner",
-    "WarmupReport",
-    "auto_num_pages",
-    "kv_bytes_per_page",
-    "resolve_num_pages",
-]
+__all__ = ["ModelRunner", "WarmupReport"]

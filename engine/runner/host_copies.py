@@ -27,8 +27,8 @@ from typing import Any
 from engine.cache.host import HostParking, ParkHandle
 from engine.cache.host_blocks import DEFAULT_BLOCK_BYTES, MIB
 from engine.cache.host_layout import CacheGeometry
+from engine.cache.kv import ModelCache
 from engine.config import CacheConfig
-from engine.model.forward import ModelCache
 from engine.step import HostRestoreReport, HostUnpark, StepPlan
 
 logger = logging.getLogger(__name__)
