@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.cache.host import HostParking
+from engine.cache.host_blocks import HostBudget
 from engine.cache.kv import KVDtype, ModelCache, allocate_cache
 from engine.model.config import ModelConfig
 from engine.model.forward import kv_spec
@@ -62,9 +62,12 @@ class ModelRunner:
         cuda_graph: bool = True,
         max_context: int | None = None,
         graph_sizes: Sequence[int] = DEFAULT_GRAPH_SIZES,
+        host_budget: HostBudget | None = None,
     ) -> None:
         """max_context bounds a request's page-table row (the graphs' page-table width); None = the
-        whole pool. cuda_graph=False keeps every step eager. kv_dtype: as `CacheConfig` validated it."""
+        whole pool. cuda_graph=False keeps every step eager. kv_dtype: as `CacheConfig` validated it.
+        host_budget: host KV parking's budget (`--host-kv-cache-mib`): the runner copies what the
+        scheduler's plans park and restore (None: off)."""
         self.model = model
         self.config: ModelConfig = model.config
         param = next(model.parameters())
@@ -76,7 +79,7 @@ class ModelRunner:
             kv_spec(self.config, self.dtype, kv_dtype), num_pages, page_size, num_state_slots, self.device
         )
         self.sampler = Sampler(self.device, seed)
-        self.host_copies: HostCopies | None = None  # host KV parking's copies (`attach_host`), None when off
+        self.host_copies = HostCopies(self.cache, host_budget) if host_budget is not None else None
         self._host_reports: tuple[HostRestoreReport, ...] = ()
         self._output_token_ids: dict[str, list[int]] = {}  # for presence / frequency penalties
         self.num_steps = 0
@@ -91,11 +94,6 @@ class ModelRunner:
                 logger.warning("CUDA graph capture failed (%s); every decode step runs eagerly", exc)
                 self.graphs = None
                 torch.cuda.synchronize(self.device)
-
-    def attach_host(self, host: HostParking) -> None:
-        """Execute the host parks and unparks of every later plan against `host` (its copies)."""
-        assert self.host_copies is None, "attach_host twice"
-        self.host_copies = HostCopies(host)
 
     def warm_up(self, prefill_chunk: int) -> WarmupReport:
         """The first-use step shapes, before any request (engine/runner/warmup.py)."""
