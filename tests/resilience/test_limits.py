@@ -35,6 +35,13 @@ def _connect(server: Server) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=10)
 
 
+def _read_to_close(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data
+
+
 def _long_stream(
     server: Server, started: threading.Event, lines: list[str], path: str = "/v1/messages"
 ) -> None:
@@ -89,7 +96,7 @@ def test_stalled_headers_and_bodies_time_out_with_408(server: Server) -> None:
     with _connect(server) as stalled:
         stalled.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                         b"Content-Length: 100\r\n\r\n{\"model\":")  # fmt: skip
-        answer = stalled.recv(4096)
+        answer = _read_to_close(stalled)
     assert answer.startswith(b"HTTP/1.1 408")
     body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
     assert body["type"] == "error" and body["error"]["type"] == "timeout_error"
