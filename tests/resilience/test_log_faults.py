@@ -37,7 +37,7 @@ def test_a_full_file_never_fails_a_request_and_never_splits_a_line(tmp_path: Pat
         stats = httpx.get(f"{server.url}/stats", timeout=10).json()["request_log"]
         metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
     assert statuses == [200] * 40
-    assert stats["write_errors"] > 0 and "too large" in stats["last_error"].lower(), stats
+    assert stats["write_errors"] > 0 and stats["last_error"], stats  # EFBIG, or a short write at the limit
     line = next(m for m in metrics.splitlines() if m.startswith("ninfer_request_log_write_errors_total "))
     assert float(line.split()[1]) == stats["write_errors"]
     assert server.request_log.stat().st_size <= FSIZE_LIMIT

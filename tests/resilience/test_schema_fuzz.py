@@ -85,7 +85,7 @@ BODIES = st.one_of(
 
 
 @settings(
-    max_examples=120,
+    max_examples=60,
     deadline=None,
     derandomize=True,
     suppress_health_check=[
