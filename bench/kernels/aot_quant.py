@@ -107,4 +107,38 @@ def variants(variant: Any) -> dict[str, list[Any]]:
             )
             for k in (5120, 6144, 17408)
         ],
+        # quant_moe_experts at the 35B-A3B geometry: E 256, H 2048, I 512, top_k 8; gate_up Q4 (K 2048: 32
+        # groups), down Q5 and Q6 (K 512: 8 groups); quant_moe_tiles: BLOCK_N 32, BLOCK_H 16, 4 warps
+        "_quant_moe_gate_up_kernel": [
+            variant(
+                "35B-A3B gate_up Q4",
+                dict(
+                    x_ptr="bf16",
+                    codes_ptr="u8",
+                    high_ptr="u8",
+                    scales_ptr="fp16",
+                    ids_ptr="i64",
+                    weights_ptr="fp32",
+                    act_ptr="fp32",
+                ),
+                dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=4, GROUP=64, GROUPS=32, BLOCK_N=32, NUM_STAGES=3),
+                aligned=("x_stride", "codes_stride", "high_stride", "scales_stride"),
+            )  # fmt: skip
+        ],
+        "_quant_moe_down_kernel": [
+            variant(
+                f"35B-A3B down Q{bits}",
+                dict(
+                    act_ptr="fp32",
+                    codes_ptr="u8",
+                    high_ptr="u8",
+                    scales_ptr="fp16",
+                    ids_ptr="i64",
+                    out_ptr="bf16",
+                ),
+                dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=bits, GROUP=64, GROUPS=8, BLOCK_H=16),
+                aligned=("codes_stride", "high_stride"),
+            )  # fmt: skip
+            for bits in (5, 6)
+        ],
     }

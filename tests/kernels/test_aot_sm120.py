@@ -47,6 +47,8 @@ KNOWN_KERNELS = {
     "_quant_gemm_nvfp4_kernel",
     "_quant_gemv_fp8_kernel",
     "_quant_gemm_fp8_kernel",
+    "_quant_moe_gate_up_kernel",
+    "_quant_moe_down_kernel",
 }
 
 
