@@ -141,4 +141,27 @@ def variants(variant: Any) -> dict[str, list[Any]]:
             )  # fmt: skip
             for bits in (5, 6)
         ],
+        # dequantize_to (the "dequant" prefill route): 32 rows x 128 columns a program (NVFP4: 64), 4 warps
+        "_quant_dequant_group_kernel": [
+            variant(
+                label,
+                {p: t for p, t in group_ptrs(bits, "bf16").items() if p != "x_ptr"},
+                dict(BITS=bits, GROUP=group, BLOCK_N=32, BLOCK_K=128),
+                aligned=(*_GROUP_ALIGNED[1:], "out_stride"),
+            )
+            for label, bits, group, k, split in _GROUP_SHAPES
+            if split == 1
+        ],
+        "_quant_dequant_fp_kernel": [
+            variant(
+                "NVFP4" if nvfp4 else "FP8 rows",
+                dict(codes_ptr="u8", scales_ptr="u8" if nvfp4 else "bf16", out_ptr="bf16"),
+                dict(NVFP4=nvfp4, BLOCK_N=32, BLOCK_K=64 if nvfp4 else 128),
+                floats=("divisor",),
+                aligned=("codes_stride", "tile_stride", "out_stride")
+                if nvfp4
+                else ("codes_stride", "out_stride"),
+            )
+            for nvfp4 in (True, False)
+        ],
     }

@@ -6,7 +6,8 @@ Every dense projection of the 27B as the published profiles fuse it (attention q
 gate_up [34816, 5120] and down [5120, 17408], the head [248320, 5120]) in each format a profile stores it in
 (groupwise-int: the role's Q4/Q5/Q6; nvfp4; Qwen3.8's FP8 rows), at decode T = 1 and 8 (the Triton GEMV,
 CUDA-graph replays over enough distinct weights that each call reads its weight from HBM) and prefill
-T = 7,680 (the Triton GEMM; FP8 also through ``torch._scaled_mm``, W8A8). Each row: time per call, the
+T = 7,680 (the Triton GEMM; the "dequant" route: bf16 slabs of rows + cuBLAS; FP8 also through
+``torch._scaled_mm``, W8A8). Each row: time per call, the
 payload's bytes and GB/s (decode) or TFLOP/s (prefill), the fraction of the measured read bandwidth, cuBLAS
 ``F.linear`` on a bf16 weight of the same shape, and the error against ``quant_linear_ref``; T = 8 rows also
 check that each row is bitwise the row run alone.
@@ -180,7 +181,7 @@ def bench_prefill(name: str, fmt: str, n: int, k: int) -> None:
     flops = 2.0 * PREFILL_TOKENS * n * k
     w = torch.randn(n, k, device=DEV, dtype=BF16) * k**-0.5
     t_cublas = _us(lambda: F.linear(x, w))
-    routes = ["gemm", "scaled_mm"] if fmt == FP8 else ["gemm"]
+    routes = ["gemm", "dequant", "scaled_mm"] if fmt == FP8 else ["gemm", "dequant"]
     for route in routes:
         out = quant_linear(x, qw, route=route)
         check = _err(out[:256], quant_linear_ref(x[:256], qw))

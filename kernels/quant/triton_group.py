@@ -270,3 +270,45 @@ if HAS_TRITON:
                 acc += _group_dot(codes_ptr, high_ptr, scales_ptr, rows, codes_stride, high_stride, scales_stride,
                                   act_row, INTER, g, BITS, GROUP)  # fmt: skip
         tl.store(out_ptr + token.to(tl.int64) * HIDDEN + h, acc.to(out_ptr.dtype.element_ty), mask=h < HIDDEN)
+
+    @triton.jit
+    def _quant_dequant_group_kernel(
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        K,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        out_stride,
+        BITS: tl.constexpr,
+        GROUP: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        # grid (cdiv(N, BLOCK_N), K_pad / BLOCK_K): out[n, k] = code * scale rounded once to out's dtype for one
+        # [BLOCK_N, BLOCK_K] tile (the prefill route that hands a dequantized slab of rows to cuBLAS)
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_c = tl.minimum(rows, N - 1).to(tl.int64)
+        k0 = tl.program_id(1) * BLOCK_K
+        groups: tl.constexpr = BLOCK_K // GROUP
+        if BITS == 8:
+            q = tl.load(codes_ptr + (rows_c * codes_stride)[:, None] + (k0 + tl.arange(0, BLOCK_K))[None, :])
+            q = q.to(tl.float32)
+        else:
+            lo, hi = _group_nibbles(codes_ptr, high_ptr, (rows_c * codes_stride)[:, None],
+                                    (rows_c * high_stride)[:, None], k0 // 2, BITS, BLOCK_K // 2)  # fmt: skip
+            q = tl.interleave(lo, hi).to(tl.float32)
+        s = tl.load(
+            scales_ptr + (rows_c * scales_stride)[:, None] + (k0 // GROUP + tl.arange(0, groups))[None, :]
+        )
+        s = tl.reshape(
+            tl.broadcast_to(s.to(tl.float32)[:, :, None], [BLOCK_N, groups, GROUP]), [BLOCK_N, BLOCK_K]
+        )
+        cols = k0 + tl.arange(0, BLOCK_K)
+        out_ptrs = out_ptr + (rows.to(tl.int64) * out_stride)[:, None] + cols[None, :]
+        tl.store(
+            out_ptrs, (q * s).to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & (cols < K)[None, :]
+        )
