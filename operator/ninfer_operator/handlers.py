@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from . import GROUP, KIND, PLURAL, VERSION, kube
 from .config import OperatorConfig
@@ -99,7 +100,13 @@ def reconcile(namespace: str, name: str) -> None:
         body = kube.read_resource(GROUP, VERSION, PLURAL, namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return
-        Reconciler(body, _nodes(), CONFIG.server_image).run()
+        try:
+            Reconciler(body, _nodes(), CONFIG.server_image).run()
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            # deleted while the pass ran (no finalizer holds it): its children go with it
+            log.info("%s/%s went away during reconcile", namespace, name)
 
 
 # NOTE: kopf's handler protocols do not list index kwargs such as `gpu_nodes`, which kopf passes by name.
