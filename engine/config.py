@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-KV_DTYPES = ("bf16", "int8")
+# The one kv_dtype vocabulary (`--kv-dtype`), checked here only: "bf16" = K/V in the model's compute dtype
+# (bf16 on the GPU, float32 in CPU tests), "int8" = int8 codes plus fp16 group scales (engine/cache/kv.py).
+KVDtype = Literal["bf16", "int8"]
+KV_DTYPES: tuple[str, ...] = get_args(KVDtype)
 SPEC_METHODS = ("mtp", "dflash")  # --spec: speculative decoding methods (none is available in this build yet)
 MAX_CONCURRENCY_LIMIT = 8  # startup-fixed lanes 1..8 (upstream kMaximumConcurrency)
 # Prefill tokens of a step that also carries decode rows, when `prefill_chunk_decoding` is unset (capped at
@@ -46,7 +49,7 @@ class CacheConfig:
     """
 
     page_size: int = 64
-    kv_dtype: str = "bf16"
+    kv_dtype: KVDtype = "bf16"
     kv_capacity: int | Literal["auto"] | None = None
     prefix_reuse: bool = True
     # Checkpoint budget: GDN state snapshots kept for reuse (one state slot each, LRU-evicted).
@@ -54,7 +57,7 @@ class CacheConfig:
     # Message-boundary checkpoints saved per request (the last ones of its prompt beyond the reuse).
     max_boundary_saves: int = 4
     # Host-RAM parking budget in MiB (`--host-kv-cache-mib`, 0 = off): evicted checkpoints are
-    # parked there and restored by copy (engine/scheduler/host.py, engine/parking.py).
+    # parked there and restored by copy (engine/scheduler/host.py, engine/runner/host_copies.py).
     host_kv_cache_mib: int = 0
 
     def __post_init__(self) -> None:
@@ -208,7 +211,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     greedy: bool = False  # --greedy forces temperature 0 whatever the request says
-    cuda_graph: bool = True  # --no-cuda-graph -> False: every decode step eager (engine/graphs.py)
+    cuda_graph: bool = True  # --no-cuda-graph -> False: every decode step eager (engine/runner/graphs.py)
     # Run the first-use step shapes before serving (ModelRunner.warm_up): None = on a GPU only (where
     # kernels compile and autotune on first use), True = always, False (--no-warmup) = never.
     warmup: bool | None = None
