@@ -216,7 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("hf_dir")
     p.add_argument("out")
     p.add_argument("--model-id", required=True)
-    p.add_argument("--weights-id", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument(
+        "--weights-id", default="bf16", choices=["bf16", "fp32", "groupwise-int", "nvfp4", "nvfp4-mixed"],
+        help="plain dtypes (bf16, fp32) or a weight profile, encoded by our encoder",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_convert)
     p = sub.add_parser("plan", help="a weight profile's full inventory (offsets, formats) and file size")
     p.add_argument("--profile", required=True, metavar="MODEL/WEIGHTS", help="e.g. qwen3.6-27b/groupwise-int")
