@@ -35,6 +35,7 @@ from engine.request import Event, FinishEvent, FinishKind, FinishReason, Request
 from engine.runner import ModelRunner, WarmupReport, resolve_num_pages
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
+from engine.structured.compiler import GrammarCompiler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -162,6 +163,8 @@ class EngineCore:
         self.scheduler = Scheduler(
             config.scheduler, config.cache, num_pages=num_pages, eos_token_ids=tokenizer.eos_token_ids
         )
+        # Structured outputs: the API checks specs with it (400 before admission), the sampler enforces them.
+        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)
         self.runner = ModelRunner(
             model,
             num_pages=num_pages,
@@ -171,6 +174,7 @@ class EngineCore:
             seed=seed,
             cuda_graph=config.cuda_graph,
             max_context=config.scheduler.max_context,
+            grammars=self.grammars,
         )
         warm = config.warmup if config.warmup is not None else param.device.type == "cuda"
         self.warmup: WarmupReport | None = None

@@ -40,6 +40,7 @@ from engine.parking import HostCopies
 from engine.request import SamplingParams
 from engine.sampling import Sampler, output_token_counts
 from engine.scheduler.output import HostRestoreReport, ScheduledRequest, SchedulerOutput
+from engine.structured.compiler import GrammarCompiler
 from kernels.attention import kv_int8_group_size
 
 logger = logging.getLogger(__name__)
@@ -109,9 +110,10 @@ class ModelRunner:
         cuda_graph: bool = True,
         max_context: int | None = None,
         graph_sizes: Sequence[int] = DEFAULT_GRAPH_SIZES,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         """max_context bounds a request's page-table row (the graphs' page-table width); None = the
-        whole pool. cuda_graph=False keeps every step eager."""
+        whole pool. cuda_graph=False keeps every step eager. grammars: serves structured outputs."""
         if kv_dtype not in ("bf16", "int8"):
             raise ValueError(f"kv_dtype={kv_dtype!r}: must be 'bf16' or 'int8'")
         self.model = model
@@ -130,7 +132,7 @@ class ModelRunner:
             device=self.device,
             kv_dtype="int8" if kv_dtype == "int8" else "model",
         )
-        self.sampler = Sampler(self.device, seed)
+        self.sampler = Sampler(self.device, seed, grammars)
         self.host: HostParking | None = None  # host KV parking, set by engine.parking when enabled
         self.host_copies: HostCopies | None = None  # its parks / unparks and restores in flight
         self._host_reports: tuple[HostRestoreReport, ...] = ()
@@ -283,7 +285,8 @@ class ModelRunner:
     def _sample(self, logits: torch.Tensor, rows: Sequence[ScheduledRequest]) -> list[int]:
         params: list[SamplingParams] = [row.sampling_params for row in rows]
         penalized = any(p.presence_penalty or p.frequency_penalty for p in params)
-        if not penalized and all(p.greedy for p in params):
+        constrained = self.sampler.constrains(params)
+        if not penalized and not constrained and all(p.greedy for p in params):
             token_ids = logits.argmax(dim=-1).tolist()  # greedy fast path: the one host copy
         else:
             ids = [row.request_id for row in rows]
@@ -292,6 +295,8 @@ class ModelRunner:
                 history = [self._output_token_ids.get(i, []) for i in ids]
                 counts = output_token_counts(history, logits.shape[-1], self.device)
             token_ids = self.sampler.sample(logits, params, ids, counts).tolist()
+            if constrained:
+                self.sampler.commit(ids, token_ids)
         for row, token in zip(rows, token_ids, strict=True):
             self._output_token_ids.setdefault(row.request_id, []).append(token)
         return token_ids
