@@ -2,9 +2,11 @@
 
 Owns: the user-facing knobs that map 1:1 to CLI flags / `LLM(**kwargs)` keywords
 (`--max-context` -> `max_context`, `--kv-capacity` -> `kv_capacity`, `--no-prefix-reuse` ->
-`prefix_reuse=False`, ...). Must not hold runtime-discovered values (the page count that `auto`
-resolves to, EOS ids): those live in result objects built by the runner / tokenizer.
-`ModelConfig` lives in `engine/model/config.py`.
+`prefix_reuse=False`, ...; the flag table is engine/flags.py), and EVERY rule on them: each field's range in
+its dataclass's `__post_init__`, rules across groups in `EngineConfig.__post_init__`. A refusal is a
+ValueError `"<field>=<value!r>: <rule>"`, the same words whether the value came from `ninfer-serve`, `ninfer`
+or `LLM()`. Must not hold runtime-discovered values (the page count that `auto` resolves to, EOS ids): those
+live in result objects built by the runner / tokenizer. `ModelConfig` lives in `engine/model/config.py`.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 KV_DTYPES = ("bf16", "int8")
+SPEC_METHODS = ("mtp", "dflash")  # --spec: speculative decoding methods (none is available in this build yet)
 MAX_CONCURRENCY_LIMIT = 8  # startup-fixed lanes 1..8 (upstream kMaximumConcurrency)
 # Prefill tokens of a step that also carries decode rows, when `prefill_chunk_decoding` is unset (capped at
 # prefill_chunk). On the 27B a 2,048-token chunk still keeps the linears compute-bound, while a decoding lane
 # waits for ~a quarter of an 8,192-token chunk (measured on the H200 at 100k context: 0.7-0.8 s per 8,192).
 DEFAULT_PREFILL_CHUNK_DECODING = 2048
+
+
+_GROUP_FIELDS = ("artifact", "cache", "scheduler")  # EngineConfig fields that are not flags
 
 
 def _require(ok: bool, name: str, value: object, rule: str) -> None:
@@ -116,6 +122,9 @@ class SchedulerConfig:
     prefill_chunk_decoding: int | None = None
     # Output budget of a request that sets no max_tokens (still capped by max_context).
     default_max_tokens: int = 8192
+    # prefill_chunk and prefill_chunk_decoding must be multiples of this (no flag): 128 for whoever configures
+    # the engine (upstream NInfer's rule for --prefill-chunk); tests of chunking on the tiny models set 1.
+    prefill_chunk_multiple: int = 128
 
     def __post_init__(self) -> None:
         _require(_is_int(self.max_context) and self.max_context >= 2, "max_context", self.max_context, ">= 2")
@@ -137,11 +146,19 @@ class SchedulerConfig:
             self.pending_timeout_ms,
             "must be >= 1",
         )
+        multiple = self.prefill_chunk_multiple
+        _require(_is_int(multiple) and multiple >= 1, "prefill_chunk_multiple", multiple, "must be >= 1")
         _require(
             _is_int(self.prefill_chunk) and self.prefill_chunk >= 1,
             "prefill_chunk",
             self.prefill_chunk,
             ">= 1",
+        )
+        _require(
+            self.prefill_chunk % multiple == 0,
+            "prefill_chunk",
+            self.prefill_chunk,
+            f"must be a multiple of {multiple}",
         )
         decoding = self.prefill_chunk_decoding
         _require(
@@ -149,6 +166,12 @@ class SchedulerConfig:
             "prefill_chunk_decoding",
             decoding,
             "must be an integer >= 1 (0 would starve a prefill while any lane decodes), or None for the default",
+        )
+        _require(
+            decoding is None or decoding % multiple == 0,
+            "prefill_chunk_decoding",
+            decoding,
+            f"must be a multiple of {multiple}",
         )
         _require(
             decoding is None or decoding <= self.prefill_chunk,
@@ -189,11 +212,30 @@ class EngineConfig:
     # Run the first-use step shapes before serving (ModelRunner.warm_up): None = on a GPU only (where
     # kernels compile and autotune on first use), True = always, False (--no-warmup) = never.
     warmup: bool | None = None
+    spec: str | None = None  # --spec: speculative decoding method (SPEC_METHODS); refused in this build
 
     def __post_init__(self) -> None:
         _require(isinstance(self.greedy, bool), "greedy", self.greedy, "must be a bool")
         _require(isinstance(self.cuda_graph, bool), "cuda_graph", self.cuda_graph, "must be a bool")
         _require(self.warmup in (None, True, False), "warmup", self.warmup, "must be None, True or False")
+        # Rules across the groups.
+        cap, max_context = self.cache.kv_capacity, self.scheduler.max_context
+        _require(
+            not isinstance(cap, int) or cap >= max_context,
+            "kv_capacity",
+            cap,
+            f"must be >= max_context ({max_context})",
+        )
+        spec, host_mib = self.spec, self.cache.host_kv_cache_mib
+        _require(spec is None or spec in SPEC_METHODS, "spec", spec, f"must be one of {SPEC_METHODS} or None")
+        _require(
+            not (spec == "dflash" and host_mib),
+            "spec",
+            spec,
+            f"cannot run with host_kv_cache_mib={host_mib}: host parking does not capture DFlash draft "
+            "caches, so a restored session would continue with a stale draft",
+        )
+        _require(spec is None, "spec", spec, "speculative decoding is not available in this build")
 
     @property
     def num_pages(self) -> int:
@@ -202,14 +244,14 @@ class EngineConfig:
 
     @classmethod
     def from_flags(cls, artifact: str | None = None, **flags: Any) -> EngineConfig:
-        """Build from flat snake_case flag names (`max_context=..., prefix_reuse=False, ...`)."""
+        """Build from flat snake_case flag names (`max_context=..., prefix_reuse=False, ...`): the one way in
+        for `ninfer-serve`, `ninfer` (both through engine/flags.py) and `LLM(**config)`. Every field of the
+        three dataclasses is a keyword; an unknown keyword is refused."""
         groups: dict[str, dict[str, Any]] = {"cache": {}, "scheduler": {}, "engine": {}}
         owners = {
             **{f.name: "cache" for f in dataclasses.fields(CacheConfig)},
             **{f.name: "scheduler" for f in dataclasses.fields(SchedulerConfig)},
-            "greedy": "engine",
-            "cuda_graph": "engine",
-            "warmup": "engine",
+            **{f.name: "engine" for f in dataclasses.fields(cls) if f.name not in _GROUP_FIELDS},
         }
         for name, value in flags.items():
             if name not in owners:

@@ -109,6 +109,7 @@ def make_scheduler(
         pending_timeout_ms=timeout_ms,
         prefill_chunk=prefill_chunk,
         prefill_chunk_decoding=prefill_chunk_decoding,
+        prefill_chunk_multiple=1,  # chunk at a few tokens on these short prompts
     )
     cache = CacheConfig(
         page_size=page_size,

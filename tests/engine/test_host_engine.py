@@ -217,7 +217,7 @@ def test_serve_flag_maps_and_refuses_no_prefix_reuse(capsys):
     with pytest.raises(SystemExit) as exc:
         parse_args(["--host-kv-cache-mib", "64", "--no-prefix-reuse"])
     assert exc.value.code == 2
-    assert "--host-kv-cache-mib 64 needs prefix reuse" in capsys.readouterr().err
+    assert "host_kv_cache_mib=64: needs prefix reuse" in capsys.readouterr().err
 
 
 def test_sessions_resume_from_their_prompt_end_when_templates_drop_the_last_answer():
