@@ -156,6 +156,8 @@ class Generation:
         limit = self.params.max_tokens
         remaining = None if limit is None else max(limit - self.outcome.completion_tokens, 1)
         params = replace(self.params, max_tokens=remaining)
+        if params.structured is not None:  # the continuation starts after `</think>`
+            params = replace(params, structured=replace(params.structured, in_reasoning=False))
         aclose = getattr(self._stream, "aclose", None)
         if aclose is not None:
             await aclose()

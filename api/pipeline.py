@@ -11,12 +11,13 @@ server abort) are handled here once.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from api import structured
 from api.errors import ApiError
 from api.generation import Generation, Outcome
 from api.prompt import Prompt, build_prompt, check_fits
@@ -103,8 +104,12 @@ async def run(state: ServerState, request: Request, turn: Turn, adapter: Adapter
         max_tokens=turn.max_tokens,
         prompt_tokens=len(prompt.token_ids),
     )
+    params = turn.params
     try:
         check_fits(prompt, state.max_context)
+        if params.structured is not None:  # the grammar's reasoning phase follows the prompt
+            params = replace(params, structured=replace(params.structured, in_reasoning=prompt.in_reasoning))
+            await structured.check(state.engine, params.structured)
     except ApiError as exc:
         tracker.rejected(exc)
         raise
@@ -115,7 +120,7 @@ async def run(state: ServerState, request: Request, turn: Turn, adapter: Adapter
         state.engine,
         request_id,
         prompt,
-        turn.params,
+        params,
         tools=turn.parse_tools if turn.parse_tools is not None else turn.tools,
         calls_in_reasoning=state.options.tolerant_tool_calls,
         thinking_budget=turn.thinking_budget,

@@ -11,9 +11,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from api import structured
 from api.errors import ApiError, invalid
 from api.generation import Outcome
 from api.openai.schemas import ChatCompletionRequest
@@ -21,6 +22,7 @@ from api.options import ServerOptions
 from api.sampling import sampling_params, stop_strings
 from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCall, ToolCallEvent
 from engine.request import SamplingParams
+from engine.structured import StructuredSpec, ToolDef
 
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
@@ -122,21 +124,49 @@ def function_tools(tools: list[dict[str, Any]] | None, param: str = "tools") -> 
         fn = tool["function"]
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise invalid("a function tool needs a name", param=f"{where}.function.name")
-        if fn.get("strict"):
-            raise invalid("strict function tools are not supported", param=f"{where}.function.strict")
         out.append({"type": "function", "function": {k: v for k, v in fn.items() if k != "strict"}})
     return out
 
 
-def tool_choice_mode(choice: str | dict[str, Any] | None, param: str = "tool_choice") -> str:
-    """auto | none; `allowed_tools` is accepted as auto. required / a named function are refused."""
-    if choice is None or choice == "auto":
-        return "auto"
-    if choice == "none":
-        return "none"
+def tool_defs(tools: list[dict[str, Any]] | None, param: str = "tools") -> list[ToolDef]:
+    """The grammar's view of Chat (`{type, function: {...}}`) or Responses (flat) function tools."""
+    defs = []
+    for i, tool in enumerate(tools or ()):
+        nested = tool.get("function")
+        fn: Mapping[str, Any] = nested if isinstance(nested, Mapping) else tool
+        where = f"{param}[{i}]" + (".function" if fn is not tool else "")
+        defs.append(structured.tool_def(fn.get("name"), fn.get("parameters"), bool(fn.get("strict")), where))
+    return defs
+
+
+def tool_choice_mode(choice: Any, param: str = "tool_choice") -> str:
+    """auto | none | required | function (a named function: `forced_tool` gives its name);
+    `allowed_tools` is accepted as its mode (auto or required)."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return str(choice or "auto")
     if isinstance(choice, Mapping) and choice.get("type") == "allowed_tools":
-        return "auto"
-    raise invalid("only tool_choice 'auto', 'none' and allowed_tools are supported", param=param)
+        mode = choice.get("mode", (choice.get("allowed_tools") or {}).get("mode", "auto"))
+        return "required" if mode == "required" else "auto"
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        if not isinstance(forced_tool(choice), str):
+            raise invalid("a named tool_choice needs the function's name", param=param)
+        return "function"
+    raise invalid("tool_choice must be auto, none, required or a named function", param=param)
+
+
+def forced_tool(choice: Any) -> str | None:
+    """None (auto), "" (required: some tool) or the name a `{"type": "function", ...}` choice names."""
+    if choice == "required" or (
+        isinstance(choice, Mapping)
+        and choice.get("type") == "allowed_tools"
+        and tool_choice_mode(choice) == "required"
+    ):
+        return ""
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, Mapping) else choice.get("name")
+        return name if isinstance(name, str) else None
+    return None
 
 
 def thinking_choice(
@@ -164,16 +194,12 @@ def thinking_choice(
 def _refuse_unsupported(req: ChatCompletionRequest) -> None:
     if req.n not in (None, 1):
         raise invalid("only n=1 is supported", param="n")
-    if req.response_format is not None and req.response_format.get("type") not in (None, "text"):
-        raise invalid("structured output (response_format) is not supported", param="response_format")
     if req.logit_bias and any(v != 0 for v in req.logit_bias.values()):
         raise invalid("logit_bias is not supported", param="logit_bias")
     if req.logprobs or req.top_logprobs:
         raise invalid("logprobs are not supported", param="logprobs")
     if req.audio is not None or (req.modalities and req.modalities != ["text"]):
         raise invalid("audio output is not supported", param="audio")
-    if req.parallel_tool_calls is False and req.tools:
-        raise invalid("parallel_tool_calls=false is not supported", param="parallel_tool_calls")
     if req.reasoning_effort not in (None, "none", "minimal", "low", "medium", "high", "xhigh", "max"):
         raise invalid(f"unknown reasoning_effort {req.reasoning_effort!r}", param="reasoning_effort")
 
@@ -195,7 +221,24 @@ def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
     names = {"max_tokens": "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"}
     params = sampling_params(req, max_tokens=limit or None, stop=stop_strings(req.stop), names=names)
     rendered = tools if tools and mode != "none" else None
+    params = replace(params, structured=output_spec(req, rendered, mode))
     return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit)
+
+
+def output_spec(
+    req: ChatCompletionRequest, tools: list[dict[str, Any]] | None, mode: str
+) -> StructuredSpec | None:
+    """The grammar for `response_format`, strict tools, a forced tool_choice, `parallel_tool_calls=false`."""
+    calls = None
+    if tools:
+        forced = forced_tool(req.tool_choice) if mode in ("required", "function") else None
+        parallel = req.parallel_tool_calls is not False
+        calls = structured.tools_spec(tool_defs(req.tools), forced=forced, parallel=parallel)
+    elif mode in ("required", "function"):
+        raise invalid("tool_choice requires tools", param="tool_choice")
+    fmt = structured.json_format(req.response_format, "response_format", schema_key="json_schema")
+    forcing = calls if calls is not None and calls.trigger is None else None
+    return structured.pick(forcing, fmt, calls)
 
 
 # ------------------------------------------------------------------------------------------- output
