@@ -15,7 +15,8 @@ Phases of one constrained generation (Qwen3.5 chat format):
 Tool calls follow the chat template byte for byte:
   <tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>
 A VALUE is raw text for a string parameter (engine/chat/parse.py keeps it as is) and JSON otherwise;
-raw text can never contain `</parameter>`.
+raw text can never contain `</parameter>`. Values follow their schema for every tool; a tool that is not
+`strict` has its schema compiled leniently (keywords the grammar cannot enforce are ignored, not refused).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def _string_only(schema: Mapping[str, Any]) -> bool:
 
 
 def _value_rule(name: str, schema: Any, root: Mapping[str, Any], strict: bool, rules: list[str]) -> str:
-    if not isinstance(schema, Mapping) or not strict or _string_only(schema):
+    if not isinstance(schema, Mapping) or _string_only(schema):
         return "RAW"
     kind = schema.get("type")
     if kind == "string" and "$ref" not in schema:
