@@ -225,12 +225,23 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A sampled token's log-probability under the model (the raw logits' log-softmax, before penalties,
+    grammar masks and temperature) and the `SamplingParams.logprobs` most likely tokens, best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TokenEvent:
     """New tokens of one request from one step (more than one once speculative decoding lands)."""
 
     request_id: str
     token_ids: tuple[int, ...]
     num_output_tokens: int  # after these tokens
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token when the request asked for them
 
 
 @dataclass(frozen=True, slots=True)

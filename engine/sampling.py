@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import torch
 
-from engine.request import SamplingParams
+from engine.request import SamplingParams, TokenLogprob
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.matchers import GrammarRows
 
@@ -147,6 +147,29 @@ def filter_logits(
     drop = (probs < min_p[:, None] * probs[:, :1]) & (ranks[None, :] > 0)
     sorted_logits.masked_fill_(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter_(1, sorted_idx, sorted_logits)
+
+
+def token_logprobs(
+    logits: torch.Tensor,  # [B, V] the raw logits
+    token_ids: Sequence[int],  # [B] the sampled tokens
+    num_top: Sequence[int | None],  # [B] alternatives wanted per row; None: the row wants none
+) -> list[TokenLogprob | None]:
+    """Each row's sampled-token log-probability and its `num_top` best tokens (one host copy)."""
+    want = [i for i, n in enumerate(num_top) if n is not None]
+    out: list[TokenLogprob | None] = [None] * len(num_top)
+    if not want:
+        return out
+    index = torch.tensor(want, device=logits.device)
+    lp = logits[index].float().log_softmax(dim=-1)
+    chosen = lp.gather(1, torch.tensor([[token_ids[i]] for i in want], device=logits.device))[:, 0]
+    k = max(int(num_top[i] or 0) for i in want)
+    top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    chosen_h, top_vh, top_ih = chosen.tolist(), top_v.tolist(), top_i.tolist()
+    for j, row in enumerate(want):
+        n = int(num_top[row] or 0)
+        top = tuple(zip(top_ih[j][:n], top_vh[j][:n], strict=True))
+        out[row] = TokenLogprob(token_ids[row], chosen_h[j], top)
+    return out
 
 
 class Sampler:

@@ -21,7 +21,7 @@ from api.openai.schemas import ChatCompletionRequest
 from api.options import ServerOptions
 from api.sampling import sampling_params, stop_strings
 from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCall, ToolCallEvent
-from engine.request import SamplingParams
+from engine.request import MAX_LOGPROBS, SamplingParams
 from engine.structured import StructuredSpec, ToolDef
 
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -196,8 +196,10 @@ def _refuse_unsupported(req: ChatCompletionRequest) -> None:
         raise invalid("only n=1 is supported", param="n")
     if req.logit_bias and any(v != 0 for v in req.logit_bias.values()):
         raise invalid("logit_bias is not supported", param="logit_bias")
-    if req.logprobs or req.top_logprobs:
-        raise invalid("logprobs are not supported", param="logprobs")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid("top_logprobs needs logprobs: true", param="top_logprobs")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+        raise invalid(f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs")
     if req.audio is not None or (req.modalities and req.modalities != ["text"]):
         raise invalid("audio output is not supported", param="audio")
     if req.reasoning_effort not in (None, "none", "minimal", "low", "medium", "high", "xhigh", "max"):
@@ -221,7 +223,8 @@ def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
     names = {"max_tokens": "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"}
     params = sampling_params(req, max_tokens=limit or None, stop=stop_strings(req.stop), names=names)
     rendered = tools if tools and mode != "none" else None
-    params = replace(params, structured=output_spec(req, rendered, mode))
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = replace(params, structured=output_spec(req, rendered, mode), logprobs=logprobs)
     return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit)
 
 
@@ -285,7 +288,9 @@ def chat_response(
                 "index": 0,
                 "message": message,
                 "finish_reason": finish_reason(outcome, bool(calls)),
-                "logprobs": None,
+                "logprobs": None
+                if outcome.logprobs is None
+                else {"content": outcome.logprobs, "refusal": None},
             }
         ],
         "usage": usage(outcome),
@@ -300,6 +305,15 @@ class ChunkWriter:
         self.model = model
         self.created = int(time.time())
         self.num_calls = 0
+        self.num_logprobs = 0  # entries of `Outcome.logprobs` already streamed
+
+    def with_logprobs(self, chunk: dict[str, Any], outcome: Outcome | None) -> dict[str, Any]:
+        """Attach the answer tokens' logprobs not yet sent (when the request asked for them)."""
+        if outcome is not None and outcome.logprobs is not None and len(outcome.logprobs) > self.num_logprobs:
+            new = outcome.logprobs[self.num_logprobs :]
+            self.num_logprobs = len(outcome.logprobs)
+            chunk["choices"][0]["logprobs"] = {"content": new, "refusal": None}
+        return chunk
 
     def chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {

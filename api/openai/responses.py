@@ -31,6 +31,7 @@ from api.sampling import sampling_params, stop_strings
 from api.sse import sse_event
 from api.state import ServerState
 from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCallEvent
+from engine.request import MAX_LOGPROBS
 from engine.structured import StructuredSpec
 
 
@@ -293,6 +294,7 @@ class ResponseBuilder:
             "tool_choice": req.tool_choice or "auto",
             "tools": req.tools or [],
             "top_p": req.top_p,
+            "top_logprobs": req.top_logprobs,
             "truncation": req.truncation or "disabled",
             "usage": None if outcome is None else usage(outcome),
             "user": req.user,
@@ -439,6 +441,9 @@ class ResponseBuilder:
     def finish(self, outcome: Outcome) -> tuple[str, dict[str, Any]]:
         """All open items closed; then exactly one terminal event (`response.completed` / `.incomplete`)."""
         status = "incomplete" if outcome.finish in ("length", "context") else "completed"
+        messages = [item for item in self.output if item.get("type") == "message"]
+        if outcome.logprobs is not None and messages:  # `include: ["message.output_text.logprobs"]`
+            messages[-1]["content"][0]["logprobs"] = outcome.logprobs
         final = self.snapshot(status, outcome)
         return self._event(f"response.{status}", response=final)
 
@@ -459,7 +464,11 @@ async def create(state: ServerState, request: Request, req: ResponsesRequest) ->
     params = sampling_params(
         req, max_tokens=max_tokens, stop=stop_strings(req.stop), names={"max_tokens": "max_output_tokens"}
     )
-    params = replace(params, structured=output_spec(req, plan))
+    wants = "message.output_text.logprobs" in (req.include or ())
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+        raise invalid(f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs")
+    logprobs = (req.top_logprobs or 0) if wants else None
+    params = replace(params, structured=output_spec(req, plan), logprobs=logprobs)
     turn = Turn(
         protocol="openai.responses",
         messages=plan.messages,

@@ -83,22 +83,25 @@ class ChatAdapter:
         self.model = model
         self.include_usage = include_usage
         self.writer = convert.ChunkWriter(completion_id, model)
+        self.outcome: Outcome | None = None  # the generation's (filled as it runs): streamed logprobs
 
     def body(self, events: list[StreamEvent], outcome: Outcome) -> dict[str, Any]:
         return convert.chat_response(self.completion_id, self.model, events, outcome)
 
     def opening(self, outcome: Outcome) -> list[str]:
+        self.outcome = outcome
         return [sse_data(self.writer.chunk({"role": "assistant", "content": ""}))]
 
     def frames(self, event: StreamEvent) -> list[str]:
-        return [sse_data(self.writer.event(event))]
+        return [sse_data(self.writer.with_logprobs(self.writer.event(event), self.outcome))]
 
     def failed(self, error: ApiError) -> list[str]:
         return [sse_data(openai_body(error)), "data: [DONE]\n\n"]
 
     def closing(self, outcome: Outcome) -> list[str]:
         writer = self.writer
-        out = [sse_data(writer.chunk({}, convert.finish_reason(outcome, writer.num_calls > 0)))]
+        last = writer.chunk({}, convert.finish_reason(outcome, writer.num_calls > 0))
+        out = [sse_data(writer.with_logprobs(last, outcome))]
         if self.include_usage:
             out.append(sse_data(writer.usage_chunk(outcome)))
         return [*out, "data: [DONE]\n\n"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -35,12 +36,12 @@ from engine.config import CacheConfig
 from engine.model.config import ModelConfig
 from engine.model.forward import ModelCache, allocate_model_cache
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
-from engine.request import SamplingParams
+from engine.request import SamplingParams, TokenLogprob
 from engine.runner.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner
 from engine.runner.host_copies import HostCopies
 from engine.runner.inputs import DecodeRow, eager_batch, sample_indices
 from engine.runner.warmup import WarmupReport, warm_up
-from engine.sampling import Sampler, output_token_counts
+from engine.sampling import Sampler, output_token_counts, token_logprobs
 from engine.step import HostRestoreReport, RowPlan, StepPlan, StepResult
 from engine.structured.compiler import GrammarCompiler
 from kernels.attention import kv_int8_group_size
@@ -129,6 +130,7 @@ class ModelRunner:
         self.host_copies: HostCopies | None = None  # host KV parking's copies (`attach_host`), None when off
         self._host_reports: tuple[HostRestoreReport, ...] = ()
         self._output_token_ids: dict[str, list[int]] = {}  # for presence / frequency penalties
+        self._logprobs: dict[str, tuple[TokenLogprob, ...]] = {}  # this step's, for rows that asked
         self.num_steps = 0
         self.num_graph_steps = 0
         self.graphs: CudaGraphRunner | None = None
@@ -165,7 +167,14 @@ class ModelRunner:
         if self.host_copies is not None:
             self._host_reports += self.host_copies.finish(idle=plan.is_empty)
         reports, self._host_reports = self._host_reports, ()
-        return StepResult.of_sampled(plan, sampled, reports)
+        result = StepResult.of_sampled(plan, sampled, reports)
+        if self._logprobs:  # per row of the plan; rows that sampled nothing or asked for none get None
+            rows = tuple(
+                self._logprobs.pop(row.request_id, None) if row.sample else None for row in plan.rows
+            )
+            self._logprobs.clear()
+            result = replace(result, logprobs=rows)
+        return result
 
     def run_rows(self, plan: StepPlan) -> list[list[int]]:
         """Steps 1-5 of a plan (no host copies): one token list per sampling row, in row order."""
@@ -235,6 +244,11 @@ class ModelRunner:
             flat = self.sampler.sample(logits, params, ids, counts).tolist()
             if constrained:
                 self.sampler.commit(ids, flat)
+        if any(p.logprobs is not None for p in params):
+            found = token_logprobs(logits, flat, [p.logprobs for p in params])
+            for row, lp in zip(positions, found, strict=True):
+                if lp is not None:
+                    self._logprobs[row.request_id] = (*self._logprobs.get(row.request_id, ()), lp)
         out: list[list[int]] = []
         it = iter(flat)
         for row in rows:

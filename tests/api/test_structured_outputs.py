@@ -213,3 +213,39 @@ def test_unenforceable_schemas_are_400s_naming_the_path_in_each_protocol(
         )  # fmt: skip
     assert msg.value.body["type"] == "error"  # type: ignore[index]
     assert "#/properties/a/enum" in msg.value.body["error"]["message"]  # type: ignore[index]
+
+
+def test_chat_logprobs_with_top_alternatives_streamed_and_not(oa: openai.OpenAI) -> None:
+    fields: dict[str, Any] = dict(
+        model=MODEL, messages=ask("Hi"), max_tokens=6, temperature=0, extra_body=NO_THINKING
+    )
+    done = oa.chat.completions.create(**fields, logprobs=True, top_logprobs=3)
+    content = done.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == done.usage.completion_tokens == 6  # type: ignore[union-attr]
+    for entry in content:
+        tops = [t.logprob for t in entry.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and entry.logprob <= 0
+        assert (
+            entry.token == entry.top_logprobs[0].token and entry.logprob == tops[0]
+        )  # greedy: the best token
+    assert "".join(e.token for e in content) == done.choices[0].message.content
+    plain = oa.chat.completions.create(**fields)
+    assert plain.choices[0].logprobs is None
+    stream = oa.chat.completions.create(**fields, logprobs=True, top_logprobs=1, stream=True)
+    streamed = [
+        e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or ()
+    ]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    with pytest.raises(openai.BadRequestError) as info:
+        oa.chat.completions.create(model=MODEL, messages=ask("Hi"), top_logprobs=2)
+    assert info.value.body["param"] == "top_logprobs"  # type: ignore[index]
+
+
+def test_responses_include_output_text_logprobs(oa: openai.OpenAI) -> None:
+    done = oa.responses.create(
+        model=MODEL, input="Hi", max_output_tokens=5, reasoning={"effort": "none"}, temperature=0,
+        include=["message.output_text.logprobs"], top_logprobs=2,
+    )  # fmt: skip
+    part = next(item for item in done.output if item.type == "message").content[0]
+    assert part.type == "output_text" and part.logprobs and len(part.logprobs) == 5
+    assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)

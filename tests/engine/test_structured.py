@@ -14,7 +14,7 @@ from engine_harness import one_thread, tiny_artifact
 
 from engine import LLM, SamplingParams
 from engine.chat.parse import parse_output
-from engine.sampling import Sampler, apply_token_bitmask_
+from engine.sampling import Sampler, apply_token_bitmask_, token_logprobs
 from engine.structured import (
     StructuredError,
     ToolDef,
@@ -213,3 +213,16 @@ def test_random_weight_model_answers_valid_json_batched_with_a_free_request(llm)
         jsonschema.validate(json.loads(out.text), SCHEMA)
     free = llm.generate(prompts[2], params[2])[0]
     assert free.token_ids == outs[2].token_ids  # a constrained neighbour changes nothing for a free row
+
+
+def test_token_logprobs_are_the_raw_log_softmax_with_the_best_alternatives():
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 50, generator=gen)
+    found = token_logprobs(logits, [7, 8, 9], [2, None, 0])
+    expect = logits.log_softmax(-1)
+    assert found[1] is None and found[2] is not None and found[2].top == ()
+    first = found[0]
+    assert first is not None and first.token_id == 7 and abs(first.logprob - float(expect[0, 7])) < 1e-6
+    best = expect[0].topk(2)
+    assert [t for t, _ in first.top] == best.indices.tolist()
+    assert all(abs(v - w) < 1e-6 for (_, v), w in zip(first.top, best.values.tolist(), strict=True))
