@@ -24,6 +24,7 @@ from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCal
 from engine.request import MAX_LOGPROBS, SamplingParams
 from engine.structured import StructuredSpec, ToolDef
 
+MAX_CHOICES = 8  # Chat `n`
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
@@ -36,6 +37,7 @@ class ChatPlan:
     preserve_thinking: bool
     params: SamplingParams
     max_tokens: int
+    n: int = 1
 
 
 def call_id() -> str:
@@ -192,8 +194,10 @@ def thinking_choice(
 
 
 def _refuse_unsupported(req: ChatCompletionRequest) -> None:
-    if req.n not in (None, 1):
-        raise invalid("only n=1 is supported", param="n")
+    if req.n is not None and not 1 <= req.n <= MAX_CHOICES:
+        raise invalid(f"n must be in [1, {MAX_CHOICES}]", param="n")
+    if req.n not in (None, 1) and req.stream:
+        raise invalid("n > 1 is supported without streaming only", param="n")
     if req.logit_bias and any(v != 0 for v in req.logit_bias.values()):
         raise invalid("logit_bias is not supported", param="logit_bias")
     if req.top_logprobs is not None and not req.logprobs:
@@ -225,7 +229,7 @@ def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
     rendered = tools if tools and mode != "none" else None
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = replace(params, structured=output_spec(req, rendered, mode), logprobs=logprobs)
-    return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit)
+    return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit, req.n or 1)
 
 
 def output_spec(
@@ -265,6 +269,22 @@ def finish_reason(outcome: Outcome, has_calls: bool) -> str:
 
 def tool_call_json(call: ToolCall, cid: str) -> dict[str, Any]:
     return {"id": cid, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
+
+
+def chat_response_many(
+    completion_id: str, model: str, choices: list[tuple[list[StreamEvent], Outcome]]
+) -> dict[str, Any]:
+    """n choices of one prompt: usage counts the prompt once and every choice's completion."""
+    bodies = [chat_response(completion_id, model, events, outcome) for events, outcome in choices]
+    body = bodies[0]
+    body["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
+    for key in ("completion_tokens", "total_tokens"):
+        body["usage"][key] += sum(b["usage"]["completion_tokens"] for b in bodies[1:])
+    details = body["usage"]["completion_tokens_details"]
+    details["reasoning_tokens"] = sum(
+        b["usage"]["completion_tokens_details"]["reasoning_tokens"] for b in bodies
+    )
+    return body
 
 
 def chat_response(

@@ -70,6 +70,7 @@ async def chat_completions(request: Request) -> Any:
         max_tokens=plan.max_tokens,
         stream=req.stream,
         log_fields={"model": model},
+        n=plan.n,
     )
     include_usage = bool((req.stream_options or {}).get("include_usage"))
     return await pipeline.run(state, request, turn, ChatAdapter(new_id("chatcmpl-"), model, include_usage))
@@ -87,6 +88,9 @@ class ChatAdapter:
 
     def body(self, events: list[StreamEvent], outcome: Outcome) -> dict[str, Any]:
         return convert.chat_response(self.completion_id, self.model, events, outcome)
+
+    def body_many(self, choices: list[tuple[list[StreamEvent], Outcome]]) -> dict[str, Any]:
+        return convert.chat_response_many(self.completion_id, self.model, choices)
 
     def opening(self, outcome: Outcome) -> list[str]:
         self.outcome = outcome

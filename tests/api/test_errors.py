@@ -37,7 +37,8 @@ def chat(oa: openai.OpenAI, **fields: Any) -> Any:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 9}, "n"),
+        ({"n": 2, "stream": True}, "n"),
         ({"logprobs": True}, "logprobs"),
         ({"temperature": 5.0}, "temperature"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),

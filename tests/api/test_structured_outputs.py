@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import anthropic
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -249,3 +250,38 @@ def test_responses_include_output_text_logprobs(oa: openai.OpenAI) -> None:
     part = next(item for item in done.output if item.type == "message").content[0]
     assert part.type == "output_text" and part.logprobs and len(part.logprobs) == 5
     assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
+
+
+def test_n_choices_share_the_prompt_and_each_follows_the_schema(oa: openai.OpenAI) -> None:
+    done = oa.chat.completions.parse(
+        model=MODEL, messages=ask("Pets?"), response_format=Pet, n=3, seed=7, temperature=1.0,
+        max_tokens=MAX_TOKENS, extra_body=NO_THINKING,
+    )  # fmt: skip
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    assert all(isinstance(c.message.parsed, Pet) for c in done.choices)
+    assert len({c.message.content for c in done.choices}) > 1  # seed + i: the choices differ
+    usage = done.usage
+    assert usage is not None and usage.completion_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def _prefix_hits(server: Server) -> int:
+    def find(node: Any) -> int | None:
+        if isinstance(node, dict):
+            if "num_prefix_hits" in node:
+                return int(node["num_prefix_hits"])
+            return next((v for v in map(find, node.values()) if v is not None), None)
+        return None
+
+    hits = find(httpx.get(f"{server.url}/stats", timeout=30).json())
+    assert hits is not None
+    return hits
+
+
+def test_n_choices_reuse_the_first_choices_prompt(oa: openai.OpenAI, server: Server) -> None:
+    before = _prefix_hits(server)
+    done = oa.chat.completions.create(
+        model=MODEL, messages=ask("A prompt no other test sends"), n=4, max_tokens=3, extra_body=NO_THINKING
+    )
+    assert len(done.choices) == 4
+    assert _prefix_hits(server) - before >= 3  # choices 1..3 started from choice 0's prompt
