@@ -39,7 +39,7 @@ def chat(oa: openai.OpenAI, **fields: Any) -> Any:
     [
         ({"n": 9}, "n"),
         ({"n": 2, "stream": True}, "n"),
-        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"temperature": 5.0}, "temperature"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"tool_choice": "required"}, "tool_choice"),
