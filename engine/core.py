@@ -38,6 +38,7 @@ from engine.runner import ModelRunner, WarmupReport
 from engine.runner.host_copies import host_budget, host_stat_fields
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
+from engine.structured.compiler import GrammarCompiler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -160,6 +161,8 @@ class EngineCore:
         self.scheduler = Scheduler(
             config.scheduler, config.cache, num_pages=num_pages, eos_token_ids=tokenizer.eos_token_ids
         )
+        # Structured outputs: the API checks specs with it (400 before admission), the sampler enforces them.
+        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)
         self.runner = ModelRunner(
             model,
             num_pages=num_pages,
@@ -170,6 +173,7 @@ class EngineCore:
             cuda_graph=config.cuda_graph,
             max_context=config.scheduler.max_context,
             host_budget=(budget := host_budget(config.cache)),
+            grammars=self.grammars,
         )
         warm = config.warmup if config.warmup is not None else param.device.type == "cuda"
         self.warmup: WarmupReport | None = None

@@ -63,6 +63,7 @@ class AsyncEngine:
         self.model_id = model_id
         self.model_config: ModelConfig = model.config
         self._core = EngineCore(model, tokenizer, config, seed=seed, server_sampling=server_sampling)
+        self.grammars = self._core.grammars  # structured outputs: `grammars.check(spec)` before `generate`
         self._cv = threading.Condition()
         self._commands: list[_Add | _Abort] = []
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event | ValueError]]] = {}
