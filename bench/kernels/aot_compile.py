@@ -110,7 +110,7 @@ def discover(kernels_dir: Path = KERNELS_DIR) -> list[KernelSource]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# What the launchers pass at the Qwen3.6-27B geometry (engine/bench.py GEOMETRIES["qwen3.6-27b"]):
+# What the launchers pass at the Qwen3.6-27B geometry (engine/testing/synthetic.py GEOMETRIES["qwen3.6-27b"]):
 # hidden 5120, attention 24 q / 4 kv heads x 256, GDN 16 k / 48 v heads x 128, conv kernel 4, page size 64,
 # bf16 activations, weights and caches, fp32 GDN state, int64 slots, bool flags, int32 page tables.
 
