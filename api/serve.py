@@ -8,7 +8,8 @@ No artifact = the embedded demo model (built once into the user cache). `--synth
 weights of a real geometry built on the device (engine/testing/synthetic.py; model id `<GEOMETRY>-synthetic`, and
 /v1/models, /stats and the request log's server_start say `synthetic`): for load tests and benchmarks at the
 real sizes without the checkpoints. A bad flag or flag combination exits with status 2 and the reason before
-anything is loaded.
+anything is loaded; `--check-args` stops right after that validation (exit 0), which is how the operator's
+tests prove that every command line it renders is one the server accepts.
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     net.add_argument(
         "--metrics-vllm-aliases", action="store_true", help="also export vllm: metric names on /metrics"
+    )
+    net.add_argument(
+        "--check-args",
+        action="store_true",
+        help="validate the command line as a start would, load nothing, exit 0 (or 2 with the reason)",
     )
     cap = p.add_argument_group("capacity and queueing")
     add_engine_flags(cap, "engine", "server")
@@ -241,6 +247,9 @@ def main(argv: Sequence[str] | None = None, *, engine_factory: EngineFactory | N
     """Run the server. `engine_factory(artifact, config)` replaces the engine (tests serve scripted ones)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args, config, options = parse_args(argv)
+    if args.check_args:  # every rule above ran; the digest check and the load are the start itself
+        print("ninfer-serve: arguments OK")
+        raise SystemExit(0)
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S")
     from api.app import create_app
 

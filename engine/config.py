@@ -54,7 +54,7 @@ class CacheConfig:
     # Message-boundary checkpoints saved per request (the last ones of its prompt beyond the reuse).
     max_boundary_saves: int = 4
     # Host-RAM parking budget in MiB (`--host-kv-cache-mib`, 0 = off): evicted checkpoints are
-    # parked there and restored by copy (engine/scheduler/host.py, engine/parking.py).
+    # parked there and restored by copy (engine/scheduler/host.py, engine/runner/host_copies.py).
     host_kv_cache_mib: int = 0
 
     def __post_init__(self) -> None:
@@ -208,7 +208,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     greedy: bool = False  # --greedy forces temperature 0 whatever the request says
-    cuda_graph: bool = True  # --no-cuda-graph -> False: every decode step eager (engine/graphs.py)
+    cuda_graph: bool = True  # --no-cuda-graph -> False: every decode step eager (engine/runner/graphs.py)
     # Run the first-use step shapes before serving (ModelRunner.warm_up): None = on a GPU only (where
     # kernels compile and autotune on first use), True = always, False (--no-warmup) = never.
     warmup: bool | None = None

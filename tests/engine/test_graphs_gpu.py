@@ -15,9 +15,10 @@ from engine_harness import prompt, run, tiny_artifact
 
 from engine.config import EngineConfig
 from engine.core import EngineCore, LoadedArtifact, load_artifact
-from engine.graphs import CudaGraphRunner, DecodeRow
 from engine.model import allocate_model_cache, make_forward_batch
 from engine.request import SamplingParams
+from engine.runner.graphs import CudaGraphRunner
+from engine.runner.inputs import DecodeRow
 
 pytestmark = pytest.mark.gpu
 

@@ -204,7 +204,7 @@ def test_config_refusals_and_off():
     with pytest.raises(ValueError, match="host_kv_cache_mib=-1"):
         EngineConfig.from_flags(host_kv_cache_mib=-1)
     core = make_core(page_size=PAGE, max_context=256)
-    assert core.host is None and core.runner.host is None and core.scheduler.host is None
+    assert core.host is None and core.runner.host_copies is None and core.scheduler.host is None
     s = core.stats()
     assert (s.host_kv_capacity_bytes, s.host_kv_parks, s.host_kv_evictions) == (0, 0, {})
 
