@@ -164,7 +164,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_build_tiny(args: argparse.Namespace) -> int:
     if args.script is not None:
         return _build_scripted(args)
-    from engine.artifact.tiny import build_tiny
+    from engine.testing.tiny import build_tiny  # an entry point: it may import engine.testing
 
     out = build_tiny(args.out, arch=args.arch, seed=args.seed)
     print(f"wrote {out} ({out.stat().st_size:,} bytes): tiny {args.arch} model, seed {args.seed}")
@@ -172,7 +172,7 @@ def _cmd_build_tiny(args: argparse.Namespace) -> int:
 
 
 def _build_scripted(args: argparse.Namespace) -> int:
-    from engine.artifact.script import Script, ScriptError, build_scripted
+    from engine.testing.script import Script, ScriptError, build_scripted
 
     if args.arch != "dense":
         print("build-tiny: --script builds the dense layout only (drop --arch moe)", file=sys.stderr)

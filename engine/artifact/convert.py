@@ -96,9 +96,28 @@ def _lazy_tensors(files: list[Path], profile: torch.dtype) -> list[tuple[str, La
     return sorted(out.items())
 
 
-def _frontend_resources(hf_dir: Path, config: dict[str, Any]) -> tuple[list[tuple[str, bytes]], list[str]]:
-    from engine.artifact.tiny import frontend_resources
+def frontend_resources(config: dict[str, Any], *, moe: bool) -> list[tuple[str, bytes]]:
+    """config.json plus the Qwen3.5 tokenizer, tokenizer config, chat template and generation defaults."""
+    from engine.chat.qwen35 import (
+        build_qwen35_tokenizer_json,
+        qwen35_chat_template,
+        qwen35_generation_config,
+        qwen35_tokenizer_config,
+    )
 
+    def as_json(obj: Any) -> bytes:
+        return json.dumps(obj, indent=2, sort_keys=True).encode("utf-8")
+
+    return [
+        ("config.json", as_json(config)),
+        ("tokenizer.json", build_qwen35_tokenizer_json()),
+        ("tokenizer_config.json", as_json(qwen35_tokenizer_config())),
+        ("chat_template.jinja", qwen35_chat_template().encode("utf-8")),
+        ("generation_config.json", as_json(qwen35_generation_config(moe=moe))),
+    ]
+
+
+def _frontend_resources(hf_dir: Path, config: dict[str, Any]) -> tuple[list[tuple[str, bytes]], list[str]]:
     moe = "moe" in str(config.get("model_type", ""))
     defaults = dict(frontend_resources(config, moe=moe))
     resources: list[tuple[str, bytes]] = [("config.json", defaults.pop("config.json"))]
