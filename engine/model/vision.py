@@ -26,6 +26,7 @@ equal-length segments on every device today (a varlen kernel for the GPU is the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -360,3 +361,34 @@ class VisionTower(nn.Module):
     def split_sizes(self, grid_thw: torch.Tensor) -> list[int]:
         """Output rows per medium (its number of placeholder tokens)."""
         return [t * h * w // self.config.merge_unit for t, h, w in _grids(grid_thw)]
+
+
+VISION_PREFIX = "model.visual."
+
+
+def build_vision_tower(
+    config: VisionConfig, tensor_names: list[str], get: Callable[[str], torch.Tensor], dtype: torch.dtype
+) -> VisionTower:
+    """The tower with the checkpoint's ``model.visual.*`` tensors (names as ``save_pretrained`` writes them;
+    ``model.visual.X`` or, in older layouts, ``visual.X``). Missing, unexpected or mis-shaped tensors raise
+    ``ValueError`` naming them all."""
+    tower = VisionTower(config)
+    wanted = tower.state_dict()
+    found: dict[str, str] = {}
+    for name in tensor_names:
+        for prefix in (VISION_PREFIX, "visual."):
+            if name.startswith(prefix):
+                found[name[len(prefix) :]] = name
+    missing = sorted(set(wanted) - set(found))
+    unexpected = sorted(set(found) - set(wanted))
+    problems = [f"missing {n}" for n in missing] + [f"unexpected {VISION_PREFIX}{n}" for n in unexpected]
+    tensors = {}
+    for short in sorted(set(wanted) & set(found)):
+        tensor = get(found[short])
+        if tuple(tensor.shape) != tuple(wanted[short].shape):
+            problems.append(f"{short}: shape {tuple(tensor.shape)}, expected {tuple(wanted[short].shape)}")
+        tensors[short] = tensor
+    if problems:
+        raise ValueError("vision tower weights do not match vision_config: " + "; ".join(problems[:20]))
+    tower.load_state_dict(tensors, strict=True)
+    return tower.to(dtype).eval()

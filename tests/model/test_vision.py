@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-from engine.model.vision import VisionConfig, VisionTower, segmented_attention
+from engine.model.vision import VisionConfig, VisionTower, build_vision_tower, segmented_attention
 from engine.model.vision_positions import mrope_positions, positions_after
 
 IMAGE, VIDEO, START, END = 90, 91, 92, 93
@@ -125,6 +125,32 @@ def test_segmented_attention_equals_a_block_diagonal_mask():
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
     ).transpose(0, 1)
     torch.testing.assert_close(segmented_attention(q, k, v, lengths), expected)
+
+
+def test_tower_builds_from_the_saved_checkpoint(hf_model, config, tmp_path):
+    """``save_pretrained``'s safetensors (names ``model.visual.*``) -> ``build_vision_tower``: the HF output."""
+    from safetensors.torch import load_file
+
+    hf_model.save_pretrained(tmp_path)
+    tensors = {}
+    for path in sorted(tmp_path.glob("*.safetensors")):
+        tensors.update(load_file(path))
+    assert any(name.startswith("model.visual.blocks.") for name in tensors)
+    tower = build_vision_tower(config, list(tensors), tensors.__getitem__, torch.float32)
+    grid = [[1, 6, 8]]
+    pixels = _pixels(config, grid, 5)
+    with torch.no_grad():
+        expected = hf_model.model.visual(pixels, grid_thw=torch.tensor(grid)).pooler_output
+        torch.testing.assert_close(tower(pixels, torch.tensor(grid)), expected, rtol=1e-4, atol=1e-5)
+    del tensors["model.visual.blocks.1.attn.qkv.bias"]
+    tensors["model.visual.extra.weight"] = torch.zeros(1)
+    tensors["model.visual.merger.linear_fc2.bias"] = torch.zeros(3)
+    with pytest.raises(ValueError) as info:
+        build_vision_tower(config, list(tensors), tensors.__getitem__, torch.float32)
+    message = str(info.value)
+    assert "missing blocks.1.attn.qkv.bias" in message
+    assert "unexpected model.visual.extra.weight" in message
+    assert "merger.linear_fc2.bias: shape (3,), expected (48,)" in message
 
 
 def test_tower_rejects_pixels_that_do_not_match_the_grid(tower, config):
