@@ -392,3 +392,14 @@ def build_vision_tower(
         raise ValueError("vision tower weights do not match vision_config: " + "; ".join(problems[:20]))
     tower.load_state_dict(tensors, strict=True)
     return tower.to(dtype).eval()
+
+
+def splice_media(embeds: torch.Tensor, is_media: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``embeds`` [T, H] with the rows at the placeholder tokens (``is_media`` [T] bool) replaced, in order,
+    by the tower's output ``rows`` [M, H] (M must equal the number of placeholders)."""
+    count = int(is_media.sum())
+    if count != rows.shape[0]:
+        raise ValueError(f"{count} placeholder tokens but {rows.shape[0]} media embeddings")
+    out = embeds.clone()
+    out[is_media] = rows.to(embeds.dtype)
+    return out

@@ -14,7 +14,13 @@ import pytest
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-from engine.model.vision import VisionConfig, VisionTower, build_vision_tower, segmented_attention
+from engine.model.vision import (
+    VisionConfig,
+    VisionTower,
+    build_vision_tower,
+    segmented_attention,
+    splice_media,
+)
 from engine.model.vision_positions import mrope_positions, positions_after
 
 IMAGE, VIDEO, START, END = 90, 91, 92, 93
@@ -223,3 +229,13 @@ def test_decode_positions_continue_after_the_media():
 def test_mrope_positions_reject_mismatched_media(ids, images, match):
     with pytest.raises(ValueError, match=match):
         mrope_positions(ids, images, None, image_token_id=IMAGE, video_token_id=VIDEO, spatial_merge_size=2)
+
+
+def test_splice_media_replaces_the_placeholder_rows_in_order():
+    embeds = torch.zeros(6, 3)
+    is_media = torch.tensor([False, True, True, False, True, False])
+    rows = torch.arange(9.0).view(3, 3)
+    out = splice_media(embeds, is_media, rows)
+    assert torch.equal(out[is_media], rows) and torch.equal(out[~is_media], torch.zeros(3, 3))
+    with pytest.raises(ValueError, match="3 placeholder tokens but 2 media embeddings"):
+        splice_media(embeds, is_media, rows[:2])
