@@ -1,6 +1,6 @@
 """The whole multimodal forward against HF's ``Qwen3_5ForConditionalGeneration`` (float32, CPU): our text
 model fed the tower's embeddings spliced at the placeholders and the 3D mrope positions, logits within 1e-4
-relative for a prompt with one image, two images of different sizes, and a video; then 16 greedy steps
+relative (dense and MoE) for a prompt with one image, two images of different sizes, and a video; then 16 greedy steps
 (positions ``index + rope_delta``) each HF's argmax over the full sequence (argmax over the ids below the
 media tokens, so a placeholder is never generated).
 
@@ -14,7 +14,12 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+from transformers import (
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeConfig,
+    Qwen3_5MoeForConditionalGeneration,
+)
 
 from engine.model import ModelConfig, allocate_model_cache, build_model, collect_weights
 from engine.model.vision import VisionConfig, build_vision_tower, splice_media
@@ -29,6 +34,14 @@ TEXT = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
                      "mrope_section": [4, 4, 4], "mrope_interleaved": True},
 )  # fmt: skip
+MOE_TEXT = {
+    **{k: v for k, v in TEXT.items() if k != "intermediate_size"},
+    "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 32,
+}  # fmt: skip
+ARCHS = {
+    "dense": (Qwen3_5Config, Qwen3_5ForConditionalGeneration, TEXT),
+    "moe": (Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration, MOE_TEXT),
+}
 VISION = dict(
     depth=2, hidden_size=40, intermediate_size=56, num_heads=2, patch_size=4, temporal_patch_size=2,
     spatial_merge_size=2, out_hidden_size=48, num_position_embeddings=36,
@@ -45,14 +58,15 @@ class _SplicingEmbed(torch.nn.Module):
         return splice_media(self.embed(ids), media, self.rows) if media.any() else self.embed(ids)
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    config = Qwen3_5Config(
-        text_config=TEXT, vision_config=VISION, image_token_id=IMAGE, video_token_id=VIDEO,
+@pytest.fixture(scope="module", params=list(ARCHS))
+def models(request, tmp_path_factory):
+    config_cls, model_cls, text = ARCHS[request.param]
+    config = config_cls(
+        text_config=text, vision_config=VISION, image_token_id=IMAGE, video_token_id=VIDEO,
         vision_start_token_id=START, vision_end_token_id=END,
     )  # fmt: skip
     torch.manual_seed(0)
-    hf = Qwen3_5ForConditionalGeneration(config).float().eval()
+    hf = model_cls(config).float().eval()
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in hf.named_parameters():
