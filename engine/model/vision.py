@@ -22,6 +22,9 @@ Parameter names mirror the checkpoint's ``model.visual.*`` tensors (``patch_embe
 ``blocks.N.{norm1,attn.qkv,attn.proj,norm2,mlp.linear_fc1,mlp.linear_fc2}``, ``merger.{norm,linear_fc1,
 linear_fc2}``) so a state dict loads by name. Attention is ``segmented_attention``: SDPA per group of
 equal-length segments on every device today (a varlen kernel for the GPU is the follow-up).
+
+``build_vision_tower`` loads the tower from a checkpoint's tensors (strict name and shape check);
+``splice_media`` puts its output rows at the placeholder tokens' embeddings.
 """
 
 from __future__ import annotations
@@ -208,6 +211,13 @@ def segmented_attention(
         starts.append(starts[-1] + n)
     if starts[-1] != q.shape[0]:
         raise ValueError(f"segment lengths sum to {starts[-1]}, but there are {q.shape[0]} rows")
+    if len(set(lengths)) == 1:  # one image, or a video's frames: a plain reshape, no gather
+
+        def split(x: torch.Tensor, n: int = lengths[0]) -> torch.Tensor:
+            return x.view(-1, n, x.shape[1], x.shape[2]).transpose(1, 2)  # [S, H, n, D]
+
+        o = F.scaled_dot_product_attention(split(q), split(k), split(v))
+        return o.transpose(1, 2).reshape(q.shape)
     out = torch.empty_like(q)
     by_length: dict[int, list[int]] = {}
     for i, n in enumerate(lengths):

@@ -239,3 +239,16 @@ def test_splice_media_replaces_the_placeholder_rows_in_order():
     assert torch.equal(out[is_media], rows) and torch.equal(out[~is_media], torch.zeros(3, 3))
     with pytest.raises(ValueError, match="3 placeholder tokens but 2 media embeddings"):
         splice_media(embeds, is_media, rows[:2])
+
+
+@pytest.mark.parametrize("lengths", [[11], [4, 4, 3], [5, 6]])
+def test_segmented_attention_paths_agree_with_per_segment_sdpa(lengths):
+    """The equal-length reshape path and the grouped gather path both equal SDPA run segment by segment."""
+    q, k, v = torch.randn(3, 11, 2, 8, generator=torch.Generator().manual_seed(4)).unbind(0)
+    parts = []
+    for seg_q, seg_k, seg_v in zip(*(x.split(lengths) for x in (q, k, v)), strict=True):
+        o = torch.nn.functional.scaled_dot_product_attention(
+            *(x.transpose(0, 1) for x in (seg_q, seg_k, seg_v))
+        )
+        parts.append(o.transpose(0, 1))
+    torch.testing.assert_close(segmented_attention(q, k, v, lengths), torch.cat(parts))
