@@ -32,7 +32,7 @@ from engine.runner import ModelRunner
 from engine.step import RowPlan, StepPlan
 from engine.structured import json_schema_spec
 from engine.structured.compiler import GrammarCompiler
-from engine.synthetic import SYNTHETIC_NAMES, load_synthetic
+from engine.testing.synthetic import SYNTHETIC_NAMES, load_synthetic
 
 PAGE_SIZE = 64
 PRESET = SamplingParams(temperature=1.0, top_p=0.95, top_k=20, seed=0)

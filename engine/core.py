@@ -123,16 +123,13 @@ def tokenizer_from_artifact(artifact: Artifact) -> Tokenizer:
 
 
 def load_artifact(
-    path: str | os.PathLike[str] | None,
+    path: str | os.PathLike[str],
     *,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> LoadedArtifact:
-    """Open `path` (None = the embedded demo model), load the text model and the tokenizer."""
-    if path is None:
-        from engine.artifact.demo import demo_artifact_path
-
-        path = demo_artifact_path()
+    """Open `path`, load the text model and the tokenizer. (The embedded demo model is the entry points'
+    default, engine/testing/demo.py: `LLM()`, `ninfer-serve`.)"""
     dev = torch.device(device) if device is not None else default_device()
     artifact = read_artifact(path)
     model = load_model(artifact, device=dev, dtype=dtype if dtype is not None else default_dtype(dev))

@@ -236,10 +236,24 @@ class Scheduler:
             self.waiting.popleft()
 
     def _try_admit(self, request: Request, lane_id: int) -> bool:
-        max_num_tokens, limit_kind = self._limit(request)
-        num_pages = self.pages.pages_for(max_num_tokens - 1)  # the last token is never fed
         match = self._lookup(request)
         host_match = self._host_lookup(request, match)
+        if host_match is None:
+            return self._try_admit_matched(request, lane_id, match, None)
+        assert self.host is not None
+        # NOTE: held while admission reclaims pages and slots: the parks that may cause are decided at once
+        # (HostIndex.add) and must not evict the entry this request is about to restore.
+        self.host.hold(host_match)
+        try:
+            return self._try_admit_matched(request, lane_id, match, host_match)
+        finally:
+            self.host.release(host_match)
+
+    def _try_admit_matched(
+        self, request: Request, lane_id: int, match: PrefixMatch | None, host_match: HostMatch | None
+    ) -> bool:
+        max_num_tokens, limit_kind = self._limit(request)
+        num_pages = self.pages.pages_for(max_num_tokens - 1)  # the last token is never fed
         if host_match is not None and match is not None:
             self.prefix.unpin(match.checkpoint)  # type: ignore[union-attr]
             match = None  # the parked entry holds a longer prefix
