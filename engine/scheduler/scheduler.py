@@ -27,6 +27,12 @@ admitted request can therefore always finish; there is no preemption. A request 
 even in an empty pool is refused at `add_request` with the numbers. A blocked admission scan is not
 retried every step: only after an arrival, a release (finish / abort / unpin) or a queue timeout.
 
+Thinking budget (`SamplingParams.thinking_budget`, given the tokenizer's `ReasoningTokens`): `commit` counts
+a request's reasoning tokens, and once the budget is spent inside the reasoning it appends the template's
+closing `\n</think>\n\n` instead of the sampled token. Those tokens are then fed like any others (a short
+row, as a prefill chunk is), so the model writes its answer after a closed reasoning; nothing below the
+scheduler knows. They count as output and are cut to the request's length limit.
+
 Host parking (`attach_host`, engine/scheduler/host.py): evicted checkpoints are parked in host RAM,
 and a request whose prompt matches a parked entry better than any device checkpoint restores it
 into its own pages and working slot at admission, then prefills only the rest. The lane is not
@@ -50,6 +56,7 @@ from engine.request import (
     FinishEvent,
     FinishKind,
     FinishReason,
+    ReasoningTokens,
     RejectCode,
     Request,
     RequestStatus,
@@ -74,9 +81,11 @@ class Scheduler:
         *,
         num_pages: int,
         eos_token_ids: Iterable[int] = (),
+        reasoning_tokens: ReasoningTokens | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
+        self.reasoning_tokens = reasoning_tokens  # None: thinking budgets are not enforced
         self.cache_config = cache_config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.clock = clock
@@ -119,6 +128,7 @@ class Scheduler:
         rejection = self._rejection(request)
         if rejection is not None:
             return self._end(request, rejection)
+        request.in_reasoning = self._opens_reasoning(request.prompt_token_ids)
         self.waiting.append(request)
         self.requests[request.request_id] = request
         self._admission_dirty = True
@@ -149,6 +159,16 @@ class Scheduler:
                 f"{self.config.max_concurrency} lanes + {self.config.max_pending_requests} pending places",
             )
         return None
+
+    def _opens_reasoning(self, prompt_token_ids: Sequence[int]) -> bool:
+        """The prompt's last reasoning marker is `<think>`: generation starts inside the reasoning."""
+        markers = self.reasoning_tokens
+        if markers is None:
+            return False
+        for token in reversed(prompt_token_ids):
+            if token == markers.start_id or token == markers.end_id:
+                return token == markers.start_id
+        return False
 
     def _limit(self, request: Request) -> tuple[int, FinishKind]:
         """The sequence length at which `request` must stop, and which limit that is."""
@@ -405,15 +425,35 @@ class Scheduler:
                 lane.pending_save = None
                 self.prefix.insert(request.token_ids, request.page_hashes, position, lane.page_ids, slot)  # type: ignore[union-attr]
             if row.sample:
-                token = next(sampled)
+                tokens = self._reasoning_step(request, next(sampled))
+                tokens = tokens[: lane.max_num_tokens - request.num_tokens]  # >= 1: the lane is not finished
                 if request.first_token_time is None:
                     request.first_token_time = self.clock()
-                request.token_ids.append(token)
-                events.append(TokenEvent(request.request_id, (token,), request.num_output_tokens))
-                reason = self._finish_reason(lane, token)
+                request.token_ids.extend(tokens)
+                events.append(TokenEvent(request.request_id, tokens, request.num_output_tokens))
+                reason = self._finish_reason(lane, tokens[-1])
                 if reason is not None:
                     events.append(self._release(lane, reason, retain=True))
         return events
+
+    def _reasoning_step(self, request: Request, token: int) -> tuple[int, ...]:
+        """The tokens to append for sampled `token`: itself, or the reasoning's forced close once the request's
+        thinking budget is spent. Tracks whether the request is inside its reasoning."""
+        markers = self.reasoning_tokens
+        if markers is None:
+            return (token,)
+        if not request.in_reasoning:
+            request.in_reasoning = token == markers.start_id and request.num_output_tokens == 0
+            return (token,)
+        budget = request.sampling_params.thinking_budget
+        if token == markers.end_id:
+            request.in_reasoning = False
+        elif budget is not None and budget >= 0 and request.num_reasoning_tokens >= budget:
+            request.in_reasoning = False
+            return markers.close_ids
+        else:
+            request.num_reasoning_tokens += 1
+        return (token,)
 
     def _restore_failed(self, lane: Lane) -> None:
         """Re-plan a lane whose host restore failed as a cold prefill (same pages and slot, no row ran)."""
