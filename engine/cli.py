@@ -26,7 +26,13 @@ from engine.chat.parse import (
     ToolCallEvent,
     prompt_ends_in_reasoning,
 )
-from engine.flags import add_engine_flags, add_sampling_flags, engine_config, sampling_params
+from engine.flags import (
+    add_engine_flags,
+    add_sampling_flags,
+    engine_config,
+    sampling_params,
+    thinking_default,
+)
 from engine.request import FinishEvent, TokenEvent
 from engine.tokenizer import IncrementalDetokenizer
 
@@ -78,7 +84,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     print(f"loaded {loaded.model_id} in {time.perf_counter() - start:.1f} s", file=err)
 
     tokenizer = loaded.tokenizer
-    thinking = not args.no_thinking
+    thinking = not args.no_thinking and thinking_default(args) is not False
     text = tokenizer.apply_chat_template(messages, tools=tools, enable_thinking=thinking)
     prompt_ids = tokenizer.encode(text)
     rejection = core.add_request("cli", prompt_ids, params, thinking=thinking)

@@ -171,6 +171,12 @@ class EngineCore:
         self.config = config
         self.tokenizer = tokenizer
         self.model_config: ModelConfig = model.config
+        native = self.model_config.max_position_embeddings
+        if config.scheduler.max_context > native:
+            raise ValueError(
+                f"max_context={config.scheduler.max_context}: must be <= {native:,}, this model's native context "
+                "(max_position_embeddings): longer contexts need RoPE scaling, which this build does not do"
+            )
         self.server_sampling = server_sampling
         param = next(model.parameters())
         num_pages = resolve_num_pages(

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from engine.config import KV_DTYPES, EngineConfig
 from engine.request import SamplingParams
+from engine.sampling import REASONING_EFFORTS, effort_thinking
 
 
 class _Adder(Protocol):  # an ArgumentParser or one of its argument groups
@@ -75,6 +76,19 @@ def add_sampling_flags(p: _Adder) -> None:
     p.add_argument("--presence-penalty", type=float)
     p.add_argument("--frequency-penalty", type=float)
     p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--reasoning-effort",
+        choices=REASONING_EFFORTS,
+        help="default thinking tier: none = thinking off; minimal/low/medium/high/xhigh = a thinking budget of "
+        "512/2048/8192/16384/32768 reasoning tokens; max = no budget (requests may choose their own)",
+    )
+    p.add_argument(
+        "--thinking-budget",
+        type=nonneg_int,
+        metavar="N",
+        help="default thinking budget: after N reasoning tokens the engine closes the reasoning (wins over "
+        "--reasoning-effort's budget)",
+    )
 
 
 def engine_config(args: argparse.Namespace, artifact: str | None, **more: Any) -> EngineConfig:
@@ -94,8 +108,16 @@ def engine_config(args: argparse.Namespace, artifact: str | None, **more: Any) -
     )
 
 
+def thinking_default(args: argparse.Namespace) -> bool | None:
+    """Thinking on/off as `--reasoning-effort` sets it (None: the flag is not given)."""
+    return None if args.reasoning_effort is None else effort_thinking(args.reasoning_effort)[0]
+
+
 def sampling_params(args: argparse.Namespace, **more: Any) -> SamplingParams:
     """`SamplingParams` from `add_sampling_flags`; `more`: max_tokens, stop, ..."""
+    budget = args.thinking_budget
+    if budget is None and args.reasoning_effort is not None:
+        budget = effort_thinking(args.reasoning_effort)[1]
     return SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,
@@ -104,5 +126,6 @@ def sampling_params(args: argparse.Namespace, **more: Any) -> SamplingParams:
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         seed=args.seed,
+        thinking_budget=budget,
         **more,
     )
