@@ -1,7 +1,8 @@
 """API errors: one exception type, rendered in the shape of the protocol that the request spoke.
 
 OpenAI:    {"error": {"message", "type", "param", "code"}}
-Anthropic: {"type": "error", "error": {"type", "message"}}
+Anthropic: {"type": "error", "error": {"type", "message"[, "details"]}}  (`details` carries an `error_code`
+the SDKs act on, e.g. `thread_unsupported_request`)
 The protocol is chosen by path (`/v1/messages...` is Anthropic, everything else OpenAI).
 """
 
@@ -39,12 +40,21 @@ _OPENAI_TYPES = {
 class ApiError(Exception):
     """A request the server answers with a 4xx/5xx: status, machine code, optional field, message."""
 
-    def __init__(self, status: int, code: str, message: str, *, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.param = param
+        self.details = details
 
     def __repr__(self) -> str:
         return f"ApiError({self.status}, {self.code!r}, {self.message!r}, param={self.param!r})"
@@ -71,10 +81,13 @@ def openai_body(error: ApiError) -> dict[str, Any]:
 
 def anthropic_body(error: ApiError) -> dict[str, Any]:
     message = error.message if error.param is None else f"{error.param}: {error.message}"
-    return {
-        "type": "error",
-        "error": {"type": _ANTHROPIC_TYPES.get(anthropic_status(error), "api_error"), "message": message},
+    body: dict[str, Any] = {
+        "type": _ANTHROPIC_TYPES.get(anthropic_status(error), "api_error"),
+        "message": message,
     }
+    if error.details is not None:
+        body["details"] = error.details
+    return {"type": "error", "error": body}
 
 
 def anthropic_status(error: ApiError) -> int:

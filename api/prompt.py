@@ -3,6 +3,10 @@
 Each protocol's convert.py turns its own request into the chat template's message dicts (role, content,
 reasoning_content, tool_calls, tool results as role `tool`) and calls `build_prompt`. Template errors
 (`ChatTemplateError`) become 400s with the template's message.
+
+System text: the chat template takes one system turn, first. OpenAI clients may send several system or
+developer messages, anywhere; `build_prompt` joins their texts, in order and separated by a blank line, into
+that first turn (as Responses joins `instructions` with its system items).
 """
 
 from __future__ import annotations
@@ -32,6 +36,19 @@ def checkpoint_positions(token_ids: Sequence[int], im_end_id: int | None) -> tup
     return tuple(sorted({*ends, n}))
 
 
+def merge_system_messages(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One leading system message holding every system / developer text, in order; the rest unchanged."""
+    system = [m for m in messages if m.get("role") in ("system", "developer")]
+    if len(system) < 2 and (not system or messages[0] is system[0]):
+        return list(messages)
+    texts = [m.get("content") for m in system]
+    if not all(isinstance(t, str) for t in texts):
+        return list(messages)  # structured content: leave it to the template's own check
+    joined = "\n\n".join(t for t in texts if t)
+    rest = [m for m in messages if m.get("role") not in ("system", "developer")]
+    return [{"role": "system", "content": joined}, *rest]
+
+
 def build_prompt(
     tokenizer: Tokenizer,
     messages: Sequence[Mapping[str, Any]],
@@ -43,6 +60,7 @@ def build_prompt(
     param: str = "messages",
 ) -> Prompt:
     """Render and tokenize. `prefill`: the last message is an assistant turn to be continued."""
+    messages = merge_system_messages(messages)
     try:
         text = tokenizer.apply_chat_template(
             messages,

@@ -1,8 +1,10 @@
 """OpenAI Chat Completions <-> the chat template's messages and the parsed generation.
 
 Requests: roles system/developer/user/assistant/tool (and legacy `function`), text/refusal parts,
-assistant `reasoning_content`/`reasoning` history and `tool_calls`, function tools with tool_choice
-auto/none/allowed_tools. Everything the server cannot honour is a 400 naming the field.
+assistant `reasoning_content`/`reasoning` history and `tool_calls` (or a legacy `function_call`), function
+tools with tool_choice auto/none/allowed_tools; the legacy `functions` / `function_call` are the same tools
+and choice (`{"name": F}` is the named choice). `reasoning_effort` picks thinking on/off and the tier's
+thinking budget (engine.sampling). Everything the server cannot honour is a 400 naming the field.
 Responses: `reasoning_content` for reasoning, `tool_calls` with `call_…` ids, usage with cached tokens.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from api.errors import ApiError, invalid
@@ -21,6 +23,7 @@ from api.options import ServerOptions
 from api.sampling import sampling_params, stop_strings
 from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCall, ToolCallEvent
 from engine.request import SamplingParams
+from engine.sampling import effort_thinking
 
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
@@ -92,6 +95,9 @@ def chat_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     raise invalid("reasoning_content must be a string", param=f"{where}.reasoning_content")
                 item["reasoning_content"] = reasoning
             calls = message.get("tool_calls")
+            legacy = message.get("function_call")
+            if not calls and isinstance(legacy, Mapping):
+                calls = [{"id": None, "type": "function", "function": legacy}]
             if calls:
                 item["tool_calls"] = [
                     _history_call(call, f"{where}.tool_calls[{k}]") for k, call in enumerate(calls)
@@ -128,6 +134,23 @@ def function_tools(tools: list[dict[str, Any]] | None, param: str = "tools") -> 
     return out
 
 
+def legacy_functions(
+    req: ChatCompletionRequest,
+) -> tuple[list[dict[str, Any]] | None, str | dict[str, Any] | None]:
+    """(tools, tool_choice), with the legacy `functions` / `function_call` spelled as tools when given."""
+    if req.functions is None:
+        if req.function_call is not None:
+            raise invalid("function_call needs functions", param="function_call")
+        return req.tools, req.tool_choice
+    if req.tools is not None:
+        raise invalid("give tools or the legacy functions, not both", param="functions")
+    tools = [{"type": "function", "function": fn} if isinstance(fn, Mapping) else fn for fn in req.functions]
+    choice = req.function_call
+    if isinstance(choice, Mapping):
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    return tools, req.tool_choice if choice is None else choice
+
+
 def tool_choice_mode(choice: str | dict[str, Any] | None, param: str = "tool_choice") -> str:
     """auto | none; `allowed_tools` is accepted as auto. required / a named function are refused."""
     if choice is None or choice == "auto":
@@ -137,6 +160,16 @@ def tool_choice_mode(choice: str | dict[str, Any] | None, param: str = "tool_cho
     if isinstance(choice, Mapping) and choice.get("type") == "allowed_tools":
         return "auto"
     raise invalid("only tool_choice 'auto', 'none' and allowed_tools are supported", param=param)
+
+
+def effort_budget(effort: str | None, param: str = "reasoning_effort") -> int | None:
+    """The thinking budget of a reasoning-effort tier (None: no tier given); unknown tiers are 400s."""
+    if effort is None:
+        return None
+    try:
+        return effort_thinking(effort)[1]
+    except ValueError as exc:
+        raise invalid(str(exc), param=param) from None
 
 
 def thinking_choice(
@@ -172,17 +205,17 @@ def _refuse_unsupported(req: ChatCompletionRequest) -> None:
         raise invalid("logprobs are not supported", param="logprobs")
     if req.audio is not None or (req.modalities and req.modalities != ["text"]):
         raise invalid("audio output is not supported", param="audio")
-    if req.parallel_tool_calls is False and req.tools:
+    if req.parallel_tool_calls is False and (req.tools or req.functions):
         raise invalid("parallel_tool_calls=false is not supported", param="parallel_tool_calls")
-    if req.reasoning_effort not in (None, "none", "minimal", "low", "medium", "high", "xhigh", "max"):
-        raise invalid(f"unknown reasoning_effort {req.reasoning_effort!r}", param="reasoning_effort")
 
 
 def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
     _refuse_unsupported(req)
+    budget = effort_budget(req.reasoning_effort)
     messages = chat_messages(req.messages)
-    tools = function_tools(req.tools)
-    mode = tool_choice_mode(req.tool_choice)
+    raw_tools, choice = legacy_functions(req)
+    tools = function_tools(raw_tools, "functions" if req.functions is not None else "tools")
+    mode = tool_choice_mode(choice, "function_call" if req.function_call is not None else "tool_choice")
     thinking, preserve = thinking_choice(
         options,
         enable=req.enable_thinking,
@@ -194,6 +227,8 @@ def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
     limit = options.default_max_tokens if max_tokens is None else max_tokens
     names = {"max_tokens": "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"}
     params = sampling_params(req, max_tokens=limit or None, stop=stop_strings(req.stop), names=names)
+    if budget is not None:
+        params = replace(params, thinking_budget=budget)
     rendered = tools if tools and mode != "none" else None
     return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit)
 
