@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
+from api import pipeline
 from api.anthropic import convert
 from api.anthropic.schemas import CountTokensRequest, MessagesRequest
 from api.body import json_body_doc, read_json, validate
 from api.errors import ApiError, anthropic_body
-from api.generation import Generation
-from api.prompt import build_prompt, check_fits
-from api.sse import sse_event, with_keepalive
+from api.generation import Outcome
+from api.pipeline import Turn
+from api.prompt import build_prompt
+from api.sse import sse_event
 from api.state import new_id, server_state
-from api.tracking import Tracker, collect
+from engine.chat.parse import StreamEvent
 
 router = APIRouter()
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @router.post("/v1/messages", openapi_extra=json_body_doc(MessagesRequest))
@@ -28,88 +27,66 @@ async def create_message(request: Request) -> Any:
     state = server_state(request)
     req = validate(MessagesRequest, await read_json(request))
     plan = convert.messages_plan(req, state.options)
-    prompt = build_prompt(
-        state.engine.tokenizer,
-        plan.messages,
+    turn = Turn(
+        protocol="anthropic.messages",
+        messages=plan.messages,
         tools=plan.tools,
         thinking=plan.thinking,
         preserve_thinking=state.options.preserve_thinking,
-        prefill=plan.prefill,
-    )
-    request_id = request.state.request_id
-    tracker = Tracker(
-        state,
-        request_id,
-        "anthropic.messages",
-        model=req.model,
-        stream=req.stream,
-        num_tools=len(plan.tools or ()),
-        thinking=plan.thinking,
-        thinking_type=(req.thinking or {}).get("type"),
-        thinking_budget=plan.thinking_budget,
+        params=plan.params,
         max_tokens=plan.max_tokens,
-        prompt_tokens=len(prompt.token_ids),
-    )
-    try:
-        check_fits(prompt, state.max_context)
-    except ApiError as exc:
-        tracker.rejected(exc)
-        raise
-    generation = Generation(
-        state.engine,
-        request_id,
-        prompt,
-        plan.params,
-        tools=plan.tools,
-        calls_in_reasoning=state.options.tolerant_tool_calls,
+        stream=req.stream,
+        prefill=plan.prefill,
         thinking_budget=plan.thinking_budget,
+        log_fields={
+            "model": req.model,
+            "thinking_type": (req.thinking or {}).get("type"),
+            "thinking_budget": plan.thinking_budget,
+        },
     )
-    await tracker.begin(generation)
-    message_id = new_id("msg_")
-    if not req.stream:
-        events = await collect(tracker, generation, request)
-        return JSONResponse(convert.message_response(message_id, req.model, events, generation.outcome))
-    frames = _message_frames(generation, message_id, req.model)
-    body = with_keepalive(tracker.stream(generation, frames), state.options.keepalive_seconds)
-    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+    return await pipeline.run(state, request, turn, MessageAdapter(new_id("msg_"), req.model))
 
 
-async def _message_frames(generation: Generation, message_id: str, model: str) -> AsyncIterator[str]:
-    outcome = generation.outcome
-    start: dict[str, Any] = {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": convert.usage(outcome),
-    }
-    yield sse_event("message_start", {"type": "message_start", "message": start})
-    writer = convert.BlockWriter()
-    try:
-        async for event in generation.events():
-            for name, payload in writer.event(event):
-                yield sse_event(name, payload)
-    except ApiError as exc:
-        yield sse_event("error", anthropic_body(exc))
-        return
-    if outcome.finish == "aborted":
-        yield sse_event(
-            "error", anthropic_body(ApiError(503, "request_aborted", "the request was aborted by the server"))
-        )
-        return
-    for name, payload in writer.close():
-        yield sse_event(name, payload)
-    delta = {
-        "stop_reason": convert.stop_reason(outcome, writer.has_calls),
-        "stop_sequence": outcome.stop_sequence,
-    }
-    yield sse_event(
-        "message_delta", {"type": "message_delta", "delta": delta, "usage": convert.usage(outcome)}
-    )
-    yield sse_event("message_stop", {"type": "message_stop"})
+class MessageAdapter:
+    """Messages output: one `message`, or the named stream events from `message_start` to `message_stop`."""
+
+    def __init__(self, message_id: str, model: str) -> None:
+        self.message_id = message_id
+        self.model = model
+        self.writer = convert.BlockWriter()
+
+    def body(self, events: list[StreamEvent], outcome: Outcome) -> dict[str, Any]:
+        return convert.message_response(self.message_id, self.model, events, outcome)
+
+    def opening(self, outcome: Outcome) -> list[str]:
+        start: dict[str, Any] = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": convert.usage(outcome),
+        }
+        return [sse_event("message_start", {"type": "message_start", "message": start})]
+
+    def frames(self, event: StreamEvent) -> list[str]:
+        return [sse_event(name, payload) for name, payload in self.writer.event(event)]
+
+    def failed(self, error: ApiError) -> list[str]:
+        return [sse_event("error", anthropic_body(error))]
+
+    def closing(self, outcome: Outcome) -> list[str]:
+        out = [sse_event(name, payload) for name, payload in self.writer.close()]
+        delta = {
+            "stop_reason": convert.stop_reason(outcome, self.writer.has_calls),
+            "stop_sequence": outcome.stop_sequence,
+        }
+        usage = convert.usage(outcome)
+        out.append(sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
+        out.append(sse_event("message_stop", {"type": "message_stop"}))
+        return out
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=json_body_doc(CountTokensRequest))

@@ -12,26 +12,25 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import Response
 
+from api import pipeline
 from api.errors import ApiError, invalid
-from api.generation import Generation, Outcome
+from api.generation import Outcome
 from api.openai.convert import text_of_parts, thinking_choice, tool_choice_mode
 from api.openai.schemas import InputTokensRequest, ResponsesRequest
 from api.openai.store import StoredResponse
-from api.prompt import Prompt, build_prompt, check_fits
+from api.pipeline import Turn
+from api.prompt import Prompt, build_prompt
 from api.sampling import sampling_params, stop_strings
-from api.sse import sse_event, with_keepalive
+from api.sse import sse_event
 from api.state import ServerState
-from api.tracking import Tracker, collect
 from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCallEvent
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _id(prefix: str) -> str:
@@ -437,86 +436,61 @@ class ResponseBuilder:
 # ------------------------------------------------------------------------------------------ the route
 
 
-async def create(
-    state: ServerState, request_id: str, req: ResponsesRequest, request: Request | None = None
-) -> Any:
+async def create(state: ServerState, request: Request, req: ResponsesRequest) -> Response:
     state.check_model(req.model)
     _refuse_unsupported(req)
     plan = _plan_prompt(state, req)
-    prompt = _prompt(state, plan)
     max_tokens = req.max_output_tokens or state.options.default_max_tokens
     params = sampling_params(
         req, max_tokens=max_tokens, stop=stop_strings(req.stop), names={"max_tokens": "max_output_tokens"}
     )
-    tracker = Tracker(
-        state,
-        request_id,
-        "openai.responses",
-        model=req.model,
-        stream=req.stream,
-        num_tools=len(plan.tools or ()),
-        thinking=plan.thinking,
-        max_tokens=max_tokens,
-        prompt_tokens=len(prompt.token_ids),
-        continued=req.previous_response_id is not None,
-    )
-    try:
-        check_fits(prompt, state.max_context)
-    except ApiError as exc:
-        tracker.rejected(exc)
-        raise
-    generation = Generation(
-        state.engine,
-        request_id,
-        prompt,
-        params,
+    turn = Turn(
+        protocol="openai.responses",
+        messages=plan.messages,
         tools=plan.tools,
-        calls_in_reasoning=state.options.tolerant_tool_calls,
+        thinking=plan.thinking,
+        preserve_thinking=plan.preserve_thinking,
+        params=params,
+        max_tokens=max_tokens,
+        stream=req.stream,
+        prompt_param="input",
+        log_fields={"model": req.model, "continued": req.previous_response_id is not None},
     )
-    await tracker.begin(generation)
-    builder = ResponseBuilder(state, req)
-    if not req.stream:
-        for event in await collect(tracker, generation, request):
-            builder.event(event)
-        builder.close_item()
-        _, terminal = builder.finish(generation.outcome)
-        _store(state, req, plan, terminal["response"])
-        return JSONResponse(terminal["response"])
-    frames = _frames(state, req, plan, generation, builder)
-    body = with_keepalive(tracker.stream(generation, frames), state.options.keepalive_seconds)
-    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+    return await pipeline.run(state, request, turn, ResponsesAdapter(state, req, plan))
 
 
-def _store(state: ServerState, req: ResponsesRequest, plan: ResponsesPlan, response: dict[str, Any]) -> None:
-    if req.store:
-        state.store.put(response, plan.history + plan.items, list(response["output"]))
+class ResponsesAdapter:
+    """Responses output: the final response object, or the semantic events; a finished response is stored."""
 
+    def __init__(self, state: ServerState, req: ResponsesRequest, plan: ResponsesPlan) -> None:
+        self.state = state
+        self.req = req
+        self.plan = plan
+        self.builder = ResponseBuilder(state, req)
 
-async def _frames(
-    state: ServerState,
-    req: ResponsesRequest,
-    plan: ResponsesPlan,
-    generation: Generation,
-    builder: ResponseBuilder,
-) -> AsyncIterator[str]:
-    for name, payload in builder.start():
-        yield sse_event(name, payload)
-    try:
-        async for event in generation.events():
-            for name, payload in builder.event(event):
-                yield sse_event(name, payload)
-    except ApiError as exc:
-        name, payload = builder.failed(exc)
-        yield sse_event(name, payload)
-        return
-    if generation.outcome.finish == "aborted":
-        name, payload = builder.failed(
-            ApiError(503, "request_aborted", "the request was aborted by the server")
-        )
-        yield sse_event(name, payload)
-        return
-    for name, payload in builder.close_item():
-        yield sse_event(name, payload)
-    name, payload = builder.finish(generation.outcome)
-    _store(state, req, plan, payload["response"])
-    yield sse_event(name, payload)
+    def _finish(self, outcome: Outcome) -> tuple[str, dict[str, Any]]:
+        name, payload = self.builder.finish(outcome)
+        if self.req.store:
+            response = payload["response"]
+            self.state.store.put(response, self.plan.history + self.plan.items, list(response["output"]))
+        return name, payload
+
+    def body(self, events: list[StreamEvent], outcome: Outcome) -> dict[str, Any]:
+        for event in events:
+            self.builder.event(event)
+        self.builder.close_item()
+        response: dict[str, Any] = self._finish(outcome)[1]["response"]
+        return response
+
+    def opening(self, outcome: Outcome) -> list[str]:
+        return [sse_event(name, payload) for name, payload in self.builder.start()]
+
+    def frames(self, event: StreamEvent) -> list[str]:
+        return [sse_event(name, payload) for name, payload in self.builder.event(event)]
+
+    def failed(self, error: ApiError) -> list[str]:
+        return [sse_event(*self.builder.failed(error))]
+
+    def closing(self, outcome: Outcome) -> list[str]:
+        out = [sse_event(name, payload) for name, payload in self.builder.close_item()]
+        return [*out, sse_event(*self._finish(outcome))]

@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
+from api import pipeline
 from api.body import json_body_doc, read_json, validate
 from api.errors import ApiError, openai_body
-from api.generation import Generation, Outcome
+from api.generation import Outcome
 from api.openai import convert, responses
 from api.openai.schemas import ChatCompletionRequest, InputTokensRequest, ResponsesRequest
-from api.prompt import build_prompt, check_fits
-from api.sse import sse_data, with_keepalive
+from api.pipeline import Turn
+from api.sse import sse_data
 from api.state import ServerState, new_id, server_state
-from api.tracking import Tracker, collect
+from engine.chat.parse import StreamEvent
 
 router = APIRouter()
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _model_card(state: ServerState, name: str) -> dict[str, Any]:
@@ -60,74 +58,50 @@ async def chat_completions(request: Request) -> Any:
     req = validate(ChatCompletionRequest, await read_json(request))
     state.check_model(req.model)
     plan = convert.chat_plan(req, state.options)
-    prompt = build_prompt(
-        state.engine.tokenizer,
-        plan.messages,
+    model = req.model or state.served_model_id
+    turn = Turn(
+        protocol="chat.completions",
+        messages=plan.messages,
         tools=plan.tools,
+        parse_tools=plan.parse_tools,
         thinking=plan.thinking,
         preserve_thinking=plan.preserve_thinking,
-    )
-    request_id = request.state.request_id
-    completion_id = new_id("chatcmpl-")
-    model = req.model or state.served_model_id
-    tracker = Tracker(
-        state,
-        request_id,
-        "chat.completions",
-        model=model,
-        stream=req.stream,
-        num_tools=len(plan.tools or ()),
-        thinking=plan.thinking,
+        params=plan.params,
         max_tokens=plan.max_tokens,
-        prompt_tokens=len(prompt.token_ids),
+        stream=req.stream,
+        log_fields={"model": model},
     )
-    try:
-        check_fits(prompt, state.max_context)
-    except ApiError as exc:
-        tracker.rejected(exc)
-        raise
-    if plan.max_tokens == 0:  # prompt only: nothing to generate
-        outcome = Outcome(finish="length", prompt_tokens=len(prompt.token_ids))
-        return JSONResponse(convert.chat_response(completion_id, model, [], outcome))
-    generation = Generation(
-        state.engine,
-        request_id,
-        prompt,
-        plan.params,
-        tools=plan.parse_tools,
-        calls_in_reasoning=state.options.tolerant_tool_calls,
-    )
-    await tracker.begin(generation)
-    if not req.stream:
-        events = await collect(tracker, generation, request)
-        return JSONResponse(convert.chat_response(completion_id, model, events, generation.outcome))
     include_usage = bool((req.stream_options or {}).get("include_usage"))
-    frames = _chat_frames(generation, convert.ChunkWriter(completion_id, model), include_usage)
-    body = with_keepalive(tracker.stream(generation, frames), state.options.keepalive_seconds)
-    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+    return await pipeline.run(state, request, turn, ChatAdapter(new_id("chatcmpl-"), model, include_usage))
 
 
-async def _chat_frames(
-    generation: Generation, writer: convert.ChunkWriter, include_usage: bool
-) -> AsyncIterator[str]:
-    yield sse_data(writer.chunk({"role": "assistant", "content": ""}))
-    try:
-        async for event in generation.events():
-            yield sse_data(writer.event(event))
-    except ApiError as exc:
-        yield sse_data(openai_body(exc))
-        yield "data: [DONE]\n\n"
-        return
-    outcome = generation.outcome
-    if outcome.finish == "aborted":
-        error = ApiError(503, "request_aborted", "the request was aborted by the server")
-        yield sse_data(openai_body(error))
-        yield "data: [DONE]\n\n"
-        return
-    yield sse_data(writer.chunk({}, convert.finish_reason(outcome, writer.num_calls > 0)))
-    if include_usage:
-        yield sse_data(writer.usage_chunk(outcome))
-    yield "data: [DONE]\n\n"
+class ChatAdapter:
+    """Chat Completions output: one `chat.completion`, or `chat.completion.chunk` frames ending `[DONE]`."""
+
+    def __init__(self, completion_id: str, model: str, include_usage: bool) -> None:
+        self.completion_id = completion_id
+        self.model = model
+        self.include_usage = include_usage
+        self.writer = convert.ChunkWriter(completion_id, model)
+
+    def body(self, events: list[StreamEvent], outcome: Outcome) -> dict[str, Any]:
+        return convert.chat_response(self.completion_id, self.model, events, outcome)
+
+    def opening(self, outcome: Outcome) -> list[str]:
+        return [sse_data(self.writer.chunk({"role": "assistant", "content": ""}))]
+
+    def frames(self, event: StreamEvent) -> list[str]:
+        return [sse_data(self.writer.event(event))]
+
+    def failed(self, error: ApiError) -> list[str]:
+        return [sse_data(openai_body(error)), "data: [DONE]\n\n"]
+
+    def closing(self, outcome: Outcome) -> list[str]:
+        writer = self.writer
+        out = [sse_data(writer.chunk({}, convert.finish_reason(outcome, writer.num_calls > 0)))]
+        if self.include_usage:
+            out.append(sse_data(writer.usage_chunk(outcome)))
+        return [*out, "data: [DONE]\n\n"]
 
 
 # ------------------------------------------------------------------------------------ responses
@@ -137,7 +111,7 @@ async def _chat_frames(
 async def create_response(request: Request) -> Any:
     state = server_state(request)
     req = validate(ResponsesRequest, await read_json(request))
-    return await responses.create(state, request.state.request_id, req, request)
+    return await responses.create(state, request, req)
 
 
 @router.post("/v1/responses/input_tokens", openapi_extra=json_body_doc(InputTokensRequest))

@@ -1,0 +1,85 @@
+"""Quantized weights: the formats of the published `.ninfer` profiles, their exact codecs, and the linear layer
+on them. Imports torch (and Triton, where it runs), nothing of ours outside ``kernels``.
+
+Public API (what the model's linear layer builds on):
+
+- ``payload_bytes(fmt, shape)`` -> int: the bytes a quantized object occupies in its layout (the container's
+  ``bytes`` member; ``engine/artifact/formats.py`` calls it). ``geometry(fmt, shape)``: each plane's offset,
+  size and row bytes.
+- ``encode(fmt, w)`` -> uint8 payload (CPU): quantize a float [N, K] weight with the format's encoder (the
+  upstream canonical one for Q4/Q5/Q6/W8; ours for NVFP4 and FP8 rows) and pack it exactly as stored. NVFP4's
+  weight divisor is inside the payload (its last 4 bytes). ``pack_groupwise`` / ``pack_nvfp4`` / ``pack_fp8``
+  pack already chosen words (a pre-quantized checkpoint's), ``decode_words`` recovers them.
+- ``decode_ref(fmt, payload, shape)`` -> float32 [N, K]: the represented weight, exact to the bit.
+- ``view_planes(fmt, payload, shape, divisor=None, input_divisor=None)`` -> ``QuantWeight``: typed views of the
+  payload's planes on its device, no copy; ``QuantWeight.rows(begin, count)`` a row range of a fused parent
+  (no copy); ``dequantize(qw)`` -> float32 [N, K] on the weight's device.
+- ``quant_linear(x, qw)`` -> ``x @ W^T`` in x's dtype: the Triton weight-streaming GEMV for at most 8 rows, the
+  Triton GEMM (FP8: ``torch._scaled_mm`` where the GPU has FP8 tensor cores) above that, on CUDA;
+  ``quant_linear_ref(x, qw)`` = ``dequantize`` + matmul in float32 (what the CPU runs).
+
+Formats: ``Q4G64_F16S``, ``Q5G64_F16S``, ``Q6G64_F16S``, ``W8G32_F16S`` (``row-split-k128-v1``), ``NVFP4``
+(``blockscale-k16-m128x4-v1``), ``FP8_E4M3FN_ROW_BF16S`` (``row-scale-v1``): see ``kernels.quant.formats``.
+"""
+
+from __future__ import annotations
+
+from kernels.quant.codec import (
+    decode_ref,
+    decode_words,
+    encode,
+    pack_fp8,
+    pack_groupwise,
+    pack_nvfp4,
+    quantize_fp8,
+    quantize_groupwise,
+    quantize_nvfp4,
+)
+from kernels.quant.formats import (
+    BLOCKSCALE,
+    FP8,
+    GROUP_FORMATS,
+    LAYOUT_OF,
+    NVFP4,
+    Q4,
+    Q5,
+    Q6,
+    QUANT_FORMATS,
+    ROW_SCALE,
+    ROW_SPLIT,
+    W8,
+    Geometry,
+    geometry,
+    payload_bytes,
+)
+from kernels.quant.weight import QuantWeight, dequantize, view_planes
+
+__all__ = [
+    "BLOCKSCALE",
+    "FP8",
+    "GROUP_FORMATS",
+    "LAYOUT_OF",
+    "NVFP4",
+    "Q4",
+    "Q5",
+    "Q6",
+    "QUANT_FORMATS",
+    "ROW_SCALE",
+    "ROW_SPLIT",
+    "W8",
+    "Geometry",
+    "QuantWeight",
+    "decode_ref",
+    "decode_words",
+    "dequantize",
+    "encode",
+    "geometry",
+    "pack_fp8",
+    "pack_groupwise",
+    "pack_nvfp4",
+    "payload_bytes",
+    "quantize_fp8",
+    "quantize_groupwise",
+    "quantize_nvfp4",
+    "view_planes",
+]
