@@ -37,6 +37,7 @@ class ChatPlan:
     preserve_thinking: bool
     params: SamplingParams
     max_tokens: int
+    legacy_functions: bool = False  # the request used `functions`: answer with `function_call`
 
 
 def call_id() -> str:
@@ -230,7 +231,8 @@ def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
     if budget is not None:
         params = replace(params, thinking_budget=budget)
     rendered = tools if tools and mode != "none" else None
-    return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit)
+    legacy = req.functions is not None
+    return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit, legacy)
 
 
 # ------------------------------------------------------------------------------------------- output
@@ -246,10 +248,17 @@ def usage(outcome: Outcome) -> dict[str, Any]:
     }
 
 
-def finish_reason(outcome: Outcome, has_calls: bool) -> str:
+def finish_reason(outcome: Outcome, has_calls: bool, *, legacy: bool = False) -> str:
     if outcome.finish in ("length", "context"):
         return "length"
-    return "tool_calls" if has_calls else "stop"
+    if has_calls:
+        return "function_call" if legacy else "tool_calls"
+    return "stop"
+
+
+def legacy_call_json(call: ToolCall) -> dict[str, Any]:
+    """A call in the legacy `function_call` shape (one per message: the first call when there are more)."""
+    return {"name": call.name, "arguments": call.arguments_json}
 
 
 def tool_call_json(call: ToolCall, cid: str) -> dict[str, Any]:
@@ -257,7 +266,7 @@ def tool_call_json(call: ToolCall, cid: str) -> dict[str, Any]:
 
 
 def chat_response(
-    completion_id: str, model: str, events: list[StreamEvent], outcome: Outcome
+    completion_id: str, model: str, events: list[StreamEvent], outcome: Outcome, *, legacy: bool = False
 ) -> dict[str, Any]:
     reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
     content = "".join(e.text for e in events if isinstance(e, ContentDelta))
@@ -265,7 +274,9 @@ def chat_response(
     message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
     if reasoning:
         message["reasoning_content"] = reasoning
-    if calls:
+    if calls and legacy:
+        message["function_call"] = legacy_call_json(calls[0])
+    elif calls:
         message["tool_calls"] = [tool_call_json(c, call_id()) for c in calls]
     return {
         "id": completion_id,
@@ -276,7 +287,7 @@ def chat_response(
             {
                 "index": 0,
                 "message": message,
-                "finish_reason": finish_reason(outcome, bool(calls)),
+                "finish_reason": finish_reason(outcome, bool(calls), legacy=legacy),
                 "logprobs": None,
             }
         ],
@@ -287,9 +298,10 @@ def chat_response(
 class ChunkWriter:
     """Builds `chat.completion.chunk` payloads for one streamed completion."""
 
-    def __init__(self, completion_id: str, model: str) -> None:
+    def __init__(self, completion_id: str, model: str, *, legacy: bool = False) -> None:
         self.completion_id = completion_id
         self.model = model
+        self.legacy = legacy  # calls as the legacy `function_call` delta (the first one only)
         self.created = int(time.time())
         self.num_calls = 0
 
@@ -307,9 +319,11 @@ class ChunkWriter:
             return self.chunk({"reasoning_content": event.text})
         if isinstance(event, ContentDelta):
             return self.chunk({"content": event.text})
-        call = tool_call_json(event.call, call_id())
-        call["index"] = self.num_calls
         self.num_calls += 1
+        if self.legacy:
+            return self.chunk({"function_call": legacy_call_json(event.call)} if self.num_calls == 1 else {})
+        call = tool_call_json(event.call, call_id())
+        call["index"] = self.num_calls - 1
         return self.chunk({"tool_calls": [call]})
 
     def usage_chunk(self, outcome: Outcome) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from fastapi.responses import Response
 from api import pipeline
 from api.errors import ApiError, invalid
 from api.generation import Outcome
-from api.openai.convert import text_of_parts, thinking_choice, tool_choice_mode
+from api.openai.convert import effort_budget, text_of_parts, thinking_choice, tool_choice_mode
 from api.openai.schemas import InputTokensRequest, ResponsesRequest
 from api.openai.store import StoredResponse
 from api.pipeline import Turn
@@ -444,6 +444,7 @@ async def create(state: ServerState, request: Request, req: ResponsesRequest) ->
     params = sampling_params(
         req, max_tokens=max_tokens, stop=stop_strings(req.stop), names={"max_tokens": "max_output_tokens"}
     )
+    budget = effort_budget((req.reasoning or {}).get("effort"), "reasoning.effort")
     turn = Turn(
         protocol="openai.responses",
         messages=plan.messages,
@@ -454,6 +455,7 @@ async def create(state: ServerState, request: Request, req: ResponsesRequest) ->
         max_tokens=max_tokens,
         stream=req.stream,
         prompt_param="input",
+        thinking_budget=budget,
         log_fields={"model": req.model, "continued": req.previous_response_id is not None},
     )
     return await pipeline.run(state, request, turn, ResponsesAdapter(state, req, plan))
