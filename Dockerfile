@@ -4,6 +4,8 @@
 #                        the operator's verification Job and the monitor sidecar use it too
 #   operator             the kopf operator only: kopf + kubernetes + pyyaml on a slim Python
 # Build:  docker build -t ninfer-server .      docker build --target operator -t ninfer-operator .
+# Run:    docker run --gpus all -p 8080:8080 -v /models:/artifacts:ro ninfer-server /artifacts/m.ninfer
+#         docker run ninfer-server ninfer-artifact verify /artifacts/m.ninfer --sha256 HEX
 # Both run as the non-root user `ninfer` (uid/gid 10001), which the operator's pod specs expect.
 
 # RTX 5090 (sm_120) needs CUDA >= 12.8; Hopper works with the same image.
@@ -13,7 +15,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # ---- wheel: build the ninfer wheel once, without dependencies ------------------------------------
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
-RUN pip install --no-cache-dir "setuptools>=68" wheel
+RUN pip install --no-cache-dir "setuptools==80.9.0" "wheel==0.45.1"
 COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY kernels ./kernels
@@ -43,13 +45,18 @@ RUN groupadd --gid 10001 ninfer && useradd --uid 10001 --gid 10001 --create-home
 COPY --from=wheel /wheels /wheels
 # The base's CUDA torch satisfies the project's torch range, so pip keeps it; `gpu` adds Triton and
 # flash-linear-attention, which belong only in GPU images.
+# DL3013 (pin versions): this is the project's own wheel, whose dependency ranges pyproject.toml pins.
+# hadolint ignore=DL3013
 RUN WHEEL=$(ls /wheels/ninfer-*.whl) && pip install --no-cache-dir "${WHEEL}[gpu]" && rm -rf /wheels
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     TRITON_CACHE_DIR=/tmp/triton-cache HF_HOME=/tmp/hf-home
 RUN mkdir -p /var/log/ninfer /artifacts && chown 10001:10001 /var/log/ninfer
 USER 10001:10001
 EXPOSE 8080 8090
+COPY --chmod=0755 scripts/docker-entrypoint.sh /usr/local/bin/ninfer-entrypoint
 HEALTHCHECK --interval=30s --timeout=5s --start-period=600s \
-  CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=4)"
-ENTRYPOINT ["ninfer-serve"]
-CMD ["--host", "0.0.0.0", "--port", "8080"]
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=4)"]
+# `docker run IMAGE` serves; `docker run IMAGE ninfer-serve|ninfer|ninfer-artifact ... ARGS` runs that command
+# (scripts/docker-entrypoint.sh); other arguments go to ninfer-serve.
+ENTRYPOINT ["ninfer-entrypoint"]
+CMD []

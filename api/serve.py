@@ -1,11 +1,15 @@
 """`ninfer-serve [ARTIFACT | --synthetic GEOMETRY] [flags]`: parse and validate every flag, load the engine,
 run uvicorn.
 
+The engine's flags are engine/flags.py's table and their rules engine/config.py's (the same as `ninfer` and
+`LLM()`); the server's own flags (network, identity, logging, --synthetic) and their rules are here.
+
 No artifact = the embedded demo model (built once into the user cache). `--synthetic GEOMETRY` serves random
 weights of a real geometry built on the device (engine/synthetic.py; model id `<GEOMETRY>-synthetic`, and
 /v1/models, /stats and the request log's server_start say `synthetic`): for load tests and benchmarks at the
 real sizes without the checkpoints. A bad flag or flag combination exits with status 2 and the reason before
-anything is loaded.
+anything is loaded; `--check-args` stops right after that validation (exit 0), which is how the operator's
+tests prove that every command line it renders is one the server accepts.
 """
 
 from __future__ import annotations
@@ -80,23 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument(
         "--metrics-vllm-aliases", action="store_true", help="also export vllm: metric names on /metrics"
     )
+    net.add_argument(
+        "--check-args",
+        action="store_true",
+        help="validate the command line as a start would, load nothing, exit 0 (or 2 with the reason)",
+    )
     cap = p.add_argument_group("capacity and queueing")
-    add_engine_flags(cap)
-    cap.add_argument("--max-concurrency", type=positive_int, default=1, help="lanes, 1..8")
-    cap.add_argument("--max-pending-requests", type=nonneg_int, default=16)
-    cap.add_argument("--pending-timeout-ms", type=positive_int, default=30_000)
-    cap.add_argument(
-        "--host-kv-cache-mib",
-        type=nonneg_int,
-        default=0,
-        help="park evicted sessions' KV + GDN state in this much host RAM and restore by copy; 0 = off",
-    )
-    cap.add_argument(
-        "--spec",
-        choices=["mtp", "dflash"],
-        help="speculative decoding (not available in this build: refused at startup with the reason)",
-    )
-    cap.add_argument("--default-max-tokens", type=positive_int, default=8192)
+    add_engine_flags(cap, "engine", "server")
     log = p.add_argument_group("logging and response store")
     log.add_argument("--request-log-jsonl", type=Path, help="append request events (never text) here")
     log.add_argument(
@@ -120,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_combinations(args: argparse.Namespace) -> None:
-    """Cross-flag rules; raise ValueError with the reason."""
+def _check_server_flags(args: argparse.Namespace) -> None:
+    """The server's own flags (the engine's are the config's: engine/config.py); raise ValueError."""
     if args.synthetic is not None:
         if args.artifact is not None:
             raise ValueError(f"--synthetic {args.synthetic} and artifact {args.artifact}: give one, not both")
@@ -131,38 +125,12 @@ def _check_combinations(args: argparse.Namespace) -> None:
             raise ValueError(
                 f"--synthetic {args.synthetic} needs a CUDA device; use --synthetic {TINY_GEOMETRY} on the CPU"
             )
-    if args.prefill_chunk % 128:
-        raise ValueError(f"--prefill-chunk {args.prefill_chunk}: must be a multiple of 128")
-    decoding = args.prefill_chunk_decoding
-    if decoding is not None and decoding % 128:
-        raise ValueError(f"--prefill-chunk-decoding {decoding}: must be a multiple of 128")
-    if decoding is not None and decoding > args.prefill_chunk:
-        raise ValueError(
-            f"--prefill-chunk-decoding {decoding} must be <= --prefill-chunk {args.prefill_chunk} "
-            "(it only shrinks the prefill budget of a step that also decodes)"
-        )
-    if isinstance(args.kv_capacity, int) and args.kv_capacity < args.max_context:
-        raise ValueError(f"--kv-capacity {args.kv_capacity} must be >= --max-context {args.max_context}")
-    if args.host_kv_cache_mib and args.no_prefix_reuse:
-        raise ValueError(
-            f"--host-kv-cache-mib {args.host_kv_cache_mib} needs prefix reuse: with --no-prefix-reuse "
-            "nothing parked could ever be restored"
-        )
-    if args.spec == "dflash" and args.host_kv_cache_mib:
-        raise ValueError(
-            f"--spec dflash cannot run with --host-kv-cache-mib {args.host_kv_cache_mib}: host parking does "
-            "not capture DFlash draft caches, so a restored session would continue with a stale draft"
-        )
-    if args.spec is not None:
-        raise ValueError(f"--spec {args.spec}: speculative decoding is not available in this build")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key must not be empty")
     if args.model_id is not None and not args.model_id.strip():
         raise ValueError("--model-id must not be empty")
     if args.request_log_jsonl is None and (args.request_log_max_mib or args.request_log_keep != 4):
         raise ValueError("--request-log-max-mib / --request-log-keep need --request-log-jsonl")
-    if args.top_k is not None and not 0 <= args.top_k <= 20:
-        raise ValueError(f"--top-k {args.top_k}: must be in 0..20")
     if args.request_log_jsonl is not None:
         log = args.request_log_jsonl.resolve()
         if args.artifact is not None and log == Path(args.artifact).resolve():
@@ -192,17 +160,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        _check_combinations(args)
+        config = engine_config(args, args.artifact)  # the engine's flags: every rule is the config's
         sampling = sampling_params(args)
-        config = engine_config(
-            args,
-            args.artifact,
-            max_concurrency=args.max_concurrency,
-            max_pending_requests=args.max_pending_requests,
-            pending_timeout_ms=args.pending_timeout_ms,
-            host_kv_cache_mib=args.host_kv_cache_mib,
-            default_max_tokens=args.default_max_tokens,
-        )
+        _check_server_flags(args)
     except ValueError as exc:
         parser.error(str(exc))
     options = ServerOptions(
@@ -217,8 +177,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
         response_store_max_records=args.response_store_max_records,
         response_store_max_mib=args.response_store_max_mib,
         sampling=sampling,
-        greedy=args.greedy,
-        default_max_tokens=args.default_max_tokens,
+        greedy=config.greedy,
+        default_max_tokens=config.scheduler.default_max_tokens,
         thinking=not args.no_thinking and thinking_default(args) is not False,
         preserve_thinking=args.preserve_thinking,
         tolerant_tool_calls=args.tolerant_tool_calls,
@@ -288,6 +248,9 @@ def main(argv: Sequence[str] | None = None, *, engine_factory: EngineFactory | N
     """Run the server. `engine_factory(artifact, config)` replaces the engine (tests serve scripted ones)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args, config, options = parse_args(argv)
+    if args.check_args:  # every rule above ran; the digest check and the load are the start itself
+        print("ninfer-serve: arguments OK")
+        raise SystemExit(0)
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S")
     from api.app import create_app
 

@@ -57,7 +57,7 @@ from engine.model.config import ModelConfig
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
 from engine.runner import ModelRunner
-from engine.scheduler.output import ScheduledRequest, SchedulerOutput
+from engine.step import RowPlan, StepPlan
 from engine.synthetic import GEOMETRIES, build_synthetic
 
 if TYPE_CHECKING:
@@ -200,16 +200,17 @@ def prefill_flops_per_token(config: ModelConfig, weights: dict[str, float], prom
 
 def _request(
     rid: str, tokens: Sequence[int], start: int, pages: tuple[int, ...], slot: int, reset: bool, sample: bool
-) -> ScheduledRequest:
-    return ScheduledRequest(
+) -> RowPlan:
+    return RowPlan(
         request_id=rid, lane=slot, token_ids=tuple(tokens), start_pos=start, page_ids=pages, state_slot=slot,
-        reset_state=reset, copy_state_from=None, save_state_to=None, sample=sample, sampling_params=GREEDY,
+        reset_state=reset, copy_state_from=None, save_state_to=None, num_sample=int(sample), sampling_params=GREEDY,
         num_output_tokens=0,
     )  # fmt: skip
 
 
-def _step(runner: ModelRunner, step_id: int, rows: Sequence[ScheduledRequest]) -> list[int]:
-    return runner.execute(SchedulerOutput(step_id, tuple(rows), (), ()))
+def _step(runner: ModelRunner, step_id: int, rows: Sequence[RowPlan]) -> list[int]:
+    result = runner.execute(StepPlan(step_id, tuple(rows), (), ()))
+    return [token for tokens in result.sampled_token_ids for token in tokens]
 
 
 def run_prefill(runner: ModelRunner, vocab: int, prompt_len: int, chunk: int) -> float:

@@ -5,7 +5,8 @@
 The prompt goes through the model's chat template (a user message, or the messages of FILE: a JSON
 list of messages, or an object with "messages" and optional "tools"). The answer streams to stdout;
 loading progress, the reasoning, timing and throughput go to stderr, so `ninfer ... > answer.txt`
-keeps only the answer. Flags map 1:1 to `EngineConfig` fields and `SamplingParams`.
+keeps only the answer. Flags map 1:1 to `EngineConfig` fields (engine/flags.py's table, the same rows
+`ninfer-serve` offers; the rules are engine/config.py's) and `SamplingParams`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from engine.chat.parse import (
     ToolCallEvent,
     prompt_ends_in_reasoning,
 )
+from engine.config import EngineConfig
 from engine.flags import (
     add_engine_flags,
     add_sampling_flags,
@@ -33,7 +35,7 @@ from engine.flags import (
     sampling_params,
     thinking_default,
 )
-from engine.request import FinishEvent, TokenEvent
+from engine.request import FinishEvent, SamplingParams, TokenEvent
 from engine.tokenizer import IncrementalDetokenizer
 
 
@@ -46,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--messages", type=Path, help="JSON file: a list of chat messages (or {messages, tools})"
     )
     p.add_argument("--max-new", type=int, default=256, help="maximum tokens to generate (default 256)")
-    add_engine_flags(p)
+    add_engine_flags(p, "engine")
     add_sampling_flags(p)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--no-thinking", action="store_true", help="render the template with thinking off")
@@ -71,11 +73,11 @@ def _write(stream: TextIO, text: str) -> None:
         stream.flush()
 
 
-def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def run(
+    args: argparse.Namespace, config: EngineConfig, params: SamplingParams, out: TextIO, err: TextIO
+) -> int:
     from engine.core import EngineCore, load_artifact  # torch and the model stack: after parsing
 
-    config = engine_config(args, args.artifact)
-    params = sampling_params(args, max_tokens=args.max_new, stop=tuple(args.stop))
     messages, tools = _messages(args)
     print(f"loading {args.artifact} ...", file=err)
     start = time.perf_counter()
@@ -130,9 +132,17 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Exit status 2 with the reason for a refused flag (the same words as `ninfer-serve` and `LLM()`), before
+    anything is loaded; 2 also for bad input files and requests that can never fit."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        return run(args, sys.stdout, sys.stderr)
+        config = engine_config(args, args.artifact)
+        params = sampling_params(args, max_tokens=args.max_new, stop=tuple(args.stop))
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        return run(args, config, params, sys.stdout, sys.stderr)
     except (ValueError, OSError) as exc:
         print(f"ninfer: error: {exc}", file=sys.stderr)
         return 2

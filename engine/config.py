@@ -2,9 +2,11 @@
 
 Owns: the user-facing knobs that map 1:1 to CLI flags / `LLM(**kwargs)` keywords
 (`--max-context` -> `max_context`, `--kv-capacity` -> `kv_capacity`, `--no-prefix-reuse` ->
-`prefix_reuse=False`, ...). Must not hold runtime-discovered values (the page count that `auto`
-resolves to, EOS ids): those live in result objects built by the runner / tokenizer.
-`ModelConfig` lives in `engine/model/config.py`.
+`prefix_reuse=False`, ...; the flag table is engine/flags.py), and EVERY rule on them: each field's range in
+its dataclass's `__post_init__`, rules across groups in `EngineConfig.__post_init__`. A refusal is a
+ValueError `"<field>=<value!r>: <rule>"`, the same words whether the value came from `ninfer-serve`, `ninfer`
+or `LLM()`. Must not hold runtime-discovered values (the page count that `auto` resolves to, EOS ids): those
+live in result objects built by the runner / tokenizer. `ModelConfig` lives in `engine/model/config.py`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 KV_DTYPES = ("bf16", "int8")
+SPEC_METHODS = ("mtp", "dflash")  # --spec: speculative decoding methods (none is available in this build yet)
 MAX_CONCURRENCY_LIMIT = 8  # startup-fixed lanes 1..8 (upstream kMaximumConcurrency)
 # The served models' native context (max_position_embeddings of every registered Qwen3.5-family checkpoint).
 # Longer would need RoPE scaling (YaRN), which this build does not do: positions past it were never trained.
@@ -22,6 +25,9 @@ NATIVE_CONTEXT = 262_144
 # prefill_chunk). On the 27B a 2,048-token chunk still keeps the linears compute-bound, while a decoding lane
 # waits for ~a quarter of an 8,192-token chunk (measured on the H200 at 100k context: 0.7-0.8 s per 8,192).
 DEFAULT_PREFILL_CHUNK_DECODING = 2048
+
+
+_GROUP_FIELDS = ("artifact", "cache", "scheduler")  # EngineConfig fields that are not flags
 
 
 def _require(ok: bool, name: str, value: object, rule: str) -> None:
@@ -51,7 +57,7 @@ class CacheConfig:
     # Message-boundary checkpoints saved per request (the last ones of its prompt beyond the reuse).
     max_boundary_saves: int = 4
     # Host-RAM parking budget in MiB (`--host-kv-cache-mib`, 0 = off): evicted checkpoints are
-    # parked there and restored by copy (engine/scheduler/host.py, engine/parking.py).
+    # parked there and restored by copy (engine/scheduler/host.py, engine/runner/host_copies.py).
     host_kv_cache_mib: int = 0
 
     def __post_init__(self) -> None:
@@ -119,6 +125,9 @@ class SchedulerConfig:
     prefill_chunk_decoding: int | None = None
     # Output budget of a request that sets no max_tokens (still capped by max_context).
     default_max_tokens: int = 8192
+    # prefill_chunk and prefill_chunk_decoding must be multiples of this (no flag): 128 for whoever configures
+    # the engine (upstream NInfer's rule for --prefill-chunk); tests of chunking on the tiny models set 1.
+    prefill_chunk_multiple: int = 128
 
     def __post_init__(self) -> None:
         _require(_is_int(self.max_context) and self.max_context >= 2, "max_context", self.max_context, ">= 2")
@@ -147,11 +156,19 @@ class SchedulerConfig:
             self.pending_timeout_ms,
             "must be >= 1",
         )
+        multiple = self.prefill_chunk_multiple
+        _require(_is_int(multiple) and multiple >= 1, "prefill_chunk_multiple", multiple, "must be >= 1")
         _require(
             _is_int(self.prefill_chunk) and self.prefill_chunk >= 1,
             "prefill_chunk",
             self.prefill_chunk,
             ">= 1",
+        )
+        _require(
+            self.prefill_chunk % multiple == 0,
+            "prefill_chunk",
+            self.prefill_chunk,
+            f"must be a multiple of {multiple}",
         )
         decoding = self.prefill_chunk_decoding
         _require(
@@ -159,6 +176,12 @@ class SchedulerConfig:
             "prefill_chunk_decoding",
             decoding,
             "must be an integer >= 1 (0 would starve a prefill while any lane decodes), or None for the default",
+        )
+        _require(
+            decoding is None or decoding % multiple == 0,
+            "prefill_chunk_decoding",
+            decoding,
+            f"must be a multiple of {multiple}",
         )
         _require(
             decoding is None or decoding <= self.prefill_chunk,
@@ -195,15 +218,34 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     greedy: bool = False  # --greedy forces temperature 0 whatever the request says
-    cuda_graph: bool = True  # --no-cuda-graph -> False: every decode step eager (engine/graphs.py)
+    cuda_graph: bool = True  # --no-cuda-graph -> False: every decode step eager (engine/runner/graphs.py)
     # Run the first-use step shapes before serving (ModelRunner.warm_up): None = on a GPU only (where
     # kernels compile and autotune on first use), True = always, False (--no-warmup) = never.
     warmup: bool | None = None
+    spec: str | None = None  # --spec: speculative decoding method (SPEC_METHODS); refused in this build
 
     def __post_init__(self) -> None:
         _require(isinstance(self.greedy, bool), "greedy", self.greedy, "must be a bool")
         _require(isinstance(self.cuda_graph, bool), "cuda_graph", self.cuda_graph, "must be a bool")
         _require(self.warmup in (None, True, False), "warmup", self.warmup, "must be None, True or False")
+        # Rules across the groups.
+        cap, max_context = self.cache.kv_capacity, self.scheduler.max_context
+        _require(
+            not isinstance(cap, int) or cap >= max_context,
+            "kv_capacity",
+            cap,
+            f"must be >= max_context ({max_context})",
+        )
+        spec, host_mib = self.spec, self.cache.host_kv_cache_mib
+        _require(spec is None or spec in SPEC_METHODS, "spec", spec, f"must be one of {SPEC_METHODS} or None")
+        _require(
+            not (spec == "dflash" and host_mib),
+            "spec",
+            spec,
+            f"cannot run with host_kv_cache_mib={host_mib}: host parking does not capture DFlash draft "
+            "caches, so a restored session would continue with a stale draft",
+        )
+        _require(spec is None, "spec", spec, "speculative decoding is not available in this build")
 
     @property
     def num_pages(self) -> int:
@@ -212,14 +254,14 @@ class EngineConfig:
 
     @classmethod
     def from_flags(cls, artifact: str | None = None, **flags: Any) -> EngineConfig:
-        """Build from flat snake_case flag names (`max_context=..., prefix_reuse=False, ...`)."""
+        """Build from flat snake_case flag names (`max_context=..., prefix_reuse=False, ...`): the one way in
+        for `ninfer-serve`, `ninfer` (both through engine/flags.py) and `LLM(**config)`. Every field of the
+        three dataclasses is a keyword; an unknown keyword is refused."""
         groups: dict[str, dict[str, Any]] = {"cache": {}, "scheduler": {}, "engine": {}}
         owners = {
             **{f.name: "cache" for f in dataclasses.fields(CacheConfig)},
             **{f.name: "scheduler" for f in dataclasses.fields(SchedulerConfig)},
-            "greedy": "engine",
-            "cuda_graph": "engine",
-            "warmup": "engine",
+            **{f.name: "engine" for f in dataclasses.fields(cls) if f.name not in _GROUP_FIELDS},
         }
         for name, value in flags.items():
             if name not in owners:

@@ -31,7 +31,6 @@ from engine.config import EngineConfig
 from engine.model.config import ModelConfig
 from engine.model.loader import load_model
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
-from engine.parking import attach_host_parking, host_stat_fields
 from engine.request import (
     Event,
     FinishEvent,
@@ -43,6 +42,7 @@ from engine.request import (
     TokenEvent,
 )
 from engine.runner import ModelRunner, WarmupReport, resolve_num_pages
+from engine.runner.host_copies import host_stat_fields, make_host_parking
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -75,7 +75,7 @@ class EngineStats:
     num_requests_added: int
     num_requests_finished: dict[str, int] = field(default_factory=dict)  # by finish kind
     num_requests_rejected: dict[str, int] = field(default_factory=dict)  # by reject code
-    # Host KV parking (`--host-kv-cache-mib`; all zero when off; engine/parking.py host_stat_fields).
+    # Host KV parking (`--host-kv-cache-mib`; all zero when off; engine/runner/host_copies.py host_stat_fields).
     host_kv_capacity_bytes: int = 0
     host_kv_used_bytes: int = 0
     host_kv_allocated_bytes: int = 0
@@ -210,7 +210,10 @@ class EngineCore:
             self.warmup = self.runner.warm_up(config.scheduler.prefill_chunk)
             logger.info("warm-up done: %d steps, %d tokens in %.1f s", self.warmup.steps, self.warmup.tokens,
                         self.warmup.seconds)  # fmt: skip
-        self.host = attach_host_parking(config.cache, self.scheduler, self.runner)  # None when off
+        self.host = make_host_parking(config.cache, self.runner.cache)  # None when off
+        if self.host is not None:  # the scheduler decides what to park and restore, the runner copies
+            self.scheduler.attach_host(self.host)
+            self.runner.attach_host(self.host)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._stops_after_reasoning: set[str] = set()  # stop matching waits for `</think>`
         self.num_requests_added = 0
@@ -276,9 +279,9 @@ class EngineCore:
         return self.scheduler.has_work()
 
     def step(self) -> list[Event]:
-        output = self.scheduler.schedule()
-        sampled = self.runner.execute(output)
-        events = self.scheduler.commit(output, sampled, self.runner.take_host_reports())
+        plan = self.scheduler.schedule()
+        result = self.runner.execute(plan)
+        events = self.scheduler.commit(plan, result)
         events = self._match_stop_strings(events)
         for event in events:
             if isinstance(event, FinishEvent):

@@ -6,7 +6,9 @@
 
 Config keywords mirror the server flags in snake_case (`max_context`, `max_concurrency`, `kv_dtype`,
 `kv_capacity`, `prefill_chunk`, `prefix_reuse=False` for `--no-prefix-reuse`, `greedy`, ...; see
-`EngineConfig.from_flags`); `device`, `dtype` and `seed` pick where and how the model runs.
+`EngineConfig.from_flags` and engine/flags.py's table); a refused value raises ValueError with the words
+`ninfer-serve` and `ninfer` exit with (engine/config.py holds the rules). `device`, `dtype` and `seed` pick
+where and how the model runs.
 Owns: one `EngineCore`, driven inline (no thread). Must not touch the scheduler's or runner's state.
 """
 
@@ -77,7 +79,8 @@ class LLM:
         seed: int | None = None,
         **config: Any,
     ) -> None:
-        """Load `artifact` (None = the embedded demo model) with `EngineConfig.from_flags(**config)`."""
+        """Load `artifact` (None = the embedded demo model) with `EngineConfig.from_flags(**config)`, which
+        is built (and may refuse) before anything loads."""
         self.config = EngineConfig.from_flags(None if artifact is None else str(artifact), **config)
         loaded = load_artifact(artifact, device=device, dtype=dtype)
         self._artifact = loaded.artifact  # keeps memory-mapped weights alive

@@ -1,7 +1,7 @@
 """Requests, their sampling parameters, their terminal reasons and the events streamed up to the API.
 
 Owns: the only per-request state (`Request`), mutated only by the scheduler (STYLE 2.2 rule 2).
-Must not touch: pages, lanes, tensors. The runner never sees a `Request`: it gets `SchedulerOutput`.
+Must not touch: pages, lanes, tensors. The runner never sees a `Request`: it gets a `StepPlan` (engine/step.py).
 
 Every request ends in exactly one `FinishEvent` whose `FinishReason.kind` is one of
 stop | length | context (finished), aborted, or rejected (with a `RejectCode` and a message).

@@ -49,6 +49,7 @@ from kernels.norm import (
     rms_norm,
     rms_norm_ref,
 )
+from kernels.quant import quant_linear, quant_linear_ref
 from kernels.rope import (
     apply_rope_qk,
     apply_rope_qk_ref,
@@ -96,6 +97,8 @@ __all__ = [
     "paged_attention_ref",
     "paged_prefill_attention",
     "paged_prefill_attention_ref",
+    "quant_linear",
+    "quant_linear_ref",
     "recurrent_gated_delta_rule_ref",
     "rms_norm",
     "rms_norm_ref",

@@ -5,9 +5,11 @@
                            [--param key=value ...] [--results DIR]
 
 Per profile it scrapes the server's `/stats` before and after, runs
-`locust -f loadtest/locustfile.py --headless ...` (Locust's own CSVs land in DIR/locust_*.csv), then adds
-the `/stats` deltas to DIR/summary.json under "server" (and, with `--server-request-log`, the server's own
-queue / prefill seconds per prefix-reuse path under "server_requests"). Exit status: 0 when every profile ran without a
+`locust -f loadtest/locustfile.py PROFILE_CLASS --headless ...` (Locust's own CSVs land in DIR/locust_*.csv
+and its HTML report in DIR/locust.html), then adds the `/stats` deltas to DIR/summary.json under "server"
+(and, with `--server-request-log`, the server's own queue / prefill seconds per prefix-reuse path under
+"server_requests"), and draws DIR/*.png from the records (loadtest/plots.py: TTFT against prompt tokens,
+resumed against cold TTFT, ITL and TPOT distributions, cached-token share per turn). Exit status: 0 when every profile ran without a
 failed request, 1 otherwise, 2 on bad arguments. Only this wrapper imports nothing from locust, so it is
 safe to call from tests.
 """
@@ -27,14 +29,15 @@ import httpx
 from report import server_breakdown
 
 HERE = Path(__file__).resolve().parent
-PROFILES = (
-    "agent_sessions_long",
-    "park_resume",
-    "shared_prefix_fanout",
-    "prefill_ladder",
-    "chat_mix",
-    "rate_sweep",
-)
+# profile -> its User class in locustfile.py (`locust -f loadtest/locustfile.py --list`)
+PROFILES = {
+    "agent_sessions_long": "AgentSessionsLong",
+    "park_resume": "ParkResume",
+    "shared_prefix_fanout": "SharedPrefixFanout",
+    "prefill_ladder": "PrefillLadder",
+    "chat_mix": "ChatMix",
+    "rate_sweep": "RateSweep",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +123,7 @@ def run_profile(args: argparse.Namespace, profile: str, params: dict[str, Any]) 
     cmd = [
         args.locust,
         "-f", str(HERE / "locustfile.py"),
+        PROFILES[profile],
         "--headless",
         "--host", args.host,
         "-u", str(args.users or scale["users"]),
@@ -127,6 +131,7 @@ def run_profile(args: argparse.Namespace, profile: str, params: dict[str, Any]) 
         "-t", args.run_time or scale["run_time"],
         "--stop-timeout", f"{int(round(stop_timeout))}s",
         "--csv", str(results / "locust"),
+        "--html", str(results / "locust.html"),
         "--only-summary",
         "--loglevel", "WARNING",
     ]  # fmt: skip
@@ -144,6 +149,7 @@ def run_profile(args: argparse.Namespace, profile: str, params: dict[str, Any]) 
     summary["wall_s"] = elapsed
     if args.server_request_log is not None:
         summary["server_requests"] = server_breakdown(args.server_request_log, started_unix)
+    summary["reports"] = ["locust.html", *reports(results)]
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     overall = summary["overall"]
     ttft = overall["ttft_s"]["p50"]
@@ -154,6 +160,14 @@ def run_profile(args: argparse.Namespace, profile: str, params: dict[str, Any]) 
         f"-> {results}"
     )
     return 0 if rc == 0 and overall["failed"] == 0 else 1
+
+
+def reports(results: Path) -> list[str]:
+    """Draw the PNGs (matplotlib, imported only here) from records.jsonl; their file names."""
+    from plots import write_plots
+
+    lines = (results / "records.jsonl").read_text().splitlines()
+    return [p.name for p in write_plots(results, [json.loads(line) for line in lines if line])]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,12 +16,16 @@ fractions in `_ratio`. `EXTERNAL_METRICS` lists the metrics dashboards may use t
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from importlib import metadata
+from typing import Any, Literal, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -82,212 +86,185 @@ def _version() -> str:
         return "unknown"
 
 
-class ServerMetrics:
-    """The server's metrics on one registry. `monitor.collect` computes the updates; `render()` exposes."""
+Kind = Literal["counter", "gauge", "histogram"]
+_TYPES: dict[str, type[MetricWrapperBase]] = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
+# Names a table row may use for label values (`label=SET`) and histogram buckets (`buckets=SET`).
+VALUE_SETS: dict[str, tuple[str, ...]] = {
+    "APIS": APIS,
+    "FINISH_REASONS": FINISH_REASONS,
+    "REJECT_CODES": REJECT_CODES,
+    "PROMPT_SOURCES": PROMPT_SOURCES,
+    "REUSE_PATHS": REUSE_PATHS,
+    "HOST_EVICTION_REASONS": HOST_EVICTION_REASONS,
+    "HOST_PARK_SKIP_REASONS": HOST_PARK_SKIP_REASONS,
+    "HOST_PARK_REFUSAL_REASONS": HOST_PARK_REFUSAL_REASONS,
+    "SPEC_POSITIONS": tuple(str(p) for p in range(SPEC_POSITIONS)),
+    "PERCENTILES": ("50", "95", "99"),
+    "LOG_REOPEN_CAUSES": ("rotation", "truncation"),
+    "POLL_RESULTS": ("ok", "error"),
+}
+BUCKET_SETS: dict[str, tuple[float, ...]] = {
+    "TTFT": TTFT_BUCKETS,
+    "TOKEN_LATENCY": TOKEN_LATENCY_BUCKETS,
+    "REQUEST_SECONDS": REQUEST_SECONDS_BUCKETS,
+    "TOKEN_COUNT": TOKEN_COUNT_BUCKETS,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One metric: the attribute that holds it, its kind, name, help, labels, buckets (histograms) and
+    the label values created up front (every combination, so each series exists from the first scrape)."""
+
+    attr: str
+    kind: Kind
+    name: str
+    doc: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+    precreate: tuple[tuple[str, ...], ...] = ()  # one value tuple per label, or none
+
+    def build(self, registry: CollectorRegistry) -> MetricWrapperBase:
+        extra: dict[str, Any] = {} if self.buckets is None else {"buckets": self.buckets}
+        metric = _TYPES[self.kind](self.name, self.doc, list(self.labels), registry=registry, **extra)
+        for values in itertools.product(*self.precreate) if self.precreate else ():
+            metric.labels(*values)
+        return metric
+
+
+def parse_specs(table: str) -> tuple[Spec, ...]:
+    """Rows `ATTR KIND NAME [LABEL[=VALUE_SET] ...] [buckets=BUCKET_SET] | HELP`; blank lines and `#` skipped.
+    A label with a value set has every value created up front (all labels of a row have one, or none)."""
+    specs = []
+    for line in table.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        head, doc = line.split(" | ", 1)
+        attr, kind, name, *words = head.split()
+        assert kind in _TYPES, f"{name}: unknown kind {kind!r}"
+        labels, sets, buckets = [], [], None
+        for word in words:
+            key, _, value = word.partition("=")
+            if key == "buckets":
+                buckets = BUCKET_SETS[value]
+                continue
+            labels.append(key)
+            if value:
+                sets.append(VALUE_SETS[value])
+        assert not sets or len(sets) == len(labels), f"{name}: give every label a value set, or none"
+        specs.append(Spec(attr, cast(Kind, kind), name, doc.strip(), tuple(labels), buckets, tuple(sets)))
+    return tuple(specs)
+
+
+# What `ninfer-serve` serves at /metrics: requests (from each finished request's record), the engine
+# snapshot (from AsyncEngine.stats(), refreshed at each scrape), identity.
+SERVER_METRICS = parse_specs("""
+requests                  counter   ninfer_requests_total                   api=APIS finish_reason=FINISH_REASONS | Requests that ended, by protocol and finish reason.
+requests_rejected         counter   ninfer_requests_rejected_total          api=APIS code=REJECT_CODES | Requests refused before admission, by reason code.
+ttft                      histogram ninfer_time_to_first_token_seconds      buckets=TTFT | Time from arrival to the first output token.
+itl                       histogram ninfer_inter_token_latency_seconds      buckets=TOKEN_LATENCY | Gap between streamed tokens, per token (a chunk of k tokens counts k gaps of gap/k).
+tpot                      histogram ninfer_time_per_output_token_seconds    buckets=TOKEN_LATENCY | Per request: (end-to-end - time to first token) / (output tokens - 1).
+e2e                       histogram ninfer_e2e_request_latency_seconds      buckets=REQUEST_SECONDS | Time from arrival to the last token.
+queue                     histogram ninfer_request_queue_seconds            buckets=REQUEST_SECONDS | Time a request waited for a lane before its prefill started.
+prefill                   histogram ninfer_request_prefill_seconds          buckets=REQUEST_SECONDS | Time from admission to the first output token.
+decode                    histogram ninfer_request_decode_seconds           buckets=REQUEST_SECONDS | Time from the first output token to the last.
+request_prompt_tokens     histogram ninfer_request_prompt_tokens            buckets=TOKEN_COUNT | Prompt length per request (tokens).
+request_generation_tokens histogram ninfer_request_generation_tokens        buckets=TOKEN_COUNT | Output length per request (tokens).
+prompt_tokens             counter   ninfer_prompt_tokens_total              | Prompt tokens of finished requests (cached ones included).
+generation_tokens         counter   ninfer_generation_tokens_total          | Output tokens of finished requests.
+prompt_tokens_by_source   counter   ninfer_prompt_tokens_by_source_total    source=PROMPT_SOURCES | Prompt tokens by where their KV came from: computed, device prefix cache, host (RAM) cache.
+prefix_queries            counter   ninfer_prefix_cache_queries_total       | Prompt tokens looked up in the prefix cache.
+prefix_hits               counter   ninfer_prefix_cache_hits_total          | Prompt tokens found in the prefix cache (device or host).
+prefix_reuse_path         counter   ninfer_prefix_reuse_path_total          path=REUSE_PATHS | Requests by how their prompt's prefix was reused.
+spec_drafts               counter   ninfer_spec_decode_drafts_total         | Speculative verify rounds (one draft each).
+spec_draft_tokens         counter   ninfer_spec_decode_draft_tokens_total   | Draft tokens proposed.
+spec_accepted_tokens      counter   ninfer_spec_decode_accepted_tokens_total | Draft tokens accepted.
+spec_accepted_per_pos     counter   ninfer_spec_decode_accepted_tokens_per_pos_total position=SPEC_POSITIONS | Draft tokens accepted at each draft position.
+# engine snapshot
+running                   gauge     ninfer_requests_running                 | Requests holding a lane.
+waiting                   gauge     ninfer_requests_waiting                 | Requests queued for a lane.
+in_flight                 gauge     ninfer_http_requests_in_flight          | HTTP generation requests open.
+lanes                     gauge     ninfer_scheduler_lanes                  | Lanes (--max-concurrency).
+kv_usage                  gauge     ninfer_kv_cache_usage_ratio             | Fraction of device KV pages in use.
+kv_pages                  gauge     ninfer_kv_cache_pages                   | Device KV pages in the pool.
+kv_pages_used             gauge     ninfer_kv_cache_used_pages              | Device KV pages in use.
+checkpoints               gauge     ninfer_prefix_cache_checkpoints         | Prefix checkpoints held in the device cache.
+host_used                 gauge     ninfer_host_kv_cache_used_bytes         | Host (RAM) KV cache bytes in use.
+host_capacity             gauge     ninfer_host_kv_cache_capacity_bytes     | Host (RAM) KV cache capacity (--host-kv-cache-mib).
+host_park_bytes           counter   ninfer_host_kv_park_bytes_total         | Bytes copied device -> host when parking.
+host_park_seconds         counter   ninfer_host_kv_park_seconds_total       | Seconds spent parking device -> host.
+host_restore_bytes        counter   ninfer_host_kv_restore_bytes_total      | Bytes copied host -> device when restoring.
+host_restore_seconds      counter   ninfer_host_kv_restore_seconds_total    | Seconds spent restoring host -> device.
+host_evictions            counter   ninfer_host_kv_evictions_total          reason=HOST_EVICTION_REASONS | Host KV entries evicted, by reason.
+host_parks                counter   ninfer_host_kv_parks_total              | Sequences parked device -> host (one entry each).
+host_restores             counter   ninfer_host_kv_restores_total           | Host entries restored host -> device.
+host_park_skips           counter   ninfer_host_kv_park_skips_total         reason=HOST_PARK_SKIP_REASONS | Evicted device checkpoints not parked, by reason (covered: their tokens live on in longer device checkpoints; on_host: already parked).
+host_park_refusals        counter   ninfer_host_kv_park_refusals_total      reason=HOST_PARK_REFUSAL_REASONS | Parks refused by the host cache, by reason (oversize, pinned, ...).
+steps                     counter   ninfer_engine_steps_total               | Scheduler steps (including empty ones).
+forward_steps             counter   ninfer_engine_forward_steps_total       | Steps that ran the model.
+admission_scans           counter   ninfer_scheduler_admission_scans_total  | Admission passes over the waiting queue.
+prefill_tokens            counter   ninfer_engine_prefill_tokens_total      | Prompt tokens computed by prefill (live, per step).
+decode_tokens             counter   ninfer_engine_decode_tokens_total       | Tokens produced by decode steps (live, per step).
+engine_rejected           counter   ninfer_engine_rejected_total            code=REJECT_CODES | Requests the engine refused, by reason code.
+# identity
+model_info                gauge     ninfer_model_info                       model_id served_model_id weights_id artifact_sha256 kv_dtype max_context | The loaded model (value 1).
+build_info                gauge     ninfer_build_info                       version | The NInfer build (value 1).
+""")  # fmt: skip
+
+# What `ninfer-monitor` serves at /metrics: rolling aggregates over its window, and the host's GPUs.
+SIDECAR_METRICS = parse_specs("""
+server_up                 gauge     ninfer_monitor_server_up                | 1 if /stats answered recently or the request log is fresh.
+ttft                      gauge     ninfer_monitor_ttft_seconds             percentile=PERCENTILES | Rolling time-to-first-token quantiles over the window.
+queue                     gauge     ninfer_monitor_queue_seconds            percentile=PERCENTILES | Rolling queue-wait quantiles over the window.
+prefix_hit                gauge     ninfer_monitor_prefix_hit_ratio         | Prompt tokens reused / prompt tokens, over the window.
+reuse_path                gauge     ninfer_monitor_prefix_reuse_path_ratio  path=REUSE_PATHS | Share of requests by prefix reuse path, over the window.
+spec_accept               gauge     ninfer_monitor_spec_acceptance_ratio    | Accepted / drafted tokens over the window.
+decode_tps                gauge     ninfer_monitor_decode_tokens_per_second | Decode throughput over the last poll interval.
+prefill_tps               gauge     ninfer_monitor_prefill_tokens_per_second | Prefill throughput over the last poll interval.
+window_requests           gauge     ninfer_monitor_window_requests          finish_reason=FINISH_REASONS | Requests seen in the window, by finish reason.
+log_lines                 counter   ninfer_monitor_log_lines_total          | Request-log lines read (malformed ones included).
+log_reopens               counter   ninfer_monitor_log_reopens_total        cause=LOG_REOPEN_CAUSES | Times the request log was reopened (rotation or truncation).
+polls                     counter   ninfer_monitor_stats_polls_total        result=POLL_RESULTS | Polls of the server's /stats, by result.
+gpu_util                  gauge     ninfer_monitor_gpu_utilization_ratio    gpu | GPU utilization (nvidia-smi).
+gpu_mem_used              gauge     ninfer_monitor_gpu_memory_used_bytes    gpu | GPU memory in use (nvidia-smi).
+gpu_mem_total             gauge     ninfer_monitor_gpu_memory_total_bytes   gpu | GPU memory size (nvidia-smi).
+gpu_power                 gauge     ninfer_monitor_gpu_power_watts          gpu | GPU power draw (nvidia-smi).
+gpu_temp                  gauge     ninfer_monitor_gpu_temperature_celsius  gpu | GPU temperature (nvidia-smi).
+""")  # fmt: skip
+
+
+class MetricSet:
+    """The metrics of a table on one registry, each an attribute named by its `Spec.attr`."""
+
+    SPECS: tuple[Spec, ...] = ()
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        for spec in self.SPECS:
+            setattr(self, spec.attr, spec.build(self.registry))
+
+    def __getattr__(self, name: str) -> Any:  # the table's attributes are set in __init__; typed for mypy
+        raise AttributeError(f"{type(self).__name__} has no metric {name!r}")
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition (serve with `CONTENT_TYPE`)."""
+        return generate_latest(self.registry)
+
+
+class ServerMetrics(MetricSet):
+    """The server's metrics (`SERVER_METRICS`). `monitor.collect` computes the updates; `render()` exposes."""
+
+    SPECS = SERVER_METRICS
 
     def __init__(self, registry: CollectorRegistry | None = None, *, vllm_aliases: bool = False) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        super().__init__(registry)
         self.lock = threading.Lock()  # guards `previous` and the alias values (scrapes run concurrently)
         self.previous: object | None = None  # the last engine stats seen (monitor.collect computes deltas)
         self.model_labels: dict[str, str] | None = None
-        r = self.registry
-        # -- requests (from each finished request's record) --
-        self.requests = Counter(
-            "ninfer_requests_total", "Requests that ended, by protocol and finish reason.",
-            ["api", "finish_reason"], registry=r,
-        )  # fmt: skip
-        self.requests_rejected = Counter(
-            "ninfer_requests_rejected_total", "Requests refused before admission, by reason code.",
-            ["api", "code"], registry=r,
-        )  # fmt: skip
-        self.ttft = Histogram(
-            "ninfer_time_to_first_token_seconds", "Time from arrival to the first output token.",
-            registry=r, buckets=TTFT_BUCKETS,
-        )  # fmt: skip
-        self.itl = Histogram(
-            "ninfer_inter_token_latency_seconds",
-            "Gap between streamed tokens, per token (a chunk of k tokens counts k gaps of gap/k).",
-            registry=r, buckets=TOKEN_LATENCY_BUCKETS,
-        )  # fmt: skip
-        self.tpot = Histogram(
-            "ninfer_time_per_output_token_seconds",
-            "Per request: (end-to-end - time to first token) / (output tokens - 1).",
-            registry=r, buckets=TOKEN_LATENCY_BUCKETS,
-        )  # fmt: skip
-        self.e2e = Histogram(
-            "ninfer_e2e_request_latency_seconds", "Time from arrival to the last token.",
-            registry=r, buckets=REQUEST_SECONDS_BUCKETS,
-        )  # fmt: skip
-        self.queue = Histogram(
-            "ninfer_request_queue_seconds", "Time a request waited for a lane before its prefill started.",
-            registry=r, buckets=REQUEST_SECONDS_BUCKETS,
-        )  # fmt: skip
-        self.prefill = Histogram(
-            "ninfer_request_prefill_seconds", "Time from admission to the first output token.",
-            registry=r, buckets=REQUEST_SECONDS_BUCKETS,
-        )  # fmt: skip
-        self.decode = Histogram(
-            "ninfer_request_decode_seconds", "Time from the first output token to the last.",
-            registry=r, buckets=REQUEST_SECONDS_BUCKETS,
-        )  # fmt: skip
-        self.request_prompt_tokens = Histogram(
-            "ninfer_request_prompt_tokens", "Prompt length per request (tokens).",
-            registry=r, buckets=TOKEN_COUNT_BUCKETS,
-        )  # fmt: skip
-        self.request_generation_tokens = Histogram(
-            "ninfer_request_generation_tokens", "Output length per request (tokens).",
-            registry=r, buckets=TOKEN_COUNT_BUCKETS,
-        )  # fmt: skip
-        self.prompt_tokens = Counter(
-            "ninfer_prompt_tokens_total",
-            "Prompt tokens of finished requests (cached ones included).",
-            registry=r,
-        )
-        self.generation_tokens = Counter(
-            "ninfer_generation_tokens_total", "Output tokens of finished requests.", registry=r
-        )
-        self.prompt_tokens_by_source = Counter(
-            "ninfer_prompt_tokens_by_source_total",
-            "Prompt tokens by where their KV came from: computed, device prefix cache, host (RAM) cache.",
-            ["source"], registry=r,
-        )  # fmt: skip
-        self.prefix_queries = Counter(
-            "ninfer_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", registry=r
-        )
-        self.prefix_hits = Counter(
-            "ninfer_prefix_cache_hits_total", "Prompt tokens found in the prefix cache (device or host).",
-            registry=r,
-        )  # fmt: skip
-        self.prefix_reuse_path = Counter(
-            "ninfer_prefix_reuse_path_total", "Requests by how their prompt's prefix was reused.",
-            ["path"], registry=r,
-        )  # fmt: skip
-        self.spec_drafts = Counter(
-            "ninfer_spec_decode_drafts_total", "Speculative verify rounds (one draft each).", registry=r
-        )
-        self.spec_draft_tokens = Counter(
-            "ninfer_spec_decode_draft_tokens_total", "Draft tokens proposed.", registry=r
-        )
-        self.spec_accepted_tokens = Counter(
-            "ninfer_spec_decode_accepted_tokens_total", "Draft tokens accepted.", registry=r
-        )
-        self.spec_accepted_per_pos = Counter(
-            "ninfer_spec_decode_accepted_tokens_per_pos_total", "Draft tokens accepted at each draft position.",
-            ["position"], registry=r,
-        )  # fmt: skip
-        # -- engine snapshot (from AsyncEngine.stats(), refreshed at each scrape) --
-        self.running = Gauge("ninfer_requests_running", "Requests holding a lane.", registry=r)
-        self.waiting = Gauge("ninfer_requests_waiting", "Requests queued for a lane.", registry=r)
-        self.in_flight = Gauge("ninfer_http_requests_in_flight", "HTTP generation requests open.", registry=r)
-        self.lanes = Gauge("ninfer_scheduler_lanes", "Lanes (--max-concurrency).", registry=r)
-        self.kv_usage = Gauge(
-            "ninfer_kv_cache_usage_ratio", "Fraction of device KV pages in use.", registry=r
-        )
-        self.kv_pages = Gauge("ninfer_kv_cache_pages", "Device KV pages in the pool.", registry=r)
-        self.kv_pages_used = Gauge("ninfer_kv_cache_used_pages", "Device KV pages in use.", registry=r)
-        self.checkpoints = Gauge(
-            "ninfer_prefix_cache_checkpoints", "Prefix checkpoints held in the device cache.", registry=r
-        )
-        self.host_used = Gauge(
-            "ninfer_host_kv_cache_used_bytes", "Host (RAM) KV cache bytes in use.", registry=r
-        )
-        self.host_capacity = Gauge(
-            "ninfer_host_kv_cache_capacity_bytes",
-            "Host (RAM) KV cache capacity (--host-kv-cache-mib).",
-            registry=r,
-        )
-        self.host_park_bytes = Counter(
-            "ninfer_host_kv_park_bytes_total", "Bytes copied device -> host when parking.", registry=r
-        )
-        self.host_park_seconds = Counter(
-            "ninfer_host_kv_park_seconds_total", "Seconds spent parking device -> host.", registry=r
-        )
-        self.host_restore_bytes = Counter(
-            "ninfer_host_kv_restore_bytes_total", "Bytes copied host -> device when restoring.", registry=r
-        )
-        self.host_restore_seconds = Counter(
-            "ninfer_host_kv_restore_seconds_total", "Seconds spent restoring host -> device.", registry=r
-        )
-        self.host_evictions = Counter(
-            "ninfer_host_kv_evictions_total", "Host KV entries evicted, by reason.", ["reason"], registry=r
-        )
-        self.host_parks = Counter(
-            "ninfer_host_kv_parks_total", "Sequences parked device -> host (one entry each).", registry=r
-        )
-        self.host_restores = Counter(
-            "ninfer_host_kv_restores_total", "Host entries restored host -> device.", registry=r
-        )
-        self.host_park_skips = Counter(
-            "ninfer_host_kv_park_skips_total",
-            "Evicted device checkpoints not parked, by reason (covered: their tokens live on in longer device "
-            "checkpoints; on_host: already parked).",
-            ["reason"],
-            registry=r,
-        )
-        self.host_park_refusals = Counter(
-            "ninfer_host_kv_park_refusals_total",
-            "Parks refused by the host cache, by reason (oversize, pinned, ...).",
-            ["reason"],
-            registry=r,
-        )
-        self.steps = Counter(
-            "ninfer_engine_steps_total", "Scheduler steps (including empty ones).", registry=r
-        )
-        self.forward_steps = Counter(
-            "ninfer_engine_forward_steps_total", "Steps that ran the model.", registry=r
-        )
-        self.admission_scans = Counter(
-            "ninfer_scheduler_admission_scans_total", "Admission passes over the waiting queue.", registry=r
-        )
-        self.prefill_tokens = Counter(
-            "ninfer_engine_prefill_tokens_total",
-            "Prompt tokens computed by prefill (live, per step).",
-            registry=r,
-        )
-        self.decode_tokens = Counter(
-            "ninfer_engine_decode_tokens_total",
-            "Tokens produced by decode steps (live, per step).",
-            registry=r,
-        )
-        self.engine_rejected = Counter(
-            "ninfer_engine_rejected_total",
-            "Requests the engine refused, by reason code.",
-            ["code"],
-            registry=r,
-        )
-        # -- identity --
-        self.model_info = Gauge(
-            "ninfer_model_info", "The loaded model (value 1).",
-            ["model_id", "served_model_id", "weights_id", "artifact_sha256", "kv_dtype", "max_context"],
-            registry=r,
-        )  # fmt: skip
-        self.build_info = Gauge("ninfer_build_info", "The NInfer build (value 1).", ["version"], registry=r)
         self.build_info.labels(version=_version()).set(1)
-        self._precreate()
         self.alias_values: dict[str, float] = {"waiting": 0.0, "running": 0.0, "kv_usage": 0.0}
         if vllm_aliases:
             self.registry.register(VllmAliases(self))
-
-    def _precreate(self) -> None:
-        for api in APIS:
-            for reason in FINISH_REASONS:
-                self.requests.labels(api=api, finish_reason=reason)
-            for code in REJECT_CODES:
-                self.requests_rejected.labels(api=api, code=code)
-        for source in PROMPT_SOURCES:
-            self.prompt_tokens_by_source.labels(source=source)
-        for path in REUSE_PATHS:
-            self.prefix_reuse_path.labels(path=path)
-        for reason in HOST_EVICTION_REASONS:
-            self.host_evictions.labels(reason=reason)
-        for reason in HOST_PARK_SKIP_REASONS:
-            self.host_park_skips.labels(reason=reason)
-        for reason in HOST_PARK_REFUSAL_REASONS:
-            self.host_park_refusals.labels(reason=reason)
-        for code in REJECT_CODES:
-            self.engine_rejected.labels(code=code)
-        for pos in range(SPEC_POSITIONS):
-            self.spec_accepted_per_pos.labels(position=str(pos))
 
     def set_model(
         self,
@@ -313,10 +290,6 @@ class ServerMetrics:
             self.model_info.labels(**labels).set(1)
             self.model_labels = labels
 
-    def render(self) -> bytes:
-        """The Prometheus text exposition (serve with `CONTENT_TYPE`)."""
-        return generate_latest(self.registry)
-
 
 class VllmAliases(Collector):
     """`vllm:` names of the gauges routers read (Gateway API Inference Extension, KEDA examples)."""
@@ -339,94 +312,11 @@ class VllmAliases(Collector):
             yield family
 
 
-class SidecarMetrics:
-    """`ninfer-monitor`'s own metrics: rolling aggregates over its window (default one hour)."""
+class SidecarMetrics(MetricSet):
+    """`ninfer-monitor`'s own metrics (`SIDECAR_METRICS`): rolling aggregates over its window (default one
+    hour)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.server_up = Gauge(
-            "ninfer_monitor_server_up",
-            "1 if /stats answered recently or the request log is fresh.",
-            registry=r,
-        )
-        self.ttft = Gauge(
-            "ninfer_monitor_ttft_seconds", "Rolling time-to-first-token quantiles over the window.",
-            ["percentile"], registry=r,
-        )  # fmt: skip
-        self.queue = Gauge(
-            "ninfer_monitor_queue_seconds",
-            "Rolling queue-wait quantiles over the window.",
-            ["percentile"],
-            registry=r,
-        )
-        self.prefix_hit = Gauge(
-            "ninfer_monitor_prefix_hit_ratio",
-            "Prompt tokens reused / prompt tokens, over the window.",
-            registry=r,
-        )
-        self.reuse_path = Gauge(
-            "ninfer_monitor_prefix_reuse_path_ratio", "Share of requests by prefix reuse path, over the window.",
-            ["path"], registry=r,
-        )  # fmt: skip
-        self.spec_accept = Gauge(
-            "ninfer_monitor_spec_acceptance_ratio", "Accepted / drafted tokens over the window.", registry=r
-        )
-        self.decode_tps = Gauge(
-            "ninfer_monitor_decode_tokens_per_second",
-            "Decode throughput over the last poll interval.",
-            registry=r,
-        )
-        self.prefill_tps = Gauge(
-            "ninfer_monitor_prefill_tokens_per_second", "Prefill throughput over the last poll interval.",
-            registry=r,
-        )  # fmt: skip
-        self.window_requests = Gauge(
-            "ninfer_monitor_window_requests", "Requests seen in the window, by finish reason.",
-            ["finish_reason"], registry=r,
-        )  # fmt: skip
-        self.log_lines = Counter(
-            "ninfer_monitor_log_lines_total", "Request-log lines read (malformed ones included).", registry=r
-        )
-        self.log_reopens = Counter(
-            "ninfer_monitor_log_reopens_total", "Times the request log was reopened (rotation or truncation).",
-            ["cause"], registry=r,
-        )  # fmt: skip
-        self.polls = Counter(
-            "ninfer_monitor_stats_polls_total",
-            "Polls of the server's /stats, by result.",
-            ["result"],
-            registry=r,
-        )
-        self.gpu_util = Gauge(
-            "ninfer_monitor_gpu_utilization_ratio", "GPU utilization (nvidia-smi).", ["gpu"], registry=r
-        )
-        self.gpu_mem_used = Gauge(
-            "ninfer_monitor_gpu_memory_used_bytes", "GPU memory in use (nvidia-smi).", ["gpu"], registry=r
-        )
-        self.gpu_mem_total = Gauge(
-            "ninfer_monitor_gpu_memory_total_bytes", "GPU memory size (nvidia-smi).", ["gpu"], registry=r
-        )
-        self.gpu_power = Gauge(
-            "ninfer_monitor_gpu_power_watts", "GPU power draw (nvidia-smi).", ["gpu"], registry=r
-        )
-        self.gpu_temp = Gauge(
-            "ninfer_monitor_gpu_temperature_celsius", "GPU temperature (nvidia-smi).", ["gpu"], registry=r
-        )
-        for p in ("50", "95", "99"):
-            self.ttft.labels(percentile=p)
-            self.queue.labels(percentile=p)
-        for path in REUSE_PATHS:
-            self.reuse_path.labels(path=path)
-        for reason in FINISH_REASONS:
-            self.window_requests.labels(finish_reason=reason)
-        for result in ("ok", "error"):
-            self.polls.labels(result=result)
-        for cause in ("rotation", "truncation"):
-            self.log_reopens.labels(cause=cause)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    SPECS = SIDECAR_METRICS
 
 
 def exposed_names(registry: CollectorRegistry) -> set[str]:

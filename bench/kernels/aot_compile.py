@@ -95,17 +95,16 @@ def _jit_functions(tree: ast.Module) -> list[ast.FunctionDef]:
 
 
 def discover(kernels_dir: Path = KERNELS_DIR) -> list[KernelSource]:
-    """Every ``_<op>_kernel`` @triton.jit function in ``kernels_dir/*.py``, module order then line order."""
+    """Every ``_<op>_kernel`` @triton.jit function in ``kernels_dir/**/*.py``, module order then line order."""
     kernels = []
-    for path in sorted(kernels_dir.glob("*.py")):
+    for path in sorted(kernels_dir.rglob("*.py")):
+        module = ".".join((kernels_dir.name, *path.relative_to(kernels_dir).with_suffix("").parts))
         for fn in _jit_functions(ast.parse(path.read_text(), filename=str(path))):
             if not KERNEL_NAME.match(fn.name):
                 continue
             args = tuple(a.arg for a in fn.args.args)
             constexprs = tuple(a.arg for a in fn.args.args if _is_constexpr(a.annotation))
-            kernels.append(
-                KernelSource(f"{kernels_dir.name}.{path.stem}", fn.name, args, constexprs, fn.lineno)
-            )
+            kernels.append(KernelSource(module, fn.name, args, constexprs, fn.lineno))
     return kernels
 
 
@@ -441,6 +440,21 @@ VARIANTS: dict[str, list[Variant]] = {
 }
 
 
+def _quant_variants() -> dict[str, list[Variant]]:
+    """The kernels/quant/ launch values, kept in bench/kernels/aot_quant.py (this file is long enough)."""
+    spec = importlib.util.spec_from_file_location(
+        "ninfer_aot_quant", Path(__file__).with_name("aot_quant.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    variants: dict[str, list[Variant]] = module.variants(Variant)
+    return variants
+
+
+VARIANTS.update(_quant_variants())
+
+
 def signature(kernel: KernelSource, variant: Variant) -> tuple[dict[str, str], dict[str, int | bool]]:
     """(Triton signature {arg: type}, constexprs {arg: value}) for one variant; raises on a mismatch."""
     missing = set(kernel.constexprs) - set(variant.constexprs)
@@ -483,9 +497,10 @@ def _torch_free_module(path: Path, out_dir: Path) -> ModuleType:
         first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
         assert fn.end_lineno is not None
         chunks.append(textwrap.dedent("\n".join(lines[first - 1 : fn.end_lineno])))
-    out = out_dir / f"aot_{path.stem}.py"
+    name = "aot_" + "_".join(path.with_suffix("").parts[-2:])
+    out = out_dir / f"{name}.py"
     out.write_text("\n\n".join(chunks) + "\n")
-    spec = importlib.util.spec_from_file_location(f"aot_{path.stem}", out)
+    spec = importlib.util.spec_from_file_location(name, out)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # inspect.getsource (used by triton.jit) looks modules up here
@@ -539,10 +554,10 @@ def compile_all(
         work = Path(tmp)
         modules: dict[str, ModuleType] = {}
         for kernel in kernels:
-            stem = kernel.module.rsplit(".", 1)[1]
-            if stem not in modules:
-                modules[stem] = _torch_free_module(kernels_dir / f"{stem}.py", work)
-            fn = getattr(modules[stem], kernel.name)
+            if kernel.module not in modules:
+                path = kernels_dir.joinpath(*kernel.module.split(".")[1:]).with_suffix(".py")
+                modules[kernel.module] = _torch_free_module(path, work)
+            fn = getattr(modules[kernel.module], kernel.name)
             for variant in VARIANTS[kernel.name]:
                 sig, constexprs = signature(kernel, variant)
                 attrs = {

@@ -1,4 +1,4 @@
-"""`ninfer-artifact {build-tiny,convert,inspect,verify,migrate}`: the artifact toolchain.
+"""`ninfer-artifact {build-tiny,convert,inspect,verify,migrate,plan}`: the artifact toolchain.
 
 Exit codes: 0 success; 1 the check failed (digest mismatch, invalid or unregistered file); 2 usage errors
 (argparse) and nothing to check against.
@@ -123,6 +123,44 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from engine.artifact.profiles import PROFILES, TensorSpec, plan_profile
+
+    profile = PROFILES.get(args.profile)
+    if profile is None:
+        print(f"plan: unknown profile {args.profile!r}; known: {', '.join(PROFILES)}", file=sys.stderr)
+        return 2
+    layout = plan_profile(profile)
+    if args.json:
+        objects = [
+            {"name": o.spec.name, "kind": "tensor", "shape": list(o.spec.shape), "format": o.spec.format,
+             "layout": o.spec.layout, "offset": o.offset, "bytes": o.bytes,
+             **({"outputs": [list(x) for x in o.spec.outputs]} if o.spec.outputs else {})}
+            if isinstance(o.spec, TensorSpec) else {"name": o.spec.name, "kind": "resource"}
+            for o in layout.objects
+        ]  # fmt: skip
+        info = {"profile": profile.key, "objects": len(layout.objects), "payload_offset": layout.payload_offset,
+                "file_bytes": layout.file_bytes, "bytes_by_format": layout.tensor_bytes_by_format(),
+                "inventory": objects}  # fmt: skip
+        print(json.dumps(info, indent=1))
+        return 0
+    for obj in layout.objects:
+        spec = obj.spec
+        if isinstance(spec, TensorSpec):
+            rows = (
+                " [" + ", ".join(f"{n} {r}" for n, r in spec.outputs) + "]" if len(spec.outputs) > 1 else ""
+            )
+            shape = "x".join(map(str, spec.shape)) or "scalar"
+            print(f"{obj.offset:>14,} {obj.bytes:>14,}  {spec.format:<20} {shape:<13} {spec.name}{rows}")
+        else:
+            print(f"{'':>14} {'':>14}  {'raw-bytes-v1':<20} {'':<13} {spec.name} (resources: one block)")
+    print(f"{profile.key}: {len(layout.objects)} objects, payload at {layout.payload_offset:,},"
+          f" file {layout.file_bytes:,} bytes (frontend resources {profile.resource_bytes:,} bytes in all)")  # fmt: skip
+    for fmt, total in sorted(layout.tensor_bytes_by_format().items()):
+        print(f"  {fmt:<22} {total:>16,} bytes")
+    return 0
+
+
 def _cmd_build_tiny(args: argparse.Namespace) -> int:
     if args.script is not None:
         return _build_scripted(args)
@@ -180,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-id", required=True)
     p.add_argument("--weights-id", default="bf16", choices=["bf16", "fp32"])
     p.set_defaults(func=_cmd_convert)
+    p = sub.add_parser("plan", help="a weight profile's full inventory (offsets, formats) and file size")
+    p.add_argument("--profile", required=True, metavar="MODEL/WEIGHTS", help="e.g. qwen3.6-27b/groupwise-int")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_plan)
     p = sub.add_parser("build-tiny", help="a small random-weight model of the Qwen3.5 family layout")
     p.add_argument("out")
     p.add_argument("--arch", choices=["dense", "moe"], default="dense")

@@ -12,10 +12,15 @@ Layouts:
   Q6: 2 bits per weight) and the FP16 scales, one per group, all in row-major group order.
   Example: Q5 `[2, 130]` -> K_pad 256, 8 groups: codes 256 B, high bits 64 B (padded to 256), scales 16 B
   = 528 B.
-- `blockscale-k16-m128x4-v1`: NVFP4 rank-2 matrices: FP4 (E2M1) codes, two per byte, then one FP8 (E4M3)
-  scale per 16 weights along K, stored in 128-row x 4-column tiles (rows padded to 128, scale columns to 4).
-  NOTE: this size rule is derived from the layout's name and the block-scaled tensor-core layout it names;
-  it has not been checked against a published NVFP4 artifact (none can be downloaded here).
+- `blockscale-k16-m128x4-v1`: NVFP4 rank-2 matrices `[N, K]` with N a multiple of 128 and K of 64: the FP4
+  (E2M1) codes, two per byte (N * K / 2 bytes, padded to 256), then one FP8 (E4M3) scale per 16 weights along K
+  swizzled in 128-row x 4-column tiles (N * K / 16 bytes), then the FP32 per-tensor weight divisor (4 bytes).
+  Example: `[128, 64]` -> 4096 + 512 + 4 = 4,612 B.
+- `row-scale-v1`: `FP8_E4M3FN_ROW_BF16S` rank-2 matrices: E4M3 codes, one byte each (N * K, padded to 256),
+  then one BF16 scale per output row. Example: `[128, 64]` -> 8192 + 256 = 8,448 B.
+
+The published artifacts' sizes check these rules end to end: `ninfer-artifact plan` reproduces every
+published file's byte size from them (tests/artifact/test_profiles.py).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ RESOURCE_ALIGN = 1  # raw resources are byte-aligned
 CONTIGUOUS = "contiguous-le-v1"
 ROW_SPLIT = "row-split-k128-v1"
 BLOCKSCALE = "blockscale-k16-m128x4-v1"
+ROW_SCALE = "row-scale-v1"
 RAW_BYTES = "raw-bytes-v1"
 
 
@@ -55,8 +61,16 @@ GROUP_FORMATS: dict[str, GroupFormat] = {
     "W8G32_F16S": GroupFormat(8, 32),
 }
 NVFP4 = "NVFP4"
-FORMATS: frozenset[str] = frozenset(PLAIN_FORMATS) | frozenset(GROUP_FORMATS) | {NVFP4}
-LAYOUTS: frozenset[str] = frozenset({CONTIGUOUS, ROW_SPLIT, BLOCKSCALE})
+FP8_ROW = "FP8_E4M3FN_ROW_BF16S"
+FORMATS: frozenset[str] = frozenset(PLAIN_FORMATS) | frozenset(GROUP_FORMATS) | {NVFP4, FP8_ROW}
+LAYOUTS: frozenset[str] = frozenset({CONTIGUOUS, ROW_SPLIT, BLOCKSCALE, ROW_SCALE})
+# the one layout each format is stored in
+LAYOUT_OF: dict[str, str] = {
+    **{name: CONTIGUOUS for name in PLAIN_FORMATS},
+    **{name: ROW_SPLIT for name in GROUP_FORMATS},
+    NVFP4: BLOCKSCALE,
+    FP8_ROW: ROW_SCALE,
+}
 FORMAT_FOR_DTYPE: dict[torch.dtype, str] = {dtype: name for name, dtype in PLAIN_FORMATS.items()}
 
 
@@ -86,9 +100,12 @@ def _row_split_bytes(shape: list[int], fmt: GroupFormat) -> int:
 
 def _blockscale_bytes(shape: list[int]) -> int:
     rows, k = shape
-    codes = rows * k // 2
-    scale_cols = align_up(k // 16, 4)
-    return align_up(codes, TENSOR_ALIGN) + align_up(rows, 128) * scale_cols
+    return align_up(rows * k // 2, TENSOR_ALIGN) + rows * k // 16 + 4
+
+
+def _row_scale_bytes(shape: list[int]) -> int:
+    rows, k = shape
+    return align_up(rows * k, TENSOR_ALIGN) + rows * 2
 
 
 def tensor_alignment(layout: str) -> int:
@@ -112,7 +129,15 @@ def encoded_bytes(shape: list[int], fmt: str, layout: str) -> int:
     if layout == BLOCKSCALE:
         if fmt != NVFP4:
             raise ValueError(f"format {fmt!r} cannot use layout {BLOCKSCALE!r}")
-        if len(shape) != 2 or shape[1] % 16:
-            raise ValueError(f"layout {BLOCKSCALE!r} needs rank 2 with K a multiple of 16, got {shape}")
+        if len(shape) != 2 or shape[0] % 128 or shape[1] % 64:
+            raise ValueError(
+                f"layout {BLOCKSCALE!r} needs rank 2 with N a multiple of 128 and K of 64, got {shape}"
+            )
         return _blockscale_bytes(shape)
+    if layout == ROW_SCALE:
+        if fmt != FP8_ROW:
+            raise ValueError(f"format {fmt!r} cannot use layout {ROW_SCALE!r}")
+        if len(shape) != 2:
+            raise ValueError(f"layout {ROW_SCALE!r} needs rank 2, got shape {shape}")
+        return _row_scale_bytes(shape)
     raise ValueError(f"unknown layout {layout!r}")

@@ -4,7 +4,7 @@ A *state slot* is one index into the model's GDN cache tensors: for every GDN la
 history and recurrent state (`conv_state[layer][slot]`, `recurrent_state[layer][slot]`; later also
 the continuation hidden state for MTP). Owns: slot ids and whether each is free. Must not touch the
 tensors: copies between slots and zeroing are runner-executed ops that the scheduler describes in
-`SchedulerOutput` (`reset_state`, `copy_state_from`, `save_state_to`).
+`StepPlan` (engine/step.py: `reset_state`, `copy_state_from`, `save_state_to`).
 
 All slots are alike; ownership moves, contents move only when the scheduler asks for a copy:
 

@@ -1,9 +1,10 @@
 """The Qwen3.5-family model (dense and MoE, with the MTP head) in PyTorch.
 
-Layers take plain tensors plus a ``ForwardBatch`` and a ``ModelCache``; they never see requests. Every dense
+Layers take plain tensors plus a ``ForwardBatch`` and a ``ModelCache``; they never see requests. Every
 projection (attention q/k/v and o_proj, GDN in/out_proj, MLP gate_up/down, MoE router and shared-expert gate,
-MTP fc, lm_head) runs ``kernels.linear.linear`` on its ``nn.Linear``'s weight: ``F.linear`` (cuBLAS on CUDA) by
-default, the Triton GEMV for decode-sized batches (at most 8 rows) on CUDA under ``NINFER_GEMV=on|auto``.
+MTP fc, lm_head) is a ``linear.Linear`` that owns its weight and the method applying it; model code calls the
+layer. A dense weight runs ``kernels.linear.linear``: ``F.linear`` (cuBLAS on CUDA) by default, the Triton
+GEMV for decode-sized batches (at most 8 rows) on CUDA under ``NINFER_GEMV=on|auto``.
 """
 
 from __future__ import annotations

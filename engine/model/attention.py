@@ -6,10 +6,14 @@ each new token attends causally to its sequence's pages; the output is multiplie
 ``sigmoid(gate)`` before ``o_proj`` (``sigmoid_gate_mul``: one Triton pass on CUDA reading the gate view in
 place, fp32 math rounded once). Reads only the ForwardBatch and its own cache entry.
 
-``fuse_projections()`` (called once after loading, see ``Qwen3_5ForCausalLM.fuse_projections``) replaces
-q_proj, k_proj and v_proj by one ``qkv_proj`` ([q | gate per head, k, v] rows): one GEMM, whose output
-is split into views (query/gate [T, H, 2D] as before, key and value [T, H_kv, D] with the fused row
-stride); the q/k norms and ``store_kv`` read those strided views in place (no copy).
+The input projections are ``Linear`` layers (``engine.model.linear``) named by ``input_projections``, each
+with named outputs: the checkpoint's q_proj (``query_gate``: per head [query | gate], HF's interleave),
+k_proj (``key``), v_proj (``value``). ``fuse_projections()`` (called once after loading, see
+``Qwen3_5ForCausalLM.fuse_projections``) replaces them by one ``qkv_proj`` with the three outputs: one GEMM,
+whose output is split into views (query/gate [T, H, 2D], key and value [T, H_kv, D] with the fused row
+stride); the q/k norms and ``store_kv`` read those strided views in place (no copy). A quantized artifact's
+parents carry ``query`` and ``gate`` as separate outputs instead (27B groupwise: ``query_key`` [query, key]
+and ``gate_value`` [gate, value]; one ``query_key_gate_value`` elsewhere); the layer reads either form.
 
 Paths (chosen from shapes only, so attention never syncs with the host):
 - decode (every sequence brings one token, ``T == B``), float or int8 KV: ``store_kv`` +
@@ -30,10 +34,10 @@ from torch import nn
 from engine.model.config import ModelConfig
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.fusion import concat_linears
+from engine.model.linear import Linear, project
 from engine.model.norm import RMSNorm
 from kernels.activation import sigmoid_gate_mul
 from kernels.attention import paged_attention_decode, paged_prefill_attention, store_kv
-from kernels.linear import linear
 from kernels.rope import apply_rope_qk
 
 
@@ -46,11 +50,14 @@ class GatedAttention(nn.Module):
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, 2 * self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
-        self.qkv_proj: nn.Linear | None = None  # q_proj | k_proj | v_proj once fused
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        q_rows, kv_rows = 2 * self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = Linear(hidden, q_rows, [("query_gate", q_rows)])
+        self.k_proj = Linear(hidden, kv_rows, [("key", kv_rows)])
+        self.v_proj = Linear(hidden, kv_rows, [("value", kv_rows)])
+        self.qkv_proj: Linear | None = None  # q_proj | k_proj | v_proj once fused
+        # the attributes holding the current input projections (the loader of a quantized artifact sets its own)
+        self.input_projections: tuple[str, ...] = ("q_proj", "k_proj", "v_proj")
+        self.o_proj = Linear(self.num_heads * self.head_dim, hidden)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
@@ -62,8 +69,7 @@ class GatedAttention(nn.Module):
         cache: ModelCache,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self._project(x)
-        query, gate = q.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        query, gate, k, v = self._project(x)
         query = self.q_norm(query)
         key = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))
         value = v.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -97,21 +103,28 @@ class GatedAttention(nn.Module):
                 value_scale,
             )
         out = sigmoid_gate_mul(out, gate)  # one pass; gate read in place from the projection output
-        return linear(out.reshape(num_tokens, -1), self.o_proj.weight)
+        return self.o_proj(out.reshape(num_tokens, -1))
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(q|gate [T, 2 * H * D], k [T, H_kv * D], v [T, H_kv * D]); once fused, views of one GEMM's output."""
-        if self.qkv_proj is None:
-            return linear(x, self.q_proj.weight), linear(x, self.k_proj.weight), linear(x, self.v_proj.weight)
-        q_size, kv_size = 2 * self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = linear(x, self.qkv_proj.weight).split([q_size, kv_size, kv_size], dim=-1)
-        return q, k, v
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(query [T, H, D], gate [T, H, D], k [T, H_kv * D], v [T, H_kv * D]): views of the projections'
+        outputs (one GEMM once fused)."""
+        num_tokens = x.shape[0]
+        parts = project([getattr(self, name) for name in self.input_projections], x)
+        if "query_gate" in parts:
+            query, gate = (
+                parts["query_gate"].view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            )
+        else:
+            query = parts["query"].view(num_tokens, self.num_heads, self.head_dim)
+            gate = parts["gate"].view(num_tokens, self.num_heads, self.head_dim)
+        return query, gate, parts["key"], parts["value"]
 
     def fuse_projections(self) -> bool:
         """Replace q_proj, k_proj, v_proj by one ``qkv_proj`` (their weights concatenated, the originals
         dropped). Returns False (and changes nothing) when already fused."""
-        if self.qkv_proj is not None:
+        if self.input_projections != ("q_proj", "k_proj", "v_proj"):
             return False
         self.qkv_proj = concat_linears(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
+        self.input_projections = ("qkv_proj",)
         return True

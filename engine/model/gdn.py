@@ -16,9 +16,12 @@ Paths (chosen from shapes only):
   chunked kernel when installed) per multi-token sequence, the single-token rows through the decode
   kernel; elsewhere ``causal_conv1d_varlen_ref`` and ``gated_delta_rule_varlen_ref``.
 
-``fuse_projections()`` (called once after loading, see ``Qwen3_5ForCausalLM.fuse_projections``) replaces
-in_proj_qkv, in_proj_z, in_proj_b and in_proj_a by one ``in_proj`` (rows qkv | z | b | a): one GEMM whose
-output is split into views with the fused row stride. Every consumer reads them in place, no copy: the
+The input projections are ``Linear`` layers named by ``input_projections`` whose named outputs
+(``query``, ``key``, ``value``, ``z``, ``b``, ``a``) the layer reads by name. ``fuse_projections()`` (called
+once after loading, see ``Qwen3_5ForCausalLM.fuse_projections``) replaces in_proj_qkv, in_proj_z, in_proj_b and
+in_proj_a by one ``in_proj`` (rows qkv | z | b | a): one GEMM whose output is split into views with the fused
+row stride. (A quantized artifact stores its own parents, e.g. the 27B ``query_key`` Q4 + ``value_z`` Q5: the
+conv input q|k|v then spans two outputs and is concatenated, a copy of the activations.) Every consumer reads them in place, no copy: the
 conv kernels take any row stride (qkv), the decode rule any row stride of a and b, the gated norm a
 [T, Hv, Dv] gate with any token and head strides (z); the prefill gate math (softplus, sigmoid) reads a
 and b into new tensors, as it did before.
@@ -33,10 +36,10 @@ from torch import nn
 from engine.model.config import ModelConfig
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.fusion import concat_linears
+from engine.model.linear import Linear, project, span
 from engine.model.norm import GatedRMSNorm
 from kernels.conv import causal_conv1d_decode, causal_conv1d_varlen_ref, causal_conv1d_varlen_split
 from kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_decode, gated_delta_rule_varlen_ref
-from kernels.linear import linear
 
 
 class _Conv1dWeight(nn.Module):
@@ -57,17 +60,20 @@ class GatedDeltaNet(nn.Module):
         self.v_dim = config.linear_value_head_dim
         self.key_dim, self.value_dim = config.linear_key_dim, config.linear_value_dim
         hidden = config.hidden_size
-        self.in_proj_qkv = nn.Linear(hidden, config.conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
-        self.in_proj_b = nn.Linear(hidden, self.num_v_heads, bias=False)
-        self.in_proj_a = nn.Linear(hidden, self.num_v_heads, bias=False)
-        self.in_proj: nn.Linear | None = None  # in_proj_qkv | in_proj_z | in_proj_b | in_proj_a once fused
+        qkv = [("query", self.key_dim), ("key", self.key_dim), ("value", self.value_dim)]
+        self.in_proj_qkv = Linear(hidden, config.conv_dim, qkv)
+        self.in_proj_z = Linear(hidden, self.value_dim, [("z", self.value_dim)])
+        self.in_proj_b = Linear(hidden, self.num_v_heads, [("b", self.num_v_heads)])
+        self.in_proj_a = Linear(hidden, self.num_v_heads, [("a", self.num_v_heads)])
+        self.in_proj: Linear | None = None  # in_proj_qkv | in_proj_z | in_proj_b | in_proj_a once fused
+        # the attributes holding the current input projections (the loader of a quantized artifact sets its own)
+        self.input_projections: tuple[str, ...] = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
         self.conv_dim = config.conv_dim
         self.conv1d = _Conv1dWeight(config.conv_dim, config.linear_conv_kernel_dim)
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads), requires_grad=False)
         self.norm = GatedRMSNorm(self.v_dim, config.rms_norm_eps)
-        self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+        self.out_proj = Linear(self.value_dim, hidden)
 
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         query, key, value = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -105,25 +111,22 @@ class GatedDeltaNet(nn.Module):
                 batch.query_start_loc, batch.state_slots, batch.has_initial_state,
             )  # fmt: skip
         gate = z.view(num_tokens, self.num_v_heads, self.v_dim)
-        return linear(self.norm(core, gate).reshape(num_tokens, self.value_dim), self.out_proj.weight)
+        return self.out_proj(self.norm(core, gate).reshape(num_tokens, self.value_dim))
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(qkv [T, conv_dim], z [T, value_dim], b [T, Hv], a [T, Hv]); once fused, views of one GEMM's
         output (unit stride along the channels, the fused row stride)."""
-        if self.in_proj is None:
-            qkv, z = linear(x, self.in_proj_qkv.weight), linear(x, self.in_proj_z.weight)
-            return qkv, z, linear(x, self.in_proj_b.weight), linear(x, self.in_proj_a.weight)
-        sizes = [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads]
-        qkv, z, b, a = linear(x, self.in_proj.weight).split(sizes, dim=-1)
-        return qkv, z, b, a
+        parts = project([getattr(self, name) for name in self.input_projections], x)
+        return span(parts, ("query", "key", "value")), parts["z"], parts["b"], parts["a"]
 
     def fuse_projections(self) -> bool:
         """Replace in_proj_qkv, in_proj_z, in_proj_b, in_proj_a by one ``in_proj`` (their weights
         concatenated, the originals dropped). Returns False (and changes nothing) when already fused."""
-        if self.in_proj is not None:
+        if self.input_projections != ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"):
             return False
         self.in_proj = concat_linears(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
         del self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a
+        self.input_projections = ("in_proj",)
         return True
 
     def _prefill_cuda(

@@ -32,8 +32,8 @@ from torch import nn
 
 from engine.model.config import ModelConfig
 from engine.model.fusion import concat_linears
+from engine.model.linear import Linear, project
 from kernels.activation import silu_mul
-from kernels.linear import linear
 from kernels.moe import SharedExpert, moe_combine, moe_experts, moe_experts_ref, moe_route
 
 FUSED_MAX_TOKENS = 64  # CUDA: T at or below this takes the fused Triton experts
@@ -43,48 +43,50 @@ GATHER_MAX_ROWS = 64  # CPU: T * top_k at or below this takes the gathered-weigh
 class MLP(nn.Module):
     """``down_proj(silu(gate_proj(x)) * up_proj(x))``. ``fuse_projections()`` (once, after loading) replaces
     gate_proj and up_proj by one ``gate_up_proj`` [2I, H] (gate rows, then up rows): one GEMM, whose two
-    halves ``silu_mul`` reads in place (strided views, no copy)."""
+    halves ``silu_mul`` reads in place (strided views, no copy). The input projections are named by
+    ``input_projections`` (a quantized artifact's stored ``mlp/gate_up`` parent becomes ``gate_up_proj``)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.gate_up_proj: nn.Linear | None = None  # gate_proj | up_proj once fused
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_proj = Linear(hidden_size, intermediate_size, [("gate", intermediate_size)])
+        self.up_proj = Linear(hidden_size, intermediate_size, [("up", intermediate_size)])
+        self.gate_up_proj: Linear | None = None  # gate_proj | up_proj once fused
+        self.input_projections: tuple[str, ...] = ("gate_proj", "up_proj")
+        self.down_proj = Linear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_proj is None:
-            act = silu_mul(linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight))
-        else:
-            gate, up = linear(x, self.gate_up_proj.weight).split(self.intermediate_size, dim=-1)
-            act = silu_mul(gate, up)
-        return linear(act, self.down_proj.weight)
+        parts = project([getattr(self, name) for name in self.input_projections], x)
+        return self.down_proj(silu_mul(parts["gate"], parts["up"]))
 
     def gate_up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gate [I, H], up [I, H]) weights: the parameters themselves, or once fused the two row halves of
-        ``gate_up_proj.weight`` (views: unit stride along H, row stride H, no copy)."""
+        """(gate [I, H], up [I, H]) dense weights: the parameters themselves, or once fused the two row halves
+        of ``gate_up_proj.weight`` (views: unit stride along H, row stride H, no copy)."""
         if self.gate_up_proj is None:
+            assert self.gate_proj.weight is not None and self.up_proj.weight is not None
             return self.gate_proj.weight, self.up_proj.weight
+        assert self.gate_up_proj.weight is not None, (
+            "gate_up_weights: a quantized gate_up has no dense weight"
+        )
         gate, up = self.gate_up_proj.weight.split(self.intermediate_size, dim=0)
         return gate, up
 
     def fuse_projections(self) -> bool:
         """Replace gate_proj and up_proj by one ``gate_up_proj`` (their weights concatenated, the originals
         dropped). Returns False (and changes nothing) when already fused."""
-        if self.gate_up_proj is not None:
+        if self.input_projections != ("gate_proj", "up_proj"):
             return False
         self.gate_up_proj = concat_linears(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
+        self.input_projections = ("gate_up_proj",)
         return True
 
 
-class Router(nn.Module):
+class Router(Linear):
     """``mlp.gate.weight`` [E, H]: router logits."""
 
     def __init__(self, hidden_size: int, num_experts: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(num_experts, hidden_size), requires_grad=False)
+        super().__init__(hidden_size, num_experts, [("router", num_experts)])
 
 
 class Experts(nn.Module):
@@ -106,14 +108,14 @@ class SparseMoeBlock(nn.Module):
         self.gate = Router(hidden, config.num_experts)
         self.experts = Experts(hidden, config.num_experts, config.moe_intermediate_size)
         self.shared_expert = MLP(hidden, config.shared_expert_intermediate_size)
-        self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+        self.shared_expert_gate = Linear(hidden, 1, [("shared_gate", 1)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, expert_ids = moe_route(linear(x, self.gate.weight), self.top_k)
+        weights, expert_ids = moe_route(self.gate(x), self.top_k)
         gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
         if x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS:
             return moe_experts(x, gate_up, down, weights, expert_ids, self.shared_weights())
-        shared = torch.sigmoid(linear(x, self.shared_expert_gate.weight)) * self.shared_expert(x)
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         if x.is_cuda:  # the shared output joins the routed sum inside moe_combine
             return _experts_grouped(x, gate_up, down, weights, expert_ids, shared)
         if expert_ids.numel() <= GATHER_MAX_ROWS:
@@ -126,7 +128,9 @@ class SparseMoeBlock(nn.Module):
         """The shared expert's parameters as ``kernels.moe.moe_experts`` takes them (the tensors themselves;
         gate and up once fused: the two row halves of ``shared_expert.gate_up_proj.weight``, views)."""
         gate, up = self.shared_expert.gate_up_weights()
-        return SharedExpert(gate, up, self.shared_expert.down_proj.weight, self.shared_expert_gate.weight)
+        down, score = self.shared_expert.down_proj.weight, self.shared_expert_gate.weight
+        assert down is not None and score is not None, "shared_weights: the shared expert is not dense"
+        return SharedExpert(gate, up, down, score)
 
 
 def _experts_gathered(

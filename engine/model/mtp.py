@@ -19,8 +19,8 @@ from torch import nn
 from engine.model.config import ModelConfig
 from engine.model.decoder import DecoderLayer
 from engine.model.forward import ForwardBatch, ModelCache
+from engine.model.linear import Linear
 from engine.model.norm import RMSNorm
-from kernels.linear import linear
 
 
 class MultiTokenPredictor(nn.Module):
@@ -29,7 +29,7 @@ class MultiTokenPredictor(nn.Module):
         hidden = config.hidden_size
         self.pre_fc_norm_embedding = RMSNorm(hidden, config.rms_norm_eps)
         self.pre_fc_norm_hidden = RMSNorm(hidden, config.rms_norm_eps)
-        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.fc = Linear(2 * hidden, hidden)
         first_kv = config.num_attention_layers
         self.layers = nn.ModuleList(
             DecoderLayer(config, "full_attention", first_kv + i) for i in range(config.mtp_num_hidden_layers)
@@ -48,6 +48,6 @@ class MultiTokenPredictor(nn.Module):
         fused = torch.cat(
             [self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(target_hidden)], dim=-1
         )
-        hidden = linear(fused, self.fc.weight)
+        hidden = self.fc(fused)
         hidden = self.layers[step % len(self.layers)](hidden, rope, batch, cache)
         return self.norm(hidden)

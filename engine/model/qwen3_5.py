@@ -22,6 +22,7 @@ from engine.model.config import ModelConfig
 from engine.model.decoder import DecoderLayer
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.gdn import GatedDeltaNet
+from engine.model.linear import Linear
 from engine.model.mlp import MLP
 from engine.model.mtp import MultiTokenPredictor
 from engine.model.norm import RMSNorm
@@ -86,11 +87,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = Qwen3_5TextModel(config)
-        self.lm_head = (
-            None
-            if config.tie_word_embeddings
-            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        )
+        # tied: no head of its own, the logits read the embedding's weight (``compute_logits``)
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
         self.mtp = MultiTokenPredictor(config) if with_mtp else None
 
     @property
@@ -99,7 +97,7 @@ class Qwen3_5ForCausalLM(nn.Module):
 
     def fuse_projections(self) -> int:
         """Fuse every layer's input projections (attention q/k/v, GDN in_proj_*, dense MLP and MoE shared
-        expert gate/up; the MTP head's layers too) into one ``nn.Linear`` each, module by module: call once,
+        expert gate/up; the MTP head's layers too) into one ``Linear`` each, module by module: call once,
         after the weights are loaded. Returns how many modules it fused (0 when already fused: a no-op).
 
         Memory: each module's concatenation is allocated before its originals are dropped, so the peak is
@@ -126,8 +124,9 @@ class Qwen3_5ForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits [N, vocab] for ``hidden[indices]`` (all rows when indices is None)."""
         rows = hidden if indices is None else hidden[indices]
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(rows, weight).float()
+        if self.lm_head is None:  # tied embeddings: the dense embedding table is the head's weight
+            return linear(rows, self.model.embed_tokens.weight).float()
+        return self.lm_head(rows).float()
 
     def forward_mtp(
         self, batch: ForwardBatch, target_hidden: torch.Tensor, cache: ModelCache, step: int = 0

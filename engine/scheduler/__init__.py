@@ -1,8 +1,9 @@
-"""The scheduler package: `Scheduler` (scheduler.py), its lanes (lane.py), its invariant check
-(integrity.py) and the plain data it emits to the runner (output.py)."""
+"""The scheduler package: `Scheduler` (scheduler.py), its lanes (lane.py), host parking decisions
+(host.py), its invariant check (integrity.py) and its stats (stats.py). The plan it emits and the result
+it commits are engine/step.py's plain data, shared with the runner."""
 
 from engine.scheduler.lane import Lane
-from engine.scheduler.output import ScheduledRequest, SchedulerOutput, SchedulerStats
 from engine.scheduler.scheduler import Scheduler
+from engine.scheduler.stats import SchedulerStats
 
-__all__ = ["Lane", "ScheduledRequest", "Scheduler", "SchedulerOutput", "SchedulerStats"]
+__all__ = ["Lane", "Scheduler", "SchedulerStats"]

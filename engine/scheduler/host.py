@@ -1,13 +1,13 @@
 r"""HostPlanner: the scheduler's half of host parking (`--host-kv-cache-mib N`): what to park, what to restore.
 
 Owns: the park / unpark lists of the step being built, the restore decisions and their counters.
-Must not touch: bytes (the runner executes the lists through `engine.parking`), device page / slot
+Must not touch: bytes (the runner executes the lists through engine/runner/host_copies.py), device page / slot
 ownership (the scheduler allocates and frees those), `HostParking`'s entries (only the runner's
 `park` / `unpark` change them; here they are read with `lookup` and pinned).
 
 Park on eviction. `PrefixIndex` calls `on_evict(cp, keep)` for every LRU victim (under the
 checkpoint budget, for a state slot, or for pages reclaimed for an admission), just before freeing
-its pages and slot. The park is emitted in the next `SchedulerOutput`; nothing writes those ids before
+its pages and slot. The park is emitted in the next `StepPlan`; nothing writes those ids before
 the runner runs it, because the runner performs parks before anything else in a step:
 
     schedule()   reclaim -> evict cp (pages, slot freed) -> park queued -> pages re-allocated
@@ -39,7 +39,7 @@ evicting restore); running lanes' pages and the pinned entry being restored are 
 Admission probes of a request that is not admitted therefore move no bytes.
 
 Readiness. The restoring lane gets no row until the runner reports its copies complete
-(`HostRestoreReport` in `Scheduler.commit`): other lanes keep decoding while the bytes move. A failed
+(`HostRestoreReport` in the `StepResult` handed to `Scheduler.commit`): other lanes keep decoding while the bytes move. A failed
 restore (a corrupt or mismatched entry, dropped by the runner) re-plans the lane as a cold prefill in
 the pages and slot it already holds (`Scheduler._restore_failed`).
 """
@@ -51,7 +51,7 @@ from collections.abc import Hashable, Sequence
 
 from engine.cache.host import HostMatch, HostParking
 from engine.cache.prefix import Checkpoint, PrefixIndex, extend_page_hashes
-from engine.scheduler.output import HostPark, HostUnpark
+from engine.step import HostPark, HostUnpark
 
 
 class HostPlanner:

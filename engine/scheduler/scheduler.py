@@ -2,7 +2,8 @@
 
 Owns: the pending queue, the `max_concurrency` lanes, and (through engine.cache) every page, state
 slot and checkpoint reference. It is the only mutator of `Request` state. Must not touch tensors,
-the model or the tokenizer; its output is plain data (`SchedulerOutput`).
+the model or the tokenizer; its output is plain data (`StepPlan`, engine/step.py) and it reads back
+plain data (`StepResult`).
 
 One step is `schedule()` -> runner -> `commit()`. There is no prefill phase and no decode phase: each
 running request has `num_computed_tokens` and `num_tokens`, and the step hands out one token budget:
@@ -36,7 +37,7 @@ scheduler knows. They count as output and are cut to the request's length limit.
 Host parking (`attach_host`, engine/scheduler/host.py): evicted checkpoints are parked in host RAM,
 and a request whose prompt matches a parked entry better than any device checkpoint restores it
 into its own pages and working slot at admission, then prefills only the rest. The lane is not
-runnable until the runner reports the restore's copies complete (`commit(..., host_reports)`); a
+runnable until the runner reports the restore's copies complete (`StepResult.host_reports`); a
 failed restore (corrupt or mismatched entry) makes it prefill cold instead.
 """
 
@@ -65,13 +66,14 @@ from engine.request import (
 from engine.scheduler.host import HostPlanner
 from engine.scheduler.integrity import check_integrity
 from engine.scheduler.lane import Lane
-from engine.scheduler.output import HostRestoreReport, ScheduledRequest, SchedulerOutput, SchedulerStats
+from engine.scheduler.stats import SchedulerStats
+from engine.step import RowPlan, StepPlan, StepResult
 
 
 class Scheduler:
     """Use: `add_request` / `abort` / `stop_request` at step boundaries; each step
-    `out = schedule()`, the runner executes `out`, then `events = commit(out, sampled_token_ids)`
-    (always called, even for an empty `out`). `check_integrity()` proves the accounting.
+    `plan = schedule()`, the runner executes `plan`, then `events = commit(plan, result)` (always
+    called, even for an empty `plan`). `check_integrity()` proves the accounting.
     """
 
     def __init__(
@@ -200,14 +202,14 @@ class Scheduler:
 
     # ---- schedule -------------------------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self) -> StepPlan:
         assert not self._in_step, "schedule() twice without commit()"
         self._in_step = True
         self._step_id += 1
         self._expire_waiting()
         if self._admission_dirty:
             self._admit()
-        rows: list[ScheduledRequest] = []
+        rows: list[RowPlan] = []
         copies: list[tuple[int, int]] = []
         running = [lane for lane in self.lanes if lane is not None and not lane.restoring]
         for lane in running:  # decode-ready first, compacted in lane order
@@ -227,7 +229,7 @@ class Scheduler:
             budget -= n
         released, self._released = tuple(self._released), []
         parks, unparks = self.host.take() if self.host is not None else ((), ())
-        return SchedulerOutput(self._step_id, tuple(rows), tuple(copies), released, parks, unparks)
+        return StepPlan(self._step_id, tuple(rows), tuple(copies), released, parks, unparks)
 
     def _expire_waiting(self) -> None:
         now = self.clock()
@@ -347,7 +349,7 @@ class Scheduler:
             return self.pages.can_allocate(num_pages)
         return self.prefix.reclaim_pages(num_pages)
 
-    def _row(self, lane: Lane, n: int, copies: list[tuple[int, int]]) -> ScheduledRequest:
+    def _row(self, lane: Lane, n: int, copies: list[tuple[int, int]]) -> RowPlan:
         request = lane.request
         start = request.num_computed_tokens
         end = start + n
@@ -368,7 +370,7 @@ class Scheduler:
         num_prefill = max(0, min(end, request.num_prompt_tokens) - start)
         self.num_prefill_tokens += num_prefill
         self.num_decode_tokens += n - num_prefill
-        return ScheduledRequest(
+        return RowPlan(
             request_id=request.request_id,
             lane=lane.lane_id,
             token_ids=tuple(request.token_ids[start:end]),
@@ -378,40 +380,34 @@ class Scheduler:
             reset_state=reset,
             copy_state_from=copy_from,
             save_state_to=save,
-            sample=end == request.num_tokens,
+            num_sample=1 if end == request.num_tokens else 0,  # the last known token: sample the next
             sampling_params=request.sampling_params,
             num_output_tokens=request.num_output_tokens,
         )
 
     # ---- commit ---------------------------------------------------------------------------------
 
-    def commit(
-        self,
-        output: SchedulerOutput,
-        sampled_token_ids: Sequence[int],
-        host_reports: Sequence[HostRestoreReport] = (),
-    ) -> list[Event]:
-        """Apply one executed step. `sampled_token_ids`: one token per row with `sample`, in row order;
-        `host_reports`: the runner's restores completed or failed by this step (lanes become runnable).
+    def commit(self, plan: StepPlan, result: StepResult) -> list[Event]:
+        """Apply one executed step: per row, commit `result.sampled_token_ids[i]` in order (each with the
+        stop and length checks; the first that ends the request drops the rest), and count
+        `num_rolled_back[i]` fed positions as not computed; then the host restores the runner reported
+        (their lanes become runnable, or prefill cold when the restore failed).
 
         Returns the step's events (and any produced by `schedule()`, such as queue timeouts).
         """
         assert self._in_step, "commit() without schedule()"
-        if len(sampled_token_ids) != output.num_sampled:
-            raise ValueError(
-                f"sampled_token_ids has {len(sampled_token_ids)} tokens for {output.num_sampled} rows"
-            )
+        result.check(plan)
         self._in_step = False
         events, self._outbox = self._outbox, []
-        for report in host_reports:
+        for report in result.host_reports:
             lane = self.lanes[report.lane]
             if lane is None or lane.request.request_id != report.request_id or not lane.restoring:
                 continue  # released while its restore was in flight
             lane.restoring = False
             if not report.ok:
                 self._restore_failed(lane)
-        sampled = iter(sampled_token_ids)
-        for row in output.requests:
+        for row, tokens, rolled_back in zip(plan.rows, result.sampled_token_ids, result.num_rolled_back,
+                                            strict=True):  # fmt: skip
             lane = self.lanes[row.lane]
             assert lane is not None and lane.request.request_id == row.request_id, f"lane {row.lane} changed"
             request = lane.request
@@ -419,22 +415,37 @@ class Scheduler:
                 self.prefix.unpin(lane.restore)  # type: ignore[union-attr]
                 lane.restore = None
                 self._admission_dirty = True
-            request.num_computed_tokens = row.end_pos
+            request.num_computed_tokens = row.end_pos - rolled_back
             if lane.pending_save is not None:
                 slot, position = lane.pending_save
                 lane.pending_save = None
                 self.prefix.insert(request.token_ids, request.page_hashes, position, lane.page_ids, slot)  # type: ignore[union-attr]
-            if row.sample:
-                tokens = self._reasoning_step(request, next(sampled))
-                tokens = tokens[: lane.max_num_tokens - request.num_tokens]  # >= 1: the lane is not finished
-                if request.first_token_time is None:
-                    request.first_token_time = self.clock()
-                request.token_ids.extend(tokens)
-                events.append(TokenEvent(request.request_id, tokens, request.num_output_tokens))
-                reason = self._finish_reason(lane, tokens[-1])
-                if reason is not None:
-                    events.append(self._release(lane, reason, retain=True))
+            if tokens:
+                self._commit_tokens(lane, tokens, events)
         return events
+
+    def _commit_tokens(self, lane: Lane, tokens: Sequence[int], events: list[Event]) -> None:
+        """Append `tokens` to the lane's request in order, up to the first that finishes it."""
+        request = lane.request
+        if request.first_token_time is None:
+            request.first_token_time = self.clock()
+        committed: list[int] = []
+        reason = None
+        for token in tokens:
+            appended = self._reasoning_step(request, token)
+            if appended != (token,):  # the reasoning's forced close: fed next, like a prompt's tail
+                request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens)
+            for appended_token in appended:
+                request.token_ids.append(appended_token)
+                committed.append(appended_token)
+                reason = self._finish_reason(lane, appended_token)
+                if reason is not None:
+                    break
+            if reason is not None or appended != (token,):
+                break  # later tokens of the row followed the replaced one
+        events.append(TokenEvent(request.request_id, tuple(committed), request.num_output_tokens))
+        if reason is not None:
+            events.append(self._release(lane, reason, retain=True))
 
     def _reasoning_step(self, request: Request, token: int) -> tuple[int, ...]:
         """The tokens to append for sampled `token`: itself, or the reasoning's forced close once the request's

@@ -52,10 +52,19 @@ from kernels.quant.formats import (
     geometry,
     payload_bytes,
 )
+from kernels.quant.quant_linear import (
+    GEMV_MAX_ROWS,
+    QuantTiles,
+    gemm_tiles,
+    gemv_tiles,
+    quant_linear,
+    quant_linear_ref,
+)
 from kernels.quant.weight import QuantWeight, dequantize, view_planes
 
 __all__ = [
     "BLOCKSCALE",
+    "GEMV_MAX_ROWS",
     "FP8",
     "GROUP_FORMATS",
     "LAYOUT_OF",
@@ -68,11 +77,14 @@ __all__ = [
     "ROW_SPLIT",
     "W8",
     "Geometry",
+    "QuantTiles",
     "QuantWeight",
     "decode_ref",
     "decode_words",
     "dequantize",
     "encode",
+    "gemm_tiles",
+    "gemv_tiles",
     "geometry",
     "pack_fp8",
     "pack_groupwise",
@@ -80,6 +92,8 @@ __all__ = [
     "payload_bytes",
     "quantize_fp8",
     "quantize_groupwise",
+    "quant_linear",
+    "quant_linear_ref",
     "quantize_nvfp4",
     "view_planes",
 ]

@@ -1,7 +1,10 @@
 """Status conditions and the phase roll-up (pure).
 
-Condition types: ArtifactVerified, PlacementSatisfiable, Progressing, Available, Ready.
+Condition types: ArtifactVerified, PlacementSatisfiable, ChildrenReconciled (False when the API server refuses
+a child: the reason and its message say which and why), Progressing, Available, Ready.
 `lastTransitionTime` changes only when a condition's status flips (Kubernetes convention).
+Ready=False reasons the operator sets before any rollout: InvalidSpec (a rule the schema cannot state) and
+Unsupported (a mode ninfer-serve cannot run yet, flags.FLAG_TABLE); each gets its own phase.
 """
 
 from __future__ import annotations
@@ -11,7 +14,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 Condition = dict[str, Any]
-CONDITION_TYPES = ("ArtifactVerified", "PlacementSatisfiable", "Progressing", "Available", "Ready")
+CONDITION_TYPES = (
+    "ArtifactVerified",
+    "PlacementSatisfiable",
+    "ChildrenReconciled",
+    "Progressing",
+    "Available",
+    "Ready",
+)
+SPEC_REASONS = {"InvalidSpec": "Invalid", "Unsupported": "Unsupported"}  # Ready reason -> phase
 
 
 def now_rfc3339() -> str:
@@ -89,28 +100,42 @@ def ready_condition(
     desired = counts["desired"]
     if not is_true(conds, "ArtifactVerified"):
         return "False", "ArtifactNotVerified", "the artifact in the spec is not verified"
+    child = get_condition(conds, "ChildrenReconciled")
+    if child is not None and child.get("status") == "False":
+        return "False", str(child.get("reason") or "ChildRejected"), str(child.get("message") or "")
     if not deployment_current:
         return "False", "RolloutPending", "the Deployment does not yet run the current spec"
+    if desired == 0:
+        return "False", "ScaledToZero", "replicas is 0: nothing serves"
     if counts["updatedReplicas"] < desired or counts["readyReplicas"] < desired:
         return "False", "ReplicasNotReady", f"{counts['readyReplicas']}/{desired} replicas ready"
-    if not is_true(conds, "Available") and desired > 0:
+    if not is_true(conds, "Available"):
         return "False", "Unavailable", "the Deployment is not Available"
     return "True", "AllReplicasReady", f"{counts['readyReplicas']}/{desired} replicas ready"
 
 
 def phase(conditions: Iterable[Mapping[str, Any]]) -> str:
-    """One word for `kubectl get`: Invalid, Verifying, Blocked, Ready, Degraded or Progressing."""
+    """One word for `kubectl get`: Invalid, Unsupported, Verifying, Blocked, Failed, Ready, ScaledToZero,
+    Unschedulable, Degraded or Progressing."""
     conds = list(conditions)
-    ready = get_condition(conds, "Ready")
-    if ready is not None and ready.get("reason") == "InvalidSpec":
-        return "Invalid"
+    ready = get_condition(conds, "Ready") or {}
+    if ready.get("reason") in SPEC_REASONS:
+        return SPEC_REASONS[str(ready["reason"])]
     verified = get_condition(conds, "ArtifactVerified")
     if verified is None or verified.get("status") == "Unknown":
         return "Verifying"
     if verified.get("status") == "False":
         return "Blocked"
+    child = get_condition(conds, "ChildrenReconciled")
+    if child is not None and child.get("status") == "False":
+        return "Failed"
     if is_true(conds, "Ready"):
         return "Ready"
+    if ready.get("reason") == "ScaledToZero":
+        return "ScaledToZero"
+    placement = get_condition(conds, "PlacementSatisfiable")
+    if placement is not None and placement.get("status") == "False":
+        return "Unschedulable"
     progressing = get_condition(conds, "Progressing")
     if progressing is not None and progressing.get("status") == "False":
         return "Degraded"

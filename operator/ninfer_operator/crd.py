@@ -13,11 +13,13 @@ from typing import Any
 import yaml
 
 from . import GROUP, KIND, PLURAL, SHORT_NAME, VERSION
+from .names import LABEL_MAX, NAME_PATTERN
 
 SHA256_PATTERN = "^[0-9a-f]{64}$"
 # pvc://<claim>/<path in the claim>  or  file:///<absolute path on every target node>
 ARTIFACT_URI_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/[^/].*|file:///[^/].*)$"
 DEFAULT_GPU_PRODUCTS = ["NVIDIA-GeForce-RTX-5090"]
+DNS_1035 = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 Schema = dict[str, Any]
 
@@ -94,6 +96,11 @@ def spec_schema() -> Schema:
             "prefixReuse": {"type": "boolean", "default": True, "description": "false -> --no-prefix-reuse"},
             "kvDtype": _str(enum=["bf16", "int8"], description="--kv-dtype"),
             "vision": {"type": "boolean", "default": False, "description": "--vision"},
+            "extraArgs": {
+                "type": "array",
+                "items": _str(),
+                "description": "more ninfer-serve flags, passed verbatim after the ones the spec sets",
+            },
         }
     )
     placement = _obj(
@@ -116,12 +123,42 @@ def spec_schema() -> Schema:
             "image": _str(minLength=1),
         }
     )
-    routing = _obj(
+    picker = _obj(
+        {
+            "service": _str(pattern=DNS_1035, description="the EPP Service (default <name>-epp)"),
+            "port": _int(1, 65535, default=9002),
+            "failureMode": _str(enum=["FailOpen", "FailClose"], default="FailClose"),
+        }
+    )
+    gateway = _obj(
+        {
+            "name": _str(minLength=1, description="the Gateway the HTTPRoute attaches to"),
+            "namespace": _str(),
+            "sectionName": _str(description="the Gateway listener"),
+            "hostnames": {"type": "array", "items": _str()},
+            "requestTimeout": _str(pattern="^[0-9]+(ms|s|m|h)$", default="3600s"),
+            "endpointPicker": {**picker, "default": {}},
+        },
+        required=["name"],
+        description="Gateway API Inference Extension: an InferencePool + an HTTPRoute on this Gateway",
+    )
+    ingress = _obj(
         {
             "sessionHeader": _str(pattern="^[A-Za-z0-9][A-Za-z0-9-]*$"),
-            "ingressClassName": _str(default="nginx"),
+            "className": _str(default="nginx"),
             "host": _str(),
-        }
+            "tlsSecret": _str(),
+        },
+        required=["sessionHeader"],
+        description="LEGACY: ingress-nginx (retired March 2026) consistent hashing on a session header",
+    )
+    routing = _obj({"gateway": gateway, "ingress": ingress})
+    resources = _obj(
+        {
+            "requests": {"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": True}},
+            "limits": {"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": True}},
+        },
+        description="server container resources, merged over the defaults",
     )
     return _obj(
         {
@@ -132,6 +169,16 @@ def spec_schema() -> Schema:
             "image": _str(minLength=1),
             "monitoring": {**monitoring, "default": {}},
             "routing": routing,
+            "imagePullSecrets": {"type": "array", "items": _obj({"name": _str(minLength=1)}, ["name"])},
+            "apiKeySecret": _obj(
+                {"name": _str(minLength=1), "key": _str(default="api-key")},
+                ["name"],
+                description="Secret holding the key clients must send (--api-key)",
+            ),
+            "resources": resources,
+            "drainSeconds": _int(
+                0, 86400, default=600, description="drain budget on stop; terminationGracePeriodSeconds"
+            ),
         },
         required=["model"],
     )
@@ -157,6 +204,7 @@ def status_schema() -> Schema:
             "verifiedUri": _str(),
             "digest": _str(description="first 12 hex digits of spec.model.artifact.sha256"),
             "servingSha256": _str(description="the digest in the Deployment's pod template"),
+            "servingDigest": _str(description="first 12 hex digits of servingSha256"),
             "replicas": _int(),
             "readyReplicas": _int(),
             "updatedReplicas": _int(),
@@ -182,7 +230,17 @@ def render_crd() -> dict[str, Any]:
         "name": VERSION,
         "served": True,
         "storage": True,
-        "schema": {"openAPIV3Schema": _obj({"spec": spec_schema(), "status": status_schema()}, ["spec"])},
+        "schema": {
+            "openAPIV3Schema": _obj(
+                {
+                    # a structural schema may constrain metadata.name (and nothing else in metadata)
+                    "metadata": _obj({"name": _str(pattern=NAME_PATTERN, maxLength=LABEL_MAX)}),
+                    "spec": spec_schema(),
+                    "status": status_schema(),
+                },
+                ["spec"],
+            )
+        },
         "subresources": {
             "status": {},
             "scale": {
@@ -193,7 +251,8 @@ def render_crd() -> dict[str, Any]:
         },
         "additionalPrinterColumns": [
             {"name": "Model", "type": "string", "jsonPath": ".spec.model.modelId"},
-            {"name": "SHA256", "type": "string", "jsonPath": ".status.digest"},
+            {"name": "Serving", "type": "string", "jsonPath": ".status.servingDigest"},
+            {"name": "Wanted", "type": "string", "jsonPath": ".status.digest", "priority": 1},
             {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
             _condition_column("Verified", "ArtifactVerified"),
             {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},

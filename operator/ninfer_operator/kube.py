@@ -1,6 +1,9 @@
-"""The operator's only API calls for children: read, create, replace-on-drift, delete, list.
+"""The operator's only API calls: children (read, create, replace-on-drift, patch, delete, list) and the
+resource itself outside kopf's handlers (read, list, status patch).
 
 Bodies are plain dicts (camelCase, as rendered by resources.py); reads come back as plain dicts too.
+InferencePool and HTTPRoute are custom resources (Gateway API and its Inference Extension), reached
+through the CustomObjectsApi.
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ _KINDS: dict[str, tuple[type, str]] = {
     "ConfigMap": (kubernetes.client.CoreV1Api, "namespaced_config_map"),
     "Job": (kubernetes.client.BatchV1Api, "namespaced_job"),
     "Ingress": (kubernetes.client.NetworkingV1Api, "namespaced_ingress"),
+    "Pod": (kubernetes.client.CoreV1Api, "namespaced_pod"),
+}
+# kind -> (group, version, plural) for custom resources
+CUSTOM: dict[str, tuple[str, str, str]] = {
+    "InferencePool": ("inference.networking.k8s.io", "v1", "inferencepools"),
+    "HTTPRoute": ("gateway.networking.k8s.io", "v1", "httproutes"),
 }
 
 
@@ -41,8 +50,30 @@ def _api(cls: type) -> Any:
 
 
 def _call(kind: str, verb: str) -> Any:
+    if kind in CUSTOM:
+        return _custom_call(kind, verb)
     cls, suffix = _KINDS[kind]
     return getattr(_api(cls), f"{verb}_{suffix}")
+
+
+def _custom_call(kind: str, verb: str) -> Any:
+    """The CustomObjectsApi call shaped like the typed ones: (name, namespace, ...) / (namespace, body)."""
+    group, version, plural = CUSTOM[kind]
+    api = _api(kubernetes.client.CustomObjectsApi)
+    if verb == "create":
+        return lambda ns, body: api.create_namespaced_custom_object(group, version, ns, plural, body)
+    if verb == "list":
+        return lambda ns, label_selector: _Items(
+            api.list_namespaced_custom_object(group, version, ns, plural, label_selector=label_selector)
+        )
+    method = {"read": "get", "replace": "replace", "patch": "patch", "delete": "delete"}[verb]
+    fn = getattr(api, f"{method}_namespaced_custom_object")
+    return lambda name, ns, *rest, **kw: fn(group, version, ns, plural, name, *rest)
+
+
+class _Items:
+    def __init__(self, listing: Mapping[str, Any]) -> None:
+        self.items = listing.get("items") or []
 
 
 def _to_dict(obj: Any) -> Manifest:
@@ -95,6 +126,10 @@ def ensure(kind: str, namespace: str, body: Manifest) -> tuple[Manifest, str]:
     return _to_dict(_call(kind, "replace")(name, namespace, new)), "replaced"
 
 
+def patch(kind: str, namespace: str, name: str, body: Manifest) -> Manifest:
+    return _to_dict(_call(kind, "patch")(name, namespace, body))
+
+
 def delete(kind: str, namespace: str, name: str) -> bool:
     try:
         _call(kind, "delete")(name, namespace, propagation_policy="Background")
@@ -108,3 +143,29 @@ def delete(kind: str, namespace: str, name: str) -> bool:
 def list_names(kind: str, namespace: str, label_selector: str) -> list[Manifest]:
     items = _call(kind, "list")(namespace, label_selector=label_selector).items
     return [_to_dict(i) for i in items]
+
+
+# -- the NInferDeployment itself, outside kopf's handlers (child events, the resync loop) -----------------
+
+
+def _crs() -> Any:
+    return _api(kubernetes.client.CustomObjectsApi)
+
+
+def read_resource(group: str, version: str, plural: str, namespace: str, name: str) -> Manifest | None:
+    try:
+        return dict(_crs().get_namespaced_custom_object(group, version, namespace, plural, name))
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def list_resources(group: str, version: str, plural: str) -> list[Manifest]:
+    return list(_crs().list_cluster_custom_object(group, version, plural).get("items") or [])
+
+
+def patch_resource_status(
+    group: str, version: str, plural: str, namespace: str, name: str, status: Manifest
+) -> None:
+    _crs().patch_namespaced_custom_object_status(group, version, namespace, plural, name, {"status": status})

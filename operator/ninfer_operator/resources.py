@@ -1,14 +1,15 @@
-"""Pure renders: an `NInferDeployment` spec -> the manifests the operator owns.
+"""Pure renders: an `NInferDeployment` spec -> the workload manifests the operator owns.
 
 Nothing here talks to the API server; every function takes plain mappings and returns plain dicts,
 so tests check them without a cluster. Owner references are added by the handlers (`kopf.adopt`).
+Child names come from names.py (always valid); the spec -> flag mapping is flags.py; the Service and the
+routing objects (InferencePool, HTTPRoute, legacy Ingress) are routing.py.
 
-Children of `NInferDeployment/<name>`:
-  Job        <name>-verify-<sha12>-<urihash>  runs `ninfer-artifact verify` on a target node (gate)
-  ConfigMap  <name>-model                     model identity (model.json), mounted at /etc/ninfer
-  Deployment <name>                           ninfer-serve (+ ninfer-monitor sidecar)
-  Service    <name>                           http 8080 (+ monitor 8090)
-  Ingress    <name>                           only with routing.sessionHeader: consistent hashing on it
+Children of `NInferDeployment/<name>` (`<base>` = names.base_name(name)):
+  Job        ninfer-verify-<sha12>-<urihash>  runs `ninfer-artifact verify` on a target node (the gate); shared
+                                              by every resource of the namespace with that (uri, sha256)
+  ConfigMap  <base>-model                     model identity (model.json), mounted at /etc/ninfer
+  Deployment <base>                           ninfer-serve (+ ninfer-monitor sidecar)
 """
 
 from __future__ import annotations
@@ -16,17 +17,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import flags, names, routing
 from .placement import GPU_PRODUCT_LABEL, GPU_RESOURCE, gpu_products
 
 Manifest = dict[str, Any]
 Spec = Mapping[str, Any]
 
-SERVER_PORT = 8080
-MONITOR_PORT = 8090
+SERVER_PORT = flags.SERVER_PORT
+MONITOR_PORT = routing.MONITOR_PORT
 RUN_AS_USER = 10001  # the Dockerfile's `ninfer` user
 ARTIFACT_DIR = "/artifacts"
 LOG_DIR = "/var/log/ninfer"
@@ -37,15 +39,10 @@ SHA_ANNOTATION = "ninfer.io/sha256"
 URI_ANNOTATION = "ninfer.io/artifact-uri"
 INSTANCE_LABEL = "ninfer.io/deployment"
 ROLE_LABEL = "ninfer.io/role"
-
-# spec.engine key -> ninfer-serve flag. Booleans are handled in server_args (prefixReuse is negated).
-ENGINE_FLAGS: dict[str, str] = {
-    "maxContext": "--max-context",
-    "kvCapacity": "--kv-capacity",
-    "maxConcurrency": "--max-concurrency",
-    "hostKvCacheMiB": "--host-kv-cache-mib",
-    "kvDtype": "--kv-dtype",
-}
+VERIFY_KEY_LABEL = "ninfer.io/verify-key"
+MANAGED_BY = "ninfer-operator"
+DEFAULT_DRAIN_S = 600  # spec.drainSeconds: how long a stopping replica may finish the streams it admitted
+DRAIN_MARGIN_S = 15  # uvicorn's own shutdown after the last stream
 
 # Startup probe budget: weights stream from local disk at >= ~250 MB/s; plus graph capture and warmup.
 STARTUP_PERIOD_S = 10
@@ -59,9 +56,9 @@ STARTUP_UNKNOWN_SIZE_FAILURES = 180  # 30 minutes when sizeBytes is not given
 # ---------------------------------------------------------------------------------------------- spec
 
 
-def validate_spec(spec: Spec) -> list[str]:
-    """Cross-field rules the CRD schema cannot state on Kubernetes 1.20 (no CEL). Empty = valid."""
-    errors: list[str] = []
+def validate_spec(name: str, spec: Spec) -> list[str]:
+    """Rules the CRD schema cannot state on Kubernetes 1.20 (no CEL), plus the name. Empty = valid."""
+    errors: list[str] = names.name_errors(name)
     engine = spec.get("engine") or {}
     spec_dec = engine.get("spec") or {}
     if spec_dec.get("draftTokens") is not None and spec_dec.get("mode", "off") != "mtp":
@@ -79,7 +76,7 @@ def validate_spec(spec: Spec) -> list[str]:
     artifact = ((spec.get("model") or {}).get("artifact")) or {}
     if not artifact.get("uri") or not artifact.get("sha256"):
         errors.append("model.artifact.uri and model.artifact.sha256 are required")
-    return errors
+    return errors + flags.extra_args_errors(spec) + routing.routing_errors(spec)
 
 
 def artifact_of(spec: Spec) -> tuple[str, str]:
@@ -111,44 +108,27 @@ def artifact_mount(uri: str) -> ArtifactMount:
 
 
 def server_args(spec: Spec, artifact_path: str) -> list[str]:
-    """`ninfer-serve` command line; every spec.engine field maps to exactly one upstream flag."""
-    _, sha = artifact_of(spec)
-    args = ["ninfer-serve", artifact_path, "--host", "0.0.0.0", "--port", str(SERVER_PORT)]
-    model_id = (spec.get("model") or {}).get("modelId")
-    if model_id:
-        args += ["--model-id", str(model_id)]
-    engine = spec.get("engine") or {}
-    for key, flag in ENGINE_FLAGS.items():
-        if engine.get(key) is not None:
-            args += [flag, str(engine[key])]
-    spec_dec = engine.get("spec") or {}
-    if spec_dec.get("mode", "off") == "mtp":
-        args += ["--spec", "mtp"]
-        if spec_dec.get("draftTokens") is not None:
-            args += ["--draft-tokens", str(spec_dec["draftTokens"])]
-    if engine.get("prefixReuse", True) is False:
-        args.append("--no-prefix-reuse")
-    if engine.get("vision"):
-        args.append("--vision")
-    # NOTE: the server re-checks the digest itself: hostPath/PVC contents can change after the Job ran.
-    args += ["--expected-sha256", sha, "--request-log-jsonl", REQUEST_LOG]
-    return args
+    """`ninfer-serve` command line, from flags.FLAG_TABLE (the one spec -> flag table)."""
+    return flags.server_args(
+        spec, artifact_path, REQUEST_LOG, inference_pool=routing.uses_inference_pool(spec)
+    )
 
 
 # ----------------------------------------------------------------------------------------- placement
 
 
 def labels(name: str) -> dict[str, str]:
+    base = names.base_name(name)
     return {
         "app.kubernetes.io/name": "ninfer",
-        "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/managed-by": "ninfer-operator",
-        INSTANCE_LABEL: name,
+        "app.kubernetes.io/instance": base,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        INSTANCE_LABEL: base,
     }
 
 
 def selector(name: str) -> dict[str, str]:
-    return {INSTANCE_LABEL: name, ROLE_LABEL: "server"}
+    return {INSTANCE_LABEL: names.base_name(name), ROLE_LABEL: "server"}
 
 
 def selector_string(name: str) -> str:
@@ -194,19 +174,32 @@ def image_of(spec: Spec, default_image: str) -> str:
     return str(spec.get("image") or default_image)
 
 
+def pull_secrets(spec: Spec) -> Manifest:
+    secrets = [{"name": str(s["name"])} for s in spec.get("imagePullSecrets") or []]
+    return {"imagePullSecrets": secrets} if secrets else {}
+
+
 # -------------------------------------------------------------------------------------- verification
 
 
-def verify_job_name(name: str, sha: str, uri: str) -> str:
-    """Deterministic per (digest, uri), so a retried handler finds its Job; <= 63 chars (pod label)."""
-    uri_hash = hashlib.sha256(uri.encode()).hexdigest()[:5]
-    return f"{name[:33].rstrip('-')}-verify-{sha[:12]}-{uri_hash}"
+def verify_key(sha: str, uri: str) -> str:
+    return f"{sha[:12]}-{hashlib.sha256(uri.encode()).hexdigest()[:5]}"
 
 
-def render_verify_job(name: str, spec: Spec, default_image: str) -> Manifest:
+def verify_job_name(sha: str, uri: str) -> str:
+    """One Job per (digest, uri) in a namespace, whichever resources ask for it (<= 63 chars: pod label)."""
+    return f"ninfer-verify-{verify_key(sha, uri)}"
+
+
+def render_verify_job(spec: Spec, default_image: str) -> Manifest:
     uri, sha = artifact_of(spec)
     mount = artifact_mount(uri)
-    job_labels = {**labels(name), ROLE_LABEL: "verify"}
+    job_labels = {
+        "app.kubernetes.io/name": "ninfer",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        ROLE_LABEL: "verify",
+        VERIFY_KEY_LABEL: verify_key(sha, uri),
+    }
     container = {
         "name": "verify",
         "image": image_of(spec, default_image),
@@ -223,13 +216,14 @@ def render_verify_job(name: str, spec: Spec, default_image: str) -> Manifest:
         "volumes": [mount.volume],
         "securityContext": pod_security(),
         "automountServiceAccountToken": False,
+        **pull_secrets(spec),
         **placement_fields(spec),
     }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": verify_job_name(name, sha, uri),
+            "name": verify_job_name(sha, uri),
             "labels": job_labels,
             "annotations": {SHA_ANNOTATION: sha, URI_ANNOTATION: uri},
         },
@@ -239,6 +233,27 @@ def render_verify_job(name: str, spec: Spec, default_image: str) -> Manifest:
             "template": {"metadata": {"labels": job_labels}, "spec": pod_spec},
         },
     }
+
+
+def failure_reason(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """(reason, detail) of a failed verification Job, from its pod's termination message (stderr) or the
+    Job's own condition: DigestMismatch | ArtifactMissing | VerificationTimedOut | VerificationFailed."""
+    text = ""
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (status.get("state") or {}).get("terminated") or {}
+            text = str(terminated.get("message") or "").strip() or text
+    cond: Mapping[str, Any] = next(
+        (c for c in (job.get("status") or {}).get("conditions") or [] if c.get("type") == "Failed"), {}
+    )
+    last = text.splitlines()[-1] if text else str(cond.get("message") or "")
+    if "MISMATCH" in text:
+        return "DigestMismatch", last
+    if "No such file" in text or "FileNotFoundError" in text or "IsADirectory" in text:
+        return "ArtifactMissing", last
+    if cond.get("reason") == "DeadlineExceeded":
+        return "VerificationTimedOut", last
+    return "VerificationFailed", last or "the verification Job failed"
 
 
 def job_state(job: Mapping[str, Any]) -> str:
@@ -285,21 +300,38 @@ def _http_probe(path: str, port: str, period: int, failures: int) -> Manifest:
     }
 
 
+def merged_resources(spec: Spec, defaults: Manifest) -> Manifest:
+    """spec.resources over the defaults, key by key (a GPU count set there wins over placement.gpuCount)."""
+    override = spec.get("resources") or {}
+    return {part: {**defaults.get(part, {}), **(override.get(part) or {})} for part in ("requests", "limits")}
+
+
+def server_env(spec: Spec) -> list[Manifest]:
+    secret = spec.get("apiKeySecret") or {}
+    if not secret.get("name"):
+        return []
+    ref = {"name": str(secret["name"]), "key": str(secret.get("key") or "api-key")}
+    return [{"name": flags.API_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}]
+
+
 def server_container(spec: Spec, default_image: str, mount: ArtifactMount) -> Manifest:
     gpus = str((spec.get("placement") or {}).get("gpuCount") or 1)
     memory = mib_quantity(memory_mib(spec))
     size = ((spec.get("model") or {}).get("artifact") or {}).get("sizeBytes")
-    return {
+    defaults = {
+        "requests": {"cpu": "2", "memory": memory, GPU_RESOURCE: gpus},
+        "limits": {"memory": memory, GPU_RESOURCE: gpus},
+    }
+    container: Manifest = {
         "name": "server",
         "image": image_of(spec, default_image),
         "command": server_args(spec, mount.path),
         "ports": [{"name": "http", "containerPort": SERVER_PORT, "protocol": "TCP"}],
-        "resources": {
-            "requests": {"cpu": "2", "memory": memory, GPU_RESOURCE: gpus},
-            "limits": {"memory": memory, GPU_RESOURCE: gpus},
-        },
+        "resources": merged_resources(spec, defaults),
+        # /health answers once uvicorn listens (after the load); /ready is 503 while warming up and while
+        # draining, so a stopping or cold replica leaves the Service and the InferencePool first.
         "startupProbe": _http_probe("/health", "http", STARTUP_PERIOD_S, startup_failure_threshold(size)),
-        "readinessProbe": _http_probe("/health", "http", 5, 3),
+        "readinessProbe": _http_probe("/ready", "http", 5, 2),
         "livenessProbe": _http_probe("/health", "http", 20, 6),
         "volumeMounts": [
             mount.mount,
@@ -308,6 +340,10 @@ def server_container(spec: Spec, default_image: str, mount: ArtifactMount) -> Ma
         ],
         "securityContext": container_security(),
     }
+    env = server_env(spec)
+    if env:
+        container["env"] = env
+    return container
 
 
 def monitor_container(spec: Spec, default_image: str) -> Manifest:
@@ -346,6 +382,12 @@ def progress_deadline_s(spec: Spec) -> int:
     return max(1800, startup_failure_threshold(size) * STARTUP_PERIOD_S + 600)
 
 
+def termination_grace_s(spec: Spec) -> int:
+    """The server drains on SIGTERM (new requests 503, admitted streams finish); the kubelet kills it after
+    this long, so it is the drain budget plus uvicorn's own shutdown."""
+    return int(spec.get("drainSeconds") or DEFAULT_DRAIN_S) + DRAIN_MARGIN_S
+
+
 def render_deployment(name: str, spec: Spec, default_image: str) -> Manifest:
     uri, sha = artifact_of(spec)
     mount = artifact_mount(uri)
@@ -360,7 +402,7 @@ def render_deployment(name: str, spec: Spec, default_image: str) -> Manifest:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "labels": {**labels(name), ROLE_LABEL: "server"}},
+        "metadata": {"name": names.child_name(name), "labels": {**labels(name), ROLE_LABEL: "server"}},
         "spec": {
             "replicas": int(spec.get("replicas", 1)),
             "selector": {"matchLabels": selector(name)},
@@ -374,12 +416,16 @@ def render_deployment(name: str, spec: Spec, default_image: str) -> Manifest:
                     "containers": containers,
                     "volumes": [
                         mount.volume,
-                        {"name": "request-log", "emptyDir": {"sizeLimit": "2Gi"}},
+                        {
+                            "name": "request-log",
+                            "emptyDir": {"sizeLimit": mib_quantity(flags.REQUEST_LOG_VOLUME_MIB)},
+                        },
                         {"name": "model-config", "configMap": {"name": config_map_name(name)}},
                     ],
                     "securityContext": pod_security(),
                     "automountServiceAccountToken": False,
-                    "terminationGracePeriodSeconds": 60,  # let streams in flight finish
+                    "terminationGracePeriodSeconds": termination_grace_s(spec),
+                    **pull_secrets(spec),
                     **placement_fields(spec),
                 },
             },
@@ -387,20 +433,8 @@ def render_deployment(name: str, spec: Spec, default_image: str) -> Manifest:
     }
 
 
-def render_service(name: str, spec: Spec) -> Manifest:
-    ports = [{"name": "http", "port": SERVER_PORT, "targetPort": "http", "protocol": "TCP"}]
-    if sidecar_enabled(spec):
-        ports.append({"name": "monitor", "port": MONITOR_PORT, "targetPort": "monitor", "protocol": "TCP"})
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "labels": labels(name)},
-        "spec": {"type": "ClusterIP", "selector": selector(name), "ports": ports},
-    }
-
-
 def config_map_name(name: str) -> str:
-    return f"{name}-model"
+    return names.child_name(name, "model")
 
 
 def render_config_map(name: str, spec: Spec) -> Manifest:
@@ -416,47 +450,6 @@ def render_config_map(name: str, spec: Spec) -> Manifest:
         "kind": "ConfigMap",
         "metadata": {"name": config_map_name(name), "labels": labels(name)},
         "data": {"model.json": json.dumps(data, sort_keys=True, default=str)},
-    }
-
-
-def session_hash_variable(header: str) -> str:
-    """nginx variable for a request header: `X-Session-Id` -> `$http_x_session_id`."""
-    return "$http_" + header.lower().replace("-", "_")
-
-
-def render_ingress(name: str, spec: Spec) -> Manifest | None:
-    """With routing.sessionHeader: an ingress-nginx Ingress that picks the replica by consistent
-    hashing of that header (`upstream-hash-by`), so a returning session lands where its KV is parked."""
-    routing = spec.get("routing") or {}
-    header = routing.get("sessionHeader")
-    if not header:
-        return None
-    rule: Manifest = {
-        "http": {
-            "paths": [
-                {
-                    "path": "/",
-                    "pathType": "Prefix",
-                    "backend": {"service": {"name": name, "port": {"name": "http"}}},
-                }
-            ]
-        }
-    }
-    if routing.get("host"):
-        rule["host"] = str(routing["host"])
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "Ingress",
-        "metadata": {
-            "name": name,
-            "labels": labels(name),
-            "annotations": {
-                "nginx.ingress.kubernetes.io/upstream-hash-by": session_hash_variable(str(header)),
-                "nginx.ingress.kubernetes.io/proxy-buffering": "off",  # SSE streams
-                "nginx.ingress.kubernetes.io/proxy-read-timeout": "3600",
-            },
-        },
-        "spec": {"ingressClassName": str(routing.get("ingressClassName") or "nginx"), "rules": [rule]},
     }
 
 

@@ -71,10 +71,10 @@ def test_host_parking_through_a_real_server(tmp_path: Path) -> None:
     [
         (
             ["--spec", "dflash", "--host-kv-cache-mib", "64"],
-            "host parking does not capture DFlash draft caches",
+            "spec='dflash': cannot run with host_kv_cache_mib=64: host parking does not capture DFlash draft",
         ),
-        (["--spec", "dflash"], "--spec dflash: speculative decoding is not available in this build"),
-        (["--spec", "mtp", "--host-kv-cache-mib", "64"], "--spec mtp: speculative decoding is not available"),
+        (["--spec", "dflash"], "spec='dflash': speculative decoding is not available in this build"),
+        (["--spec", "mtp", "--host-kv-cache-mib", "64"], "spec='mtp': speculative decoding is not available"),
     ],
 )
 def test_spec_flag_is_refused_with_the_reason(argv: list[str], reason: str, capsys) -> None:

@@ -46,6 +46,7 @@ def tiny_loaded(arch: str) -> Any:
 def make_core(arch: str = "dense", seed: int | None = None, **flags: Any) -> EngineCore:
     """An EngineCore on the shared tiny model; flags as `EngineConfig.from_flags` takes them."""
     flags.setdefault("max_context", 512)
+    flags.setdefault("prefill_chunk_multiple", 1)  # the tiny model's tests chunk at a few tokens
     loaded = tiny_loaded(arch)
     return EngineCore(loaded.model, loaded.tokenizer, EngineConfig.from_flags(**flags), seed=seed)
 

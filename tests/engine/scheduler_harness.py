@@ -1,7 +1,7 @@
-"""Test harness for the scheduler: a fake runner that executes `SchedulerOutput` on plain lists.
+"""Test harness for the scheduler: a fake runner that executes a `StepPlan` on plain lists.
 
-The real runner (engine/runner.py, issue 4's second half) does not exist yet, so this is not a mock of
-a real part: it is the smallest executor of the documented SchedulerOutput protocol. It keeps
+It is not a mock of the real runner (engine/runner/): it is the smallest executor of the documented
+step contract (engine/step.py), so the scheduler's accounting is tested without a model. It keeps
 
 - `kv[slot]`: the token id whose KV lives in each token slot of the pool, written at `slot_mapping`;
 - `state[slot]`: for each GDN state slot, the tuple of tokens it has absorbed (a perfect "recurrent
@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 from engine.config import CacheConfig, SchedulerConfig
 from engine.request import Event, FinishEvent, ReasoningTokens, Request, SamplingParams, TokenEvent
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.scheduler import Scheduler
+from engine.step import StepPlan, StepResult
 
 VOCAB = 1000
 
@@ -43,19 +44,19 @@ class FakeRunner:
         self.num_page_copies = 0
         self.num_restores = 0
 
-    def execute(self, out: SchedulerOutput) -> list[int]:
+    def execute(self, out: StepPlan) -> StepResult:
         size = self.page_size
         for src, dst in out.page_copies:
             self.kv[dst * size : (dst + 1) * size] = self.kv[src * size : (src + 1) * size]
             self.num_page_copies += 1
-        for row in out.requests:
+        for row in out.rows:
             if row.reset_state:
                 self.state[row.state_slot] = ()
             if row.copy_state_from is not None:
                 self.state[row.state_slot] = self.state[row.copy_state_from]
                 self.num_restores += 1
-        sampled = []
-        for row in out.requests:
+        sampled: list[list[int]] = []
+        for row in out.rows:
             before = self.state[row.state_slot]
             assert before is not None and len(before) == row.start_pos, (
                 f"{row.request_id}: state holds {None if before is None else len(before)} tokens, "
@@ -68,11 +69,11 @@ class FakeRunner:
             seen = tuple(self.kv[row.page_ids[p // size] * size + p % size] for p in range(row.end_pos))
             assert seen == after, f"{row.request_id}: KV through the page table disagrees with the state"
             if row.sample:
-                sampled.append(self.token_fn(after))
-        for row in out.requests:
+                sampled.append([self.token_fn(after)])
+        for row in out.rows:
             if row.save_state_to is not None:
                 self.state[row.save_state_to] = self.state[row.state_slot]
-        return sampled
+        return StepResult.of_sampled(out, sampled)
 
     def check_checkpoints(self, scheduler: Scheduler) -> None:
         """Every checkpoint's pages hold the tokens its state snapshot absorbed."""
@@ -110,6 +111,7 @@ def make_scheduler(
         pending_timeout_ms=timeout_ms,
         prefill_chunk=prefill_chunk,
         prefill_chunk_decoding=prefill_chunk_decoding,
+        prefill_chunk_multiple=1,  # chunk at a few tokens on these short prompts
     )
     cache = CacheConfig(
         page_size=page_size,
@@ -161,10 +163,10 @@ class Driver:
         self.scheduler.check_integrity()
         return event
 
-    def step(self) -> SchedulerOutput:
+    def step(self) -> StepPlan:
         out = self.scheduler.schedule()
-        sampled = self.runner.execute(out)
-        self.record(self.scheduler.commit(out, sampled))
+        result = self.runner.execute(out)
+        self.record(self.scheduler.commit(out, result))
         self.scheduler.check_integrity()
         self.runner.check_checkpoints(self.scheduler)
         self.num_steps += 1
@@ -173,7 +175,7 @@ class Driver:
         assert out.num_tokens <= budget, f"step ran {out.num_tokens} tokens, budget {budget}"
         # A decode row is the one-token row that samples (its lane had exactly one token left); any other
         # row is a prefill chunk. With a decode row in the step, prefill gets the smaller budget.
-        num_decode = sum(1 for row in out.requests if row.num_tokens == 1 and row.sample)
+        num_decode = sum(1 for row in out.rows if row.num_tokens == 1 and row.sample)
         prefill_budget = config.effective_prefill_chunk_decoding if num_decode else config.prefill_chunk
         num_prefill = out.num_tokens - num_decode
         assert num_prefill <= prefill_budget, (

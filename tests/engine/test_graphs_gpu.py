@@ -15,9 +15,10 @@ from engine_harness import prompt, run, tiny_artifact
 
 from engine.config import EngineConfig
 from engine.core import EngineCore, LoadedArtifact, load_artifact
-from engine.graphs import CudaGraphRunner, DecodeRow
 from engine.model import allocate_model_cache, make_forward_batch
 from engine.request import SamplingParams
+from engine.runner.graphs import CudaGraphRunner
+from engine.runner.inputs import DecodeRow
 
 pytestmark = pytest.mark.gpu
 
@@ -35,6 +36,7 @@ def core(arch: str, dtype: torch.dtype, **flags: Any) -> EngineCore:
     # A test's first steps compile the Triton kernels (a minute on a cold cache): a request waiting for pages
     # meanwhile must not hit the 30 s pending timeout and finish with no tokens.
     flags.setdefault("pending_timeout_ms", 600_000)
+    flags.setdefault("prefill_chunk_multiple", 1)  # chunks of a few tokens on the tiny model
     art = loaded(arch, dtype)
     return EngineCore(art.model, art.tokenizer, EngineConfig.from_flags(**flags))
 
@@ -92,7 +94,9 @@ def test_gpu_greedy_tokens_equal_the_cpu_reference_fp32() -> None:
     cpu_core = EngineCore(
         cpu.model,
         cpu.tokenizer,
-        EngineConfig.from_flags(max_context=512, max_concurrency=4, prefill_chunk=32),
+        EngineConfig.from_flags(
+            max_context=512, max_concurrency=4, prefill_chunk=32, prefill_chunk_multiple=1
+        ),
     )
     assert gpu_tokens == run(cpu_core, items, GREEDY)[0]
 

@@ -204,7 +204,7 @@ def test_config_refusals_and_off():
     with pytest.raises(ValueError, match="host_kv_cache_mib=-1"):
         EngineConfig.from_flags(host_kv_cache_mib=-1)
     core = make_core(page_size=PAGE, max_context=256)
-    assert core.host is None and core.runner.host is None and core.scheduler.host is None
+    assert core.host is None and core.runner.host_copies is None and core.scheduler.host is None
     s = core.stats()
     assert (s.host_kv_capacity_bytes, s.host_kv_parks, s.host_kv_evictions) == (0, 0, {})
 
@@ -217,7 +217,7 @@ def test_serve_flag_maps_and_refuses_no_prefix_reuse(capsys):
     with pytest.raises(SystemExit) as exc:
         parse_args(["--host-kv-cache-mib", "64", "--no-prefix-reuse"])
     assert exc.value.code == 2
-    assert "--host-kv-cache-mib 64 needs prefix reuse" in capsys.readouterr().err
+    assert "host_kv_cache_mib=64: needs prefix reuse" in capsys.readouterr().err
 
 
 def test_sessions_resume_from_their_prompt_end_when_templates_drop_the_last_answer():

@@ -17,7 +17,7 @@ from test_host_engine import Driver, assert_evictions_accounted, cold
 
 from engine.core import EngineCore
 from engine.request import FinishEvent, SamplingParams
-from engine.scheduler.output import SchedulerOutput
+from engine.step import StepPlan, StepResult
 
 PAGE = 16
 SHORT = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
@@ -29,12 +29,12 @@ def _one_thread():
         yield
 
 
-def record_outputs(core: EngineCore) -> list[SchedulerOutput]:
-    """Every `SchedulerOutput` the runner executes, in order."""
-    outputs: list[SchedulerOutput] = []
+def record_outputs(core: EngineCore) -> list[StepPlan]:
+    """Every `StepPlan` the runner executes, in order."""
+    outputs: list[StepPlan] = []
     execute = core.runner.execute
 
-    def recording(output: SchedulerOutput) -> list[int]:
+    def recording(output: StepPlan) -> StepResult:
         outputs.append(output)
         return execute(output)
 
@@ -147,7 +147,7 @@ def test_restoring_lane_waits_for_its_copies_while_the_other_lane_decodes(monkey
     assert "r" not in d.finish, "the running lane must outlive the restore"
     assert out2 == cold(turn2) and d.finish["a2"].num_host_cached_tokens == len(history) - 1
     first = next(i for i, o in enumerate(outputs) if o.host_unparks)
-    rows = [[row.request_id for row in o.requests] for o in outputs]
+    rows = [[row.request_id for row in o.rows] for o in outputs]
     assert rows[first : first + 4] == [["r"]] * 4  # the unpark's step and three more: r decodes alone
     assert "a2" in rows[first + 4] and len(handles) == 1
     d.until("r")

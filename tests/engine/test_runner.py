@@ -103,3 +103,26 @@ def test_runner_feeds_output_counts_to_penalties_and_drops_request_state_at_fini
     assert core.runner.sampler._generators == {} and core.runner._output_token_ids == {}
     (again,), _ = run(core, [prompt(10, 2)], seeded)
     assert again == tokens  # a fresh generator from the same seed: the same draw
+
+
+def test_a_row_can_sample_several_positions_and_each_gets_its_own_token():
+    """`RowPlan.num_sample = n`: the last n fed positions give logits and a token each (the shape of a
+    verify step); greedy, they are the argmax of the teacher-forced logits at those positions."""
+    from engine.runner import ModelRunner
+    from engine.step import RowPlan, StepPlan
+
+    model = tiny_loaded("dense").model
+    tokens = prompt(12, 7)
+    runner = ModelRunner(model, num_pages=2, page_size=64, num_state_slots=1, cuda_graph=False)
+    row = RowPlan(
+        request_id="v", lane=0, token_ids=tuple(tokens), start_pos=0, page_ids=(0, 1), state_slot=0,
+        reset_state=True, copy_state_from=None, save_state_to=None, num_sample=3,
+        sampling_params=SamplingParams(temperature=0.0), num_output_tokens=0,
+    )  # fmt: skip
+    result = runner.execute(StepPlan(1, (row,), (), ()))
+    cache = allocate_model_cache(model.config, 2, 64, 1, dtype=torch.float32)
+    with torch.inference_mode():
+        batch = make_forward_batch([tokens], [0], [[0, 1]], [0], page_size=64)
+        want = model.compute_logits(model(batch, cache))[-3:].argmax(-1).tolist()
+    assert result.sampled_token_ids == (tuple(want),) and len(want) == 3
+    assert (result.num_accepted, result.num_rolled_back, result.logprobs) == ((0,), (0,), None)

@@ -84,7 +84,7 @@ def test_prefill_under_the_decoding_budget_equals_alone(arch):
 
     def recording_schedule():
         out = schedule()
-        steps.append([(row.request_id, row.num_tokens) for row in out.requests])
+        steps.append([(row.request_id, row.num_tokens) for row in out.rows])
         return out
 
     core.scheduler.schedule = recording_schedule  # type: ignore[method-assign]

@@ -1,7 +1,7 @@
 """Scheduler admission, token budget, finishing and aborts, driven by the fake runner.
 
-The runner here is `scheduler_harness.FakeRunner`: the real runner does not exist yet, so the tests
-execute the SchedulerOutput protocol on plain lists and assert page/slot accounting
+The runner here is `scheduler_harness.FakeRunner`: the tests need no model, so they
+execute the StepPlan protocol (engine/step.py) on plain lists and assert page/slot accounting
 (`check_integrity()`) after every step.
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 from scheduler_harness import Driver, FakeRunner, make_scheduler, request
 
-from engine.request import FinishKind, RejectCode, RequestStatus
+from engine.request import FinishKind, RejectCode, RequestStatus, TokenEvent
+from engine.step import StepResult
 
 
 def test_hundred_queued_requests_at_one_lane_all_finish_without_spinning() -> None:
@@ -59,7 +60,7 @@ def test_oldest_waiting_request_is_protected_from_younger_ones() -> None:
     drv.add(request("small", [3] * 4, max_tokens=1))  # 1 page: would fit, must not jump the queue
     order = []
     while sched.has_work():
-        for row in drv.step().requests:
+        for row in drv.step().rows:
             if row.request_id not in order:
                 order.append(row.request_id)
     assert order == ["a", "big", "small"]
@@ -72,20 +73,20 @@ def test_single_token_budget_mixes_decode_rows_and_a_prefill_chunk() -> None:
     drv.step()  # dec: whole prompt, samples its first token
     drv.add(request("pre", list(range(1, 21)), max_tokens=2))
     out = drv.step()
-    assert [(r.request_id, r.num_tokens, r.sample) for r in out.requests] == [
+    assert [(r.request_id, r.num_tokens, r.sample) for r in out.rows] == [
         ("dec", 1, True),
         ("pre", 8, False),
     ]
-    assert out.requests[1].reset_state and not out.requests[0].reset_state
+    assert out.rows[1].reset_state and not out.rows[0].reset_state
     out = drv.step()
-    assert [(r.request_id, r.start_pos, r.num_tokens) for r in out.requests] == [("dec", 4, 1), ("pre", 8, 8)]
+    assert [(r.request_id, r.start_pos, r.num_tokens) for r in out.rows] == [("dec", 4, 1), ("pre", 8, 8)]
     out = drv.step()
-    assert [(r.request_id, r.start_pos, r.num_tokens, r.sample) for r in out.requests] == [
+    assert [(r.request_id, r.start_pos, r.num_tokens, r.sample) for r in out.rows] == [
         ("dec", 5, 1, True),
         ("pre", 16, 4, True),
     ]
     out = drv.step()  # both decode now: one token each, compacted in lane order
-    assert [(r.lane, r.num_tokens) for r in out.requests] == [(0, 1), (1, 1)]
+    assert [(r.lane, r.num_tokens) for r in out.rows] == [(0, 1), (1, 1)]
     drv.run()
 
 
@@ -113,8 +114,8 @@ def test_a_step_with_decode_rows_prefills_at_most_prefill_chunk_decoding(decodin
     chunks = []
     while "pre" not in drv.tokens:
         out = drv.step()
-        assert [(r.request_id, r.num_tokens) for r in out.requests[:2]] == [("d1", 1), ("d2", 1)]
-        chunks += [r.num_tokens for r in out.requests if r.request_id == "pre"]
+        assert [(r.request_id, r.num_tokens) for r in out.rows[:2]] == [("d1", 1), ("d2", 1)]
+        chunks += [r.num_tokens for r in out.rows if r.request_id == "pre"]
     assert chunks == [decoding] * (30 // decoding) + ([30 % decoding] if 30 % decoding else [])
     drv.run()
     for rid, max_tokens in (("d1", 40), ("d2", 40), ("pre", 3)):
@@ -132,7 +133,7 @@ def test_without_decode_rows_a_prefill_uses_the_full_prefill_chunk() -> None:
     steps = []
     while sched.has_work():
         out = drv.step()
-        steps.append([(r.request_id, r.num_tokens) for r in out.requests])
+        steps.append([(r.request_id, r.num_tokens) for r in out.rows])
     assert steps[:4] == [[("a", 16)], [("a", 16)], [("a", 8), ("b", 8)], [("a", 1), ("b", 4)]]
     # "a" finished at its second token: "b" is alone again and prefills at the full chunk.
     assert steps[4:] == [[("b", 16)], [("b", 12)], [("b", 1)]]
@@ -301,11 +302,13 @@ def test_commit_checks_the_number_of_sampled_tokens_and_step_order() -> None:
     out = sched.schedule()
     with pytest.raises(AssertionError, match="schedule\\(\\) twice"):
         sched.schedule()
-    with pytest.raises(ValueError, match="has 0 tokens for 1 rows"):
-        sched.commit(out, [])
+    with pytest.raises(ValueError, match="has 0 token lists, 0 accepted and 0 rolled-back counts for 1 rows"):
+        sched.commit(out, StepResult((), (), ()))
+    with pytest.raises(ValueError, match="0 tokens back for num_sample=1"):
+        sched.commit(out, StepResult(((),), (0,), (0,)))
     with pytest.raises(AssertionError, match="step boundary"):
         sched.abort("a")
-    sched.commit(out, [11])
+    sched.commit(out, StepResult.of_sampled(out, [[11]]))
     with pytest.raises(ValueError, match="already queued or running"):
         sched.add_request(request("a", [1, 2]))
 
@@ -352,3 +355,60 @@ def test_finish_events_carry_queue_and_prefill_seconds() -> None:
     assert b.queue_seconds == pytest.approx(1.25 - 0.4) and b.prefill_seconds == 0.0
     assert late.reason.code is RejectCode.QUEUE_TIMEOUT
     assert late.queue_seconds == pytest.approx(1.25 - 0.2) and late.prefill_seconds is None
+
+
+def _decode_step(eos: tuple[int, ...] = (), max_tokens: int = 6, stop_token_ids: tuple[int, ...] = ()):
+    """A scheduler with request "a" ([1, 2, 3], prefilled, first token 50 committed) and its decode plan."""
+    sched = make_scheduler(eos=eos)
+    sched.add_request(request("a", [1, 2, 3], max_tokens=max_tokens, stop_token_ids=list(stop_token_ids)))
+    sched.commit(prefill := sched.schedule(), StepResult.of_sampled(prefill, [[50]]))
+    plan = sched.schedule()
+    assert [(r.request_id, r.num_tokens, r.num_sample) for r in plan.rows] == [("a", 1, 1)]
+    return sched, plan
+
+
+def test_commit_takes_a_list_of_tokens_per_row_and_stops_at_the_first_that_ends_it() -> None:
+    """The step contract carries several tokens per row (speculative decoding): each is committed with
+    the same stop and length checks, and tokens after the one that ends the request are dropped."""
+    sched, plan = _decode_step(eos=(7,))
+    events = sched.commit(plan, StepResult.of_sampled(plan, [[60, 7, 61]]))
+    assert [e.token_ids for e in events if isinstance(e, TokenEvent)] == [(60, 7)]
+    (finish,) = [e for e in events if not isinstance(e, TokenEvent)]
+    assert finish.reason.kind is FinishKind.STOP and finish.num_output_tokens == 3
+    sched.check_integrity()
+
+    sched, plan = _decode_step(max_tokens=3)  # 50 + two more reach max_tokens
+    events = sched.commit(plan, StepResult.of_sampled(plan, [[60, 61, 62, 63]]))
+    assert [e.token_ids for e in events if isinstance(e, TokenEvent)] == [(60, 61)]
+    assert events[-1].reason.kind is FinishKind.LENGTH  # type: ignore[union-attr]
+
+    sched, plan = _decode_step(stop_token_ids=(61,))
+    events = sched.commit(plan, StepResult.of_sampled(plan, [[61, 62]]))
+    assert [e.token_ids for e in events if isinstance(e, TokenEvent)] == [(61,)]
+    assert events[-1].reason.kind is FinishKind.STOP  # type: ignore[union-attr]
+
+
+def test_commit_of_several_tokens_leaves_the_uncomputed_ones_to_feed_next() -> None:
+    """Three tokens committed from a one-position row: they are known but not computed, so the next step
+    feeds all three as one row (the "catch up" model) and samples after the last."""
+    sched, plan = _decode_step(max_tokens=10)
+    sched.commit(plan, StepResult.of_sampled(plan, [[60, 61, 62]]))
+    request_a = sched.requests["a"]
+    assert request_a.token_ids == [1, 2, 3, 50, 60, 61, 62] and request_a.num_computed_tokens == 4
+    nxt = sched.schedule()
+    assert [(r.token_ids, r.start_pos, r.num_sample) for r in nxt.rows] == [((60, 61, 62), 4, 1)]
+    sched.commit(nxt, StepResult.of_sampled(nxt, [[63]]))
+    assert request_a.num_computed_tokens == 7 and request_a.token_ids[-1] == 63
+    sched.check_integrity()
+
+
+def test_rolled_back_positions_are_not_computed() -> None:
+    sched = make_scheduler()
+    sched.add_request(request("a", [1, 2, 3, 4, 5], max_tokens=4))
+    plan = sched.schedule()
+    (row,) = plan.rows
+    result = StepResult(((70,),), (0,), (2,))  # the last 2 fed positions are rolled back
+    sched.commit(plan, result)
+    assert sched.requests["a"].num_computed_tokens == row.end_pos - 2
+    with pytest.raises(ValueError, match="5 of 5 fed positions rolled back"):
+        StepResult(((70,),), (0,), (5,)).check(plan)

@@ -49,7 +49,36 @@ def test_prefill_chunk_decoding_defaults_to_at_most_2048_and_never_exceeds_prefi
         SchedulerConfig(prefill_chunk=2048, prefill_chunk_decoding=4096)
     with pytest.raises(ValueError, match="^prefill_chunk_decoding=0: .*starve"):
         EngineConfig.from_flags(prefill_chunk_decoding=0)
-    assert EngineConfig.from_flags(prefill_chunk_decoding=64).scheduler.prefill_chunk_decoding == 64
+    assert EngineConfig.from_flags(prefill_chunk_decoding=128).scheduler.prefill_chunk_decoding == 128
+
+
+def test_prefill_budgets_are_multiples_of_prefill_chunk_multiple() -> None:
+    with pytest.raises(ValueError, match=r"^prefill_chunk=100: must be a multiple of 128$"):
+        SchedulerConfig(prefill_chunk=100)
+    with pytest.raises(ValueError, match=r"^prefill_chunk_decoding=64: must be a multiple of 128$"):
+        EngineConfig.from_flags(prefill_chunk_decoding=64)
+    small = SchedulerConfig(prefill_chunk=16, prefill_chunk_decoding=4, prefill_chunk_multiple=1)
+    assert (small.prefill_chunk, small.effective_prefill_chunk_decoding) == (16, 4)
+    assert SchedulerConfig(prefill_chunk=96, prefill_chunk_multiple=32).prefill_chunk == 96
+    with pytest.raises(ValueError, match=r"^prefill_chunk_multiple=0: must be >= 1$"):
+        SchedulerConfig(prefill_chunk_multiple=0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        ({"max_context": 4096, "kv_capacity": 1024}, r"^kv_capacity=1024: must be >= max_context \(4096\)$"),
+        ({"spec": "eagle"}, r"^spec='eagle': must be one of \('mtp', 'dflash'\) or None$"),
+        (
+            {"spec": "dflash", "host_kv_cache_mib": 64},
+            r"^spec='dflash': cannot run with host_kv_cache_mib=64",
+        ),
+        ({"spec": "mtp"}, r"^spec='mtp': speculative decoding is not available in this build$"),
+    ],
+)
+def test_rules_across_groups_are_the_engine_configs(flags: dict[str, object], reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        EngineConfig.from_flags(**flags)
 
 
 def test_num_pages_follows_kv_capacity() -> None:

@@ -1,6 +1,6 @@
 """Hybrid prefix reuse through the scheduler: checkpoints, copy-on-write, state restores, LRU.
 
-Driven by `scheduler_harness.FakeRunner` (the real runner does not exist yet): its sampled token is a
+Driven by `scheduler_harness.FakeRunner` (the step contract on plain lists): its sampled token is a
 fixed function of the whole context and it checks KV against state on every row, so "a reused request
 gives the cold request's tokens" is asserted exactly.
 """
@@ -66,7 +66,7 @@ def test_prefill_chunks_are_cut_at_boundaries_and_snapshots_saved_there() -> Non
     drv.add(request("r", list(range(1, 15)), max_tokens=2, boundaries=(2, 5, 11)))
     rows = []
     while drv.scheduler.has_work():
-        rows.extend(drv.step().requests)
+        rows.extend(drv.step().rows)
     # Only the last two boundaries are saved (max_boundary_saves=2); chunks end exactly there.
     assert [(r.start_pos, r.end_pos, r.save_state_to is not None) for r in rows[:3]] == [
         (0, 5, True),
@@ -92,7 +92,7 @@ def test_two_lanes_reuse_one_checkpoint_in_the_same_step() -> None:
     drv.add(request("x", [*base, 20, 21], 3))
     drv.add(request("y", [*base, 30], 3))
     out = drv.step()
-    assert [(r.copy_state_from is not None, r.start_pos) for r in out.requests] == [(True, 6), (True, 6)]
+    assert [(r.copy_state_from is not None, r.start_pos) for r in out.rows] == [(True, 6), (True, 6)]
     assert len(out.page_copies) == 2 and len({dst for _, dst in out.page_copies}) == 2
     drv.run()
     assert drv.tokens["x"] == _cold_tokens([*base, 20, 21], 3)

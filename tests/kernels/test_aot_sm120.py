@@ -41,6 +41,12 @@ KNOWN_KERNELS = {
     "_sigmoid_gate_mul_kernel",
     "_linear_gemv_kernel",
     "_linear_reduce_kernel",
+    "_quant_gemv_group_kernel",
+    "_quant_gemm_group_kernel",
+    "_quant_gemv_nvfp4_kernel",
+    "_quant_gemm_nvfp4_kernel",
+    "_quant_gemv_fp8_kernel",
+    "_quant_gemm_fp8_kernel",
 }
 
 

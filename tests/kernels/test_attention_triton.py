@@ -185,7 +185,7 @@ def test_split_rule_bounds_splits_and_depends_on_length_only():
     assert -(-131072 // decode_split_tokens(131072, 32)) == 64
 
 
-# Batch invariance. The engine pads the way engine/graphs.py says: a captured batch of m rows serves n <= m
+# Batch invariance. The engine pads the way engine/runner/graphs.py says: a captured batch of m rows serves n <= m
 # live rows, rows n..m-1 have seq_len 1 and whatever page-table row was left there, and the page table has
 # the graph's fixed width (max_pages_per_seq); an eager step's table is as wide as its longest row. On the
 # GPU the default split rule runs (2100 keys: 33 splits of 64); the interpreter caps splits at 8 to stay

@@ -35,7 +35,7 @@ def loadtest_module(name: str) -> ModuleType:
     return load_module(ROOT / "loadtest" / f"{name}.py", f"ninfer_loadtest_{name}")
 
 
-for _name in ("report", "text"):  # importable as ninfer_loadtest_report / ninfer_loadtest_text
+for _name in ("report", "text", "plots"):  # importable as ninfer_loadtest_report / _text / _plots
     loadtest_module(_name)
 
 

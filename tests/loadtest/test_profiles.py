@@ -30,6 +30,13 @@ RUNS: dict[str, tuple[str, list[str]]] = {
 }
 
 
+# plots beyond ITL/TPOT and TTFT-vs-prompt that a profile's records must give
+PNGS = {
+    "park_resume": {"cached_share_by_turn.png"},
+    "agent_sessions_long": {"cached_share_by_turn.png"},
+}
+
+
 def _run(server: Server, profile: str, out: Path) -> dict[str, Any]:
     run_time, params = RUNS[profile]
     cmd = [
@@ -62,6 +69,11 @@ def test_profile_runs_and_writes_results(load_server: Server, tmp_path: Path, pr
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert len(records) == overall["requests"]
     assert all(r["output_tokens"] >= 1 and r["prompt_tokens"] > 0 for r in records)
+    html = (tmp_path / "locust.html").read_text()
+    assert "<html" in html.lower() and "TTFT" in html  # Locust's own report, with the custom events
+    expected_pngs = {"itl_tpot.png", "ttft_vs_prompt.png"} | PNGS.get(profile, set())
+    assert expected_pngs <= set(summary["reports"]) and "locust.html" in summary["reports"]
+    assert all((tmp_path / name).stat().st_size > 0 for name in summary["reports"])
     kinds = {row["Type"] for row in csv.DictReader(open(tmp_path / "locust_stats.csv"))}
     assert {"STREAM", "TTFT", "TOKENS"} <= kinds, kinds
     paths = summary["server_requests"]["by_reuse_path"]  # the server's log, this run only
@@ -78,7 +90,42 @@ def test_profile_runs_and_writes_results(load_server: Server, tmp_path: Path, pr
         assert overall["cached_token_share"] > 0.3
     if profile == "park_resume":
         assert "cold" in summary["by_kind"]
+        # drawn whenever a resumed turn finished within the short run
+        assert ("ttft_resumed_vs_cold.png" in summary["reports"]) == ("resumed" in summary["by_kind"])
     if profile == "rate_sweep":
         assert "max_rate_meeting_slo" in summary and len(summary["by_group"]) >= 1
     assert_healthy(load_server)
     assert_log_accounts(load_server)
+
+
+def _locust(*args: str, env: dict[str, str], timeout: int = 60) -> subprocess.CompletedProcess[str]:
+    locust = str(Path(sys.executable).with_name("locust"))
+    return subprocess.run([locust, "-f", str(ROOT / "loadtest" / "locustfile.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT / "loadtest")  # fmt: skip
+
+
+def test_locust_lists_the_profiles_and_runs_the_named_one(load_server: Server, tmp_path: Path) -> None:
+    """`locust -f loadtest/locustfile.py` the Locust way: --list shows one User class per profile, and a
+    named class runs that profile (no NINFER_LOAD_PROFILE); classes of two profiles are refused."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NINFER_LOAD_")}
+    listed = _locust("--list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    names = set(listed.stdout.split())
+    assert {
+        "AgentSessionsLong",
+        "ParkResume",
+        "SharedPrefixFanout",
+        "PrefillLadder",
+        "ChatMix",
+        "RateSweep",
+    } <= names
+    env["NINFER_LOAD_RESULTS"] = str(tmp_path)
+    run = _locust("PrefillLadder", "--headless", "-u", "1", "-r", "1", "-t", "3s", "--host", load_server.url,
+                  "--stop-timeout", "20", env={**env, "NINFER_LOAD_PARAMS": '{"rungs": [32, 64]}'})  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["profile"] == "prefill_ladder" and summary["overall"]["requests"] > 0
+    both = _locust("ChatMix", "ParkResume", "--headless", "-t", "1s", "--host", load_server.url, env=env)
+    assert both.returncode != 0 and "name one" in both.stderr

@@ -171,3 +171,20 @@ def test_label_values_stay_bounded() -> None:
         m, {"event": "request_rejected", "protocol": "x", "code": "bad code with spaces" * 5}
     )
     assert samples(m)[("ninfer_requests_rejected_total", (("api", "x"), ("code", "other")))] == 1
+
+
+def test_metric_tables_declare_each_attribute_and_name_once() -> None:
+    from monitor.metrics import APIS, REJECT_CODES, SERVER_METRICS, SIDECAR_METRICS, parse_specs
+
+    for table in (SERVER_METRICS, SIDECAR_METRICS):
+        attrs, names = [s.attr for s in table], [s.name for s in table]
+        assert len(set(attrs)) == len(attrs) and len(set(names)) == len(names)
+        assert all(s.doc and (s.kind == "histogram") == (s.buckets is not None) for s in table)
+    row = parse_specs("x counter ninfer_x_total api=APIS code=REJECT_CODES | Help.")[0]
+    assert row.labels == ("api", "code") and row.precreate == (APIS, REJECT_CODES)
+    try:
+        parse_specs("x counter ninfer_x_total api=APIS code | Help.")
+    except AssertionError as exc:
+        assert "every label" in str(exc)
+    else:
+        raise AssertionError("a row with a value set for only some labels must be refused")

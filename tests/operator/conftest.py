@@ -1,4 +1,5 @@
-"""Shared fixtures for the operator tests: import path for `ninfer_operator`, and sample specs."""
+"""Shared fixtures for the operator tests: import path for `ninfer_operator`, sample specs, and the k8s
+world (control plane, chart, operator) shared by every `k8s` module."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ sys.path.insert(0, str(REPO / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from k8s_cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
+from k8s_env import Api, install_chart, new_namespace, run_operator  # noqa: E402
 from operator_samples import SAMPLE  # noqa: E402
 
 
@@ -32,3 +34,28 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield running
     finally:
         stop_cluster(running)
+
+
+@pytest.fixture(scope="session")
+def api(cluster: Cluster) -> Api:
+    return Api(cluster.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def chart(cluster: Cluster, api: Api) -> Iterator[str]:
+    """The Gateway API CRDs and `helm install` of charts/ninfer-operator, once for every k8s module."""
+    yield from install_chart(cluster)
+
+
+@pytest.fixture(scope="session")
+def operator(
+    cluster: Cluster, api: Api, chart: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    with run_operator(cluster, api, tmp_path_factory.mktemp("sa")) as runner:
+        yield runner
+
+
+@pytest.fixture
+def ns(api: Api) -> str:
+    """A fresh namespace per test, so each test owns its children and Events."""
+    return new_namespace(api)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from k8s_cluster import REPO, tool_path
-from ninfer_operator import crd, resources
+from ninfer_operator import crd, resources, routing
 
 CHART = REPO / "charts" / "ninfer-operator"
 K8S_SCHEMA_VERSION = "1.35.0"  # kubernetes-validate's bundled schemas; the chart also installs on 1.20 (e2e)
@@ -71,12 +71,17 @@ def test_rendered_chart_passes_kubernetes_validate_strict(tmp_path: Path) -> Non
 def test_operator_rendered_children_pass_kubernetes_validate_strict(
     tmp_path: Path, sample_spec: dict[str, Any]
 ) -> None:
+    labels, sel = resources.labels("m"), resources.selector("m")
+    legacy = {
+        **sample_spec,
+        "routing": {"ingress": {"sessionHeader": "X-Session-Id", "tlsSecret": "t", "host": "h"}},
+    }
     docs = [
-        resources.render_verify_job("m", sample_spec, "img"),
+        resources.render_verify_job(sample_spec, "img"),
         resources.render_deployment("m", sample_spec, "img"),
-        resources.render_service("m", sample_spec),
+        routing.render_service("m", sample_spec, labels, sel),
         resources.render_config_map("m", sample_spec),
-        resources.render_ingress("m", sample_spec),
+        routing.render_ingress("m", legacy, labels),
     ]
     path = tmp_path / "children.yaml"
     path.write_text(yaml.safe_dump_all(docs))
@@ -95,14 +100,12 @@ def test_crd_has_status_scale_and_printer_columns() -> None:
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
     assert "status" in version["subresources"]
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns[:5] == ["Model", "SHA256", "Ready", "Verified", "Phase"]
+    # Serving is the digest the pods run (status.servingDigest), not the one the spec asks for
+    assert columns[:6] == ["Model", "Serving", "Wanted", "Ready", "Verified", "Phase"]
+    name = version["schema"]["openAPIV3Schema"]["properties"]["metadata"]["properties"]["name"]
+    assert name["maxLength"] == 63
     artifact = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["model"]["properties"]
     assert artifact["artifact"]["required"] == ["uri", "sha256"]
-
-
-def test_crd_engine_fields_are_exactly_the_flag_mapped_ones() -> None:
-    engine = crd.spec_schema()["properties"]["engine"]["properties"]
-    assert set(engine) == set(resources.ENGINE_FLAGS) | {"spec", "prefixReuse", "vision"}
 
 
 def test_values_schema_rejects_bad_values() -> None:
@@ -165,3 +168,66 @@ def test_service_monitor_and_prometheus_rule_are_optional() -> None:
     assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/managed-by"] == "ninfer-operator"
     assert {e["port"] for e in sm["spec"]["endpoints"]} == {"http", "monitor"}
     assert any(d["kind"] == "PrometheusRule" for d in docs)
+
+
+EPP_VALUES = ("endpointPicker.enabled=true", "endpointPicker.image.tag=v0.7.0", "endpointPicker.pools[0].name=m",
+              "endpointPicker.pools[0].namespace=models")  # fmt: skip
+
+
+def test_chart_lints_and_validates_with_the_endpoint_picker(tmp_path: Path) -> None:
+    out = run("helm", "lint", str(CHART), "--strict", *[a for v in EPP_VALUES for a in ("--set", v)])
+    assert "0 chart(s) failed" in out.stdout
+    docs = template(*EPP_VALUES)
+    epp = [d for d in docs if d["metadata"]["name"] == "m-epp"]
+    assert sorted(d["kind"] for d in epp) == [
+        "ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"
+    ]  # fmt: skip
+    assert {d["metadata"]["namespace"] for d in epp} == {"models"}
+    path = tmp_path / "epp.yaml"
+    path.write_text(yaml.safe_dump_all(epp))
+    proc = validate_strict(path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_endpoint_picker_is_what_the_operators_inference_pool_references(sample_spec: dict[str, Any]) -> None:
+    docs = template(*EPP_VALUES)
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "m-epp")
+    dep = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "m-epp")
+    pool = routing.render_inference_pool("m", sample_spec, resources.labels("m"), resources.selector("m"))
+    assert pool is not None
+    ref = pool["spec"]["endpointPickerRef"]
+    assert ref["name"] == service["metadata"]["name"]
+    assert ref["port"]["number"] in [p["port"] for p in service["spec"]["ports"]]
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--pool-name={pool['metadata']['name']}" in args and "--pool-namespace=models" in args
+    assert service["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_endpoint_picker_reads_metrics_the_server_exports_under_an_inference_pool() -> None:
+    """The picker's metric names are ones ninfer-serve's /metrics has with --metrics-vllm-aliases (which
+    the operator sets for every pod in an InferencePool), and the plugins are prefix-aware."""
+    from monitor.metrics import ServerMetrics, exposed_names
+
+    docs = template(*EPP_VALUES)
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "m-epp")
+    config = yaml.safe_load(config_map["data"]["ninfer-plugins.yaml"])
+    plugins = {p["type"]: p.get("parameters") or {} for p in config["plugins"]}
+    (engine,) = plugins["core-metrics-extractor"]["engineConfigs"]
+    wanted = {engine[k] for k in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec")}
+    exported = exposed_names(ServerMetrics(vllm_aliases=True).registry)
+    assert wanted <= exported, (
+        f"the picker reads {sorted(wanted - exported)}, which ninfer-serve does not export"
+    )
+    assert not wanted & exposed_names(ServerMetrics().registry), (
+        "the aliases are what --metrics-vllm-aliases adds"
+    )
+    profile = {p["pluginRef"]: p.get("weight") for p in config["schedulingProfiles"][0]["plugins"]}
+    assert profile["prefix-cache-scorer"] >= max(
+        profile["queue-scorer"], profile["kv-cache-utilization-scorer"]
+    )
+    assert plugins["approx-prefix-cache-producer"]["lruCapacityPerServer"] > 0
+
+
+def test_endpoint_picker_needs_a_pinned_image() -> None:
+    proc = run("helm", "template", "rel", str(CHART), "--set", "endpointPicker.enabled=true", check=False)
+    assert proc.returncode != 0 and "pin an llm-d-router-endpoint-picker release" in proc.stderr

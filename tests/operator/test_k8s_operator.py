@@ -1,9 +1,10 @@
 """The operator and the chart against a REAL kube-apiserver (v1.20, built from Debian's source package).
 
-Setup (once per module): the session's control plane (etcd + kube-apiserver + kube-controller-manager,
+Setup (once per session, k8s_env.py + conftest.py): the control plane (etcd + kube-apiserver + kube-controller-manager,
 see scripts/k8s/cluster.sh), the chart installed with `helm install`, and the operator run in-process by
 kopf's KopfRunner authenticated as the chart's ServiceAccount, so the chart's least-privilege RBAC is
-what the operator really gets.
+what the operator really gets. The Gateway API CRDs (scripts/k8s/crds/) are installed first, so the
+InferencePool and HTTPRoute the operator renders are validated by the API server against their schemas.
 
 NOTE: the cluster has no scheduler and no kubelet, and its job controller is off. Pods stay Pending, so
 these tests finish a verification Job themselves by patching the Job's status subresource exactly as the
@@ -14,172 +15,27 @@ ReplicaSet and garbage-collector controllers are the real ones.
 from __future__ import annotations
 
 import copy
-import itertools
-import os
-from collections.abc import Iterator
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_cluster import REPO, Cluster, wait_for
-from kubernetes import client, config
+from k8s_cluster import Cluster, wait_for
+from k8s_env import (
+    GPU_LABEL,
+    GROUP,
+    PLURAL,
+    RELEASE,
+    RELEASE_NS,
+    SA_NAME,
+    VERSION,
+    Api,
+    create_cr,
+    patch_spec,
+    verified_deployment,
+)
 from kubernetes.client.exceptions import ApiException
 from operator_samples import BAD_SHA, GOOD_SHA, SAMPLE
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-
-GROUP, VERSION, PLURAL = "ninfer.io", "v1alpha1", "ninferdeployments"
-RELEASE_NS = "ninfer-system"
-RELEASE = "ninfer"
-SA_NAME = "ninfer-ninfer-operator"
-GPU_LABEL = "nvidia.com/gpu.product"
-
-
-class Api:
-    """Admin API clients for the test's own calls (the operator has its own, as the ServiceAccount)."""
-
-    def __init__(self, kubeconfig: Path) -> None:
-        api_client = config.new_client_from_config(config_file=str(kubeconfig))
-        self.core = client.CoreV1Api(api_client)
-        self.apps = client.AppsV1Api(api_client)
-        self.batch = client.BatchV1Api(api_client)
-        self.net = client.NetworkingV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
-
-    def cr(self, ns: str, name: str) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-
-    def condition(self, ns: str, name: str, type_: str) -> dict[str, Any] | None:
-        conds = (self.cr(ns, name).get("status") or {}).get("conditions") or []
-        return next((c for c in conds if c["type"] == type_), None)
-
-    def read_or_none(self, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-
-    def jobs(self, ns: str, name: str) -> list[Any]:
-        return self.batch.list_namespaced_job(ns, label_selector=f"ninfer.io/deployment={name}").items
-
-    def finish_job(self, ns: str, job_name: str, succeeded: bool) -> None:
-        """Play the job controller: record the pod outcome and the terminal condition."""
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        cond = {
-            "type": "Complete" if succeeded else "Failed",
-            "status": "True",
-            "lastProbeTime": now,
-            "lastTransitionTime": now,
-        }
-        if not succeeded:
-            cond.update(reason="BackoffLimitExceeded", message="Job has reached the specified backoff limit")
-        status: dict[str, Any] = {"startTime": now, "conditions": [cond]}
-        status.update({"succeeded": 1, "completionTime": now} if succeeded else {"failed": 1})
-        self.batch.patch_namespaced_job_status(job_name, ns, {"status": status})
-
-    def deployment_args(self, ns: str, name: str) -> list[str]:
-        dep = self.apps.read_namespaced_deployment(name, ns)
-        return next(c for c in dep.spec.template.spec.containers if c.name == "server").command
-
-
-@pytest.fixture(scope="module")
-def api(cluster: Cluster) -> Api:
-    return Api(cluster.kubeconfig)
-
-
-@pytest.fixture(scope="module")
-def chart(cluster: Cluster, api: Api) -> Iterator[str]:
-    """`helm install` of charts/ninfer-operator (CRD, RBAC, operator Deployment) into ninfer-system."""
-    out = cluster.run(
-        "helm",
-        "install",
-        RELEASE,
-        str(REPO / "charts" / "ninfer-operator"),
-        "--namespace",
-        RELEASE_NS,
-        "--create-namespace",
-        "--set",
-        "operator.retryDelaySeconds=1",
-    )
-    wait_for(
-        lambda: cluster.kubectl("get", "ninferdeployments", "-A", check=False).returncode == 0,
-        timeout=30,
-        what="the NInferDeployment resource to be served",
-    )
-    yield out.stdout
-    cluster.run("helm", "uninstall", RELEASE, "--namespace", RELEASE_NS, check=False)
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Cluster, api: Api, chart: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Any]:
-    """The operator (operator/main.py) in kopf's KopfRunner, as the chart's ServiceAccount."""
-    from kopf.testing import KopfRunner
-
-    sa_config = cluster.service_account_kubeconfig(
-        RELEASE_NS, SA_NAME, tmp_path_factory.mktemp("sa") / "config"
-    )
-    # a GPU node for the placement index (Nodes can exist without a kubelet)
-    api.core.create_node(
-        {"metadata": {"name": "gpu-node-1", "labels": {GPU_LABEL: "NVIDIA-GeForce-RTX-5090"}}}
-    )
-    env = {
-        "KUBECONFIG": str(sa_config),
-        "NINFER_OPERATOR_RETRY_DELAY": "1",
-        "NINFER_OPERATOR_RESYNC_INTERVAL": "2",
-        "NINFER_SERVER_IMAGE": "ninfer/server:test",
-    }
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        args = ["run", "--standalone", "--all-namespaces", "--verbose", str(REPO / "operator" / "main.py")]
-        with KopfRunner(args, timeout=60) as runner:
-            yield runner
-    log = runner.output
-    Path(os.environ.get("NINFER_OPERATOR_TEST_LOG", "/tmp/ninfer-operator-test.log")).write_text(log)
-    assert runner.exit_code == 0, log[-4000:]
-    assert runner.exception is None, log[-4000:]
-    assert "Traceback" not in log, log[max(0, log.index("Traceback") - 1000) : log.index("Traceback") + 3000]
-    assert " 403 " not in log and "Forbidden" not in log, "RBAC denial:\n" + log[-4000:]
-
-
-_ns_numbers = itertools.count(1)
-
-
-@pytest.fixture
-def ns(api: Api) -> str:
-    """A fresh namespace per test, so each test owns its children and Events."""
-    name = f"t{next(_ns_numbers)}"
-    api.core.create_namespace({"metadata": {"name": name}})
-    return name
-
-
-def create_cr(api: Api, ns: str, name: str, spec: dict[str, Any]) -> None:
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "NInferDeployment",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
-    api.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
-
-
-def patch_spec(api: Api, ns: str, name: str, spec_patch: dict[str, Any]) -> None:
-    api.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, {"spec": spec_patch})
-
-
-def verified_deployment(api: Api, ns: str, name: str, spec: dict[str, Any]) -> Any:
-    """Create the resource, let its verification Job succeed, return the Deployment."""
-    create_cr(api, ns, name, spec)
-    (job,) = wait_for(lambda: api.jobs(ns, name), what="the verification Job")
-    api.finish_job(ns, job.metadata.name, succeeded=True)
-    # status.servingSha256 is written at the end of the pass that created all the children
-    wait_for(lambda: (api.cr(ns, name).get("status") or {}).get("servingSha256"), what="the rollout pass")
-    return api.apps.read_namespaced_deployment(name, ns)
 
 
 def test_chart_installs_crd_rbac_and_operator_deployment(cluster: Cluster, api: Api, chart: str) -> None:
@@ -224,6 +80,7 @@ def test_verification_job_gates_the_deployment(api: Api, operator: Any, ns: str)
     create_cr(api, ns, "m", spec)
     (job,) = wait_for(lambda: api.jobs(ns, "m"), what="the verification Job")
     assert job.spec.template.spec.containers[0].command[:2] == ["ninfer-artifact", "verify"]
+    assert api.custom_or_none("inference.networking.k8s.io", "inferencepools", ns, "m") is None
     assert GOOD_SHA in job.spec.template.spec.containers[0].command
     assert job.metadata.owner_references[0].kind == "NInferDeployment"
     cond = wait_for(lambda: api.condition(ns, "m", "ArtifactVerified"), what="ArtifactVerified")
@@ -245,8 +102,11 @@ def test_verification_job_gates_the_deployment(api: Api, operator: Any, ns: str)
     assert "NVIDIA-GeForce-RTX-5090-SHARED" in expr.match_expressions[0].values
     assert server.resources.limits["nvidia.com/gpu"] == "1"
     assert (
-        server.startup_probe.http_get.path == "/health" and server.readiness_probe.http_get.path == "/health"
+        server.startup_probe.http_get.path == "/health" and server.liveness_probe.http_get.path == "/health"
     )
+    assert server.readiness_probe.http_get.path == "/ready"
+    assert pod.termination_grace_period_seconds == 615
+    assert "--metrics-vllm-aliases" in server.command
     assert [c.name for c in pod.containers] == ["server", "monitor"]
     assert (
         dep.spec.strategy.rolling_update.max_surge == 0
@@ -254,12 +114,23 @@ def test_verification_job_gates_the_deployment(api: Api, operator: Any, ns: str)
     )
     assert dep.spec.progress_deadline_seconds >= 1800
     assert server.command[server.command.index("--expected-sha256") + 1] == GOOD_SHA
-    # the Ingress is the last child of the pass
-    wait_for(lambda: api.read_or_none(api.net.read_namespaced_ingress, "m", ns), what="the Ingress")
+    # the HTTPRoute is the last routing child of the pass
+    route = wait_for(
+        lambda: api.custom_or_none("gateway.networking.k8s.io", "httproutes", ns, "m"), what="the HTTPRoute"
+    )
+    pool = api.custom_or_none("inference.networking.k8s.io", "inferencepools", ns, "m")
+    assert pool["spec"]["selector"]["matchLabels"] == dep.spec.selector.match_labels
+    assert pool["spec"]["targetPorts"] == [{"number": 8080}]
+    assert pool["spec"]["endpointPickerRef"]["name"] == "m-epp"
+    assert pool["spec"]["endpointPickerRef"]["port"] == {"number": 9002}
+    assert pool["metadata"]["ownerReferences"][0]["kind"] == "NInferDeployment"
+    assert route["spec"]["parentRefs"][0]["name"] == "inference-gateway"
+    assert route["spec"]["parentRefs"][0]["sectionName"] == "http"
+    (rule,) = route["spec"]["rules"]
+    assert rule["backendRefs"][0]["kind"] == "InferencePool" and rule["backendRefs"][0]["name"] == "m"
+    assert api.read_or_none(api.net.read_namespaced_ingress, "m", ns) is None, "no legacy Ingress"
     assert api.core.read_namespaced_service("m", ns).spec.ports[0].port == 8080
     assert api.core.read_namespaced_config_map("m-model", ns).data["model.json"]
-    ing = api.net.read_namespaced_ingress("m", ns)
-    assert ing.metadata.annotations["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$http_x_session_id"
 
     def verified_status() -> dict[str, Any] | None:
         status = api.cr(ns, "m").get("status") or {}
@@ -269,7 +140,10 @@ def test_verification_job_gates_the_deployment(api: Api, operator: Any, ns: str)
     types = {c["type"]: c for c in status["conditions"]}
     assert types["ArtifactVerified"]["status"] == "True"
     assert types["PlacementSatisfiable"]["status"] == "True"
-    assert set(types) == {"ArtifactVerified", "PlacementSatisfiable", "Progressing", "Available", "Ready"}
+    assert set(types) == {
+        "ArtifactVerified", "PlacementSatisfiable", "ChildrenReconciled", "Progressing", "Available", "Ready"
+    }  # fmt: skip
+    assert types["ChildrenReconciled"]["status"] == "True"
     assert (
         status["digest"] == GOOD_SHA[:12]
         and status["selector"] == "ninfer.io/deployment=m,ninfer.io/role=server"
@@ -297,7 +171,10 @@ def test_digest_mismatch_blocks_rollout_and_old_replicaset_keeps_serving(
 
     cond = wait_for(mismatch, what="ArtifactVerified=False/DigestMismatch")
     assert cond["status"] == "False" and GOOD_SHA[:12] in cond["message"]
-    assert api.cr(ns, "m")["status"]["phase"] == "Blocked"
+    status = api.status(ns, "m")
+    assert status["phase"] == "Blocked"
+    # the digest column shows what serves, not what the spec asks for
+    assert status["servingDigest"] == GOOD_SHA[:12] and status["digest"] == BAD_SHA[:12]
     assert GOOD_SHA in api.deployment_args(ns, "m") and BAD_SHA not in api.deployment_args(ns, "m")
     replica_sets = api.apps.list_namespaced_replica_set(ns).items
     assert len(replica_sets) == 1
@@ -334,19 +211,41 @@ def test_spec_change_rolls_out_a_new_replicaset(api: Api, operator: Any, ns: str
     wait_for(lambda: len(api.jobs(ns, "m")) == 1, what="the stale verification Job to be dropped")
 
 
-def test_timer_repairs_drift(api: Api, operator: Any, ns: str) -> None:
+def test_legacy_ingress_and_switching_routing_removes_the_old_children(
+    api: Api, operator: Any, ns: str
+) -> None:
+    spec = copy.deepcopy(SAMPLE)
+    spec["routing"] = {
+        "ingress": {"sessionHeader": "X-Session-Id", "host": "llm.example.com", "tlsSecret": "tls"}
+    }
+    verified_deployment(api, ns, "m", spec)
+    ing = wait_for(lambda: api.read_or_none(api.net.read_namespaced_ingress, "m", ns), what="the Ingress")
+    assert ing.metadata.annotations["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$http_x_session_id"
+    assert ing.spec.tls[0].secret_name == "tls"
+    assert "--metrics-vllm-aliases" not in api.deployment_args(ns, "m")
+    api.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, ns, PLURAL, "m", {"spec": {"routing": {"ingress": None, "gateway": {"name": "gw"}}}}
+    )
+    wait_for(
+        lambda: api.read_or_none(api.net.read_namespaced_ingress, "m", ns) is None, what="Ingress removed"
+    )
+    wait_for(lambda: api.custom_or_none("gateway.networking.k8s.io", "httproutes", ns, "m"), what="HTTPRoute")
+    wait_for(lambda: "--metrics-vllm-aliases" in api.deployment_args(ns, "m"), what="aliases for the picker")
+
+
+def test_watch_repairs_drift_at_once(api: Api, operator: Any, ns: str) -> None:
     verified_deployment(api, ns, "m", copy.deepcopy(SAMPLE))
     api.apps.patch_namespaced_deployment("m", ns, {"spec": {"strategy": {"rollingUpdate": {"maxSurge": 1}}}})
     wait_for(
         lambda: api.apps.read_namespaced_deployment("m", ns).spec.strategy.rolling_update.max_surge == 0,
-        timeout=30,
-        what="maxSurge restored to 0",
+        timeout=15,
+        what="maxSurge restored to 0 (a watch event, well before the resync loop)",
     )
     api.core.delete_namespaced_service(
         "m", ns, _preload_content=False
     )  # the client cannot parse the Status reply
     wait_for(
-        lambda: api.read_or_none(api.core.read_namespaced_service, "m", ns), timeout=30, what="Service back"
+        lambda: api.read_or_none(api.core.read_namespaced_service, "m", ns), timeout=15, what="Service back"
     )
 
 
@@ -378,12 +277,17 @@ def test_placement_unsatisfiable_without_matching_nodes(api: Api, operator: Any,
     create_cr(api, ns, "m", spec)
     cond = wait_for(lambda: api.condition(ns, "m", "PlacementSatisfiable"), what="PlacementSatisfiable")
     assert cond["status"] == "False" and cond["reason"] == "NoMatchingNodes"
+    (job,) = wait_for(lambda: api.jobs(ns, "m"), what="the verification Job")
+    api.finish_job(ns, job.metadata.name, succeeded=True)
+    wait_for(lambda: api.status(ns, "m").get("phase") == "Unschedulable", what="phase Unschedulable")
 
 
 def test_cross_field_errors_mark_the_resource_invalid(api: Api, operator: Any, ns: str) -> None:
     spec = copy.deepcopy(SAMPLE)
     spec["engine"] = {"maxContext": 8192, "kvCapacity": 4096}
     create_cr(api, ns, "m", spec)
-    wait_for(lambda: (api.cr(ns, "m").get("status") or {}).get("phase") == "Invalid", what="phase Invalid")
+    wait_for(lambda: api.status(ns, "m").get("phase") == "Invalid", what="phase Invalid")
     assert "kvCapacity" in api.condition(ns, "m", "Ready")["message"]
     assert not api.jobs(ns, "m")
+    (event,) = wait_for(lambda: api.events(ns, "InvalidSpec"), what="an InvalidSpec Event")
+    assert event.type == "Warning" and "kvCapacity" in event.message

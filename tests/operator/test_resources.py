@@ -5,11 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ninfer_operator import conditions, placement, resources
+from ninfer_operator import conditions, placement, resources, routing
 from ninfer_operator.kube import is_subset
 from operator_samples import GOOD_SHA
 
 IMAGE = "default/ninfer:0"
+
+
+def _service(spec: dict[str, Any]) -> dict[str, Any]:
+    return routing.render_service("m", spec, resources.labels("m"), resources.selector("m"))
 
 
 def _containers(dep: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -25,20 +29,23 @@ def test_every_engine_field_maps_to_exactly_one_upstream_flag(sample_spec: dict[
         "--max-concurrency": "4",
         "--host-kv-cache-mib": "16384",
         "--kv-dtype": "int8",
-        "--spec": "mtp",
-        "--draft-tokens": "3",
         "--model-id": "qwen3.6-27b",
         "--expected-sha256": GOOD_SHA,
         "--port": "8080",
+        "--request-log-max-mib": "256",
+        "--request-log-keep": "4",
     }
     for flag, value in expected.items():
         assert args.count(flag) == 1, flag
         assert args[args.index(flag) + 1] == value, flag
-    assert "--vision" in args and "--no-prefix-reuse" not in args
+    assert "--metrics-vllm-aliases" in args, "an InferencePool's endpoint picker reads the vllm: names"
+    for flag in ("--vision", "--spec", "--draft-tokens", "--no-prefix-reuse", "--api-key"):
+        assert flag not in args
 
 
 def test_disabled_features_render_no_flags(sample_spec: dict[str, Any]) -> None:
     sample_spec["engine"] = {"prefixReuse": False, "vision": False, "spec": {"mode": "off"}}
+    del sample_spec["routing"]
     args = resources.server_args(sample_spec, "/a")
     assert "--no-prefix-reuse" in args
     for flag in (
@@ -48,6 +55,7 @@ def test_disabled_features_render_no_flags(sample_spec: dict[str, Any]) -> None:
         "--max-context",
         "--kv-capacity",
         "--host-kv-cache-mib",
+        "--metrics-vllm-aliases",
     ):
         assert flag not in args
 
@@ -64,14 +72,23 @@ def test_cross_field_rules_reject_bad_specs(
     sample_spec: dict[str, Any], engine: dict[str, Any], needle: str
 ) -> None:
     sample_spec["engine"] = engine
-    errors = resources.validate_spec(sample_spec)
+    errors = resources.validate_spec("m", sample_spec)
     assert len(errors) == 1 and needle in errors[0]
 
 
 def test_valid_sample_has_no_errors(sample_spec: dict[str, Any]) -> None:
-    assert resources.validate_spec(sample_spec) == []
+    assert resources.validate_spec("m", sample_spec) == []
     sample_spec["engine"] = {"maxContext": 4096, "kvCapacity": 4096}
-    assert resources.validate_spec(sample_spec) == []
+    assert resources.validate_spec("m", sample_spec) == []
+
+
+def test_extra_args_pass_verbatim_but_may_not_repeat_a_table_flag(sample_spec: dict[str, Any]) -> None:
+    sample_spec["engine"]["extraArgs"] = ["--prefill-chunk", "2048", "--no-thinking"]
+    assert resources.server_args(sample_spec, "/a")[-3:] == ["--prefill-chunk", "2048", "--no-thinking"]
+    assert resources.validate_spec("m", sample_spec) == []
+    sample_spec["engine"]["extraArgs"] = ["--max-context=4096", "--port", "1"]
+    errors = resources.validate_spec("m", sample_spec)
+    assert len(errors) == 2 and "--max-context" in errors[0] and "--port" in errors[1]
 
 
 def test_deployment_places_on_gpu_product_with_shared_form_and_gpu_limits(
@@ -119,7 +136,9 @@ def test_default_gpu_product_is_the_rtx_5090(sample_spec: dict[str, Any]) -> Non
     ]
 
 
-def test_rollout_strategy_never_surges_and_probes_use_health(sample_spec: dict[str, Any]) -> None:
+def test_rollout_strategy_never_surges_and_probes_split_liveness_from_readiness(
+    sample_spec: dict[str, Any],
+) -> None:
     dep = resources.render_deployment("m", sample_spec, IMAGE)
     assert dep["spec"]["strategy"] == {
         "type": "RollingUpdate",
@@ -127,8 +146,15 @@ def test_rollout_strategy_never_surges_and_probes_use_health(sample_spec: dict[s
     }
     assert dep["spec"]["progressDeadlineSeconds"] >= 1800
     server = _containers(dep)["server"]
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "livenessProbe"):
         assert server[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    # /ready is 503 while warming up and while draining: the replica leaves the endpoints, is not restarted
+    assert server["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == resources.DEFAULT_DRAIN_S + resources.DRAIN_MARGIN_S
+    sample_spec["drainSeconds"] = 30
+    pod = resources.render_deployment("m", sample_spec, IMAGE)["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 30 + resources.DRAIN_MARGIN_S
     startup = server["startupProbe"]
     # 20 GB at 250 MB/s = 80 s + 300 s fixed -> 38 periods, raised to the 10-minute floor
     assert startup["failureThreshold"] * startup["periodSeconds"] >= 600
@@ -155,15 +181,22 @@ def test_monitor_sidecar_shares_the_request_log_volume(sample_spec: dict[str, An
     assert resources.REQUEST_LOG in cs["monitor"]["command"]
     assert resources.REQUEST_LOG in cs["server"]["command"]
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
-    assert "emptyDir" in volumes["request-log"]
-    svc_ports = {p["name"] for p in resources.render_service("m", sample_spec)["spec"]["ports"]}
+    assert volumes["request-log"]["emptyDir"] == {"sizeLimit": "2Gi"}
+    # rotation keeps the log below the volume: (keep + the live file) x max MiB < sizeLimit
+    args = cs["server"]["command"]
+    keep, max_mib = (
+        int(args[args.index("--request-log-keep") + 1]),
+        int(args[args.index("--request-log-max-mib") + 1]),
+    )
+    assert (keep + 1) * max_mib < 2048
+    svc_ports = {p["name"] for p in _service(sample_spec)["spec"]["ports"]}
     assert svc_ports == {"http", "monitor"}
 
 
 def test_sidecar_can_be_turned_off(sample_spec: dict[str, Any]) -> None:
     sample_spec["monitoring"] = {"sidecar": False}
     assert set(_containers(resources.render_deployment("m", sample_spec, IMAGE))) == {"server"}
-    assert [p["name"] for p in resources.render_service("m", sample_spec)["spec"]["ports"]] == ["http"]
+    assert [p["name"] for p in _service(sample_spec)["spec"]["ports"]] == ["http"]
 
 
 def test_pod_template_names_the_digest_and_runs_as_non_root(sample_spec: dict[str, Any]) -> None:
@@ -179,7 +212,7 @@ def test_pod_template_names_the_digest_and_runs_as_non_root(sample_spec: dict[st
 
 
 def test_verify_job_runs_the_verifier_on_target_nodes_without_a_gpu(sample_spec: dict[str, Any]) -> None:
-    job = resources.render_verify_job("m", sample_spec, IMAGE)
+    job = resources.render_verify_job(sample_spec, IMAGE)
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["command"] == [
@@ -199,11 +232,50 @@ def test_verify_job_runs_the_verifier_on_target_nodes_without_a_gpu(sample_spec:
     assert len(job["metadata"]["name"]) <= 63
 
 
-def test_verify_job_name_is_deterministic_and_changes_with_digest_or_uri() -> None:
-    a = resources.verify_job_name("x" * 80, GOOD_SHA, "pvc://c/a")
-    assert a == resources.verify_job_name("x" * 80, GOOD_SHA, "pvc://c/a") and len(a) <= 63
-    assert a != resources.verify_job_name("x" * 80, "c" * 64, "pvc://c/a")
-    assert a != resources.verify_job_name("x" * 80, GOOD_SHA, "pvc://c/b")
+def test_verify_job_name_is_shared_per_digest_and_uri() -> None:
+    a = resources.verify_job_name(GOOD_SHA, "pvc://c/a")
+    assert a == resources.verify_job_name(GOOD_SHA, "pvc://c/a") and len(a) <= 63
+    assert a != resources.verify_job_name("c" * 64, "pvc://c/a")
+    assert a != resources.verify_job_name(GOOD_SHA, "pvc://c/b")
+
+
+def test_a_failed_verification_names_its_reason() -> None:
+    def pod(message: str) -> dict[str, Any]:
+        return {
+            "status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 1, "message": message}}}]}
+        }
+
+    failed = {
+        "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+    }
+    mismatch = "abc  /artifacts/m\nverify: MISMATCH for /artifacts/m\n  expected a\n  actual   b"
+    assert resources.failure_reason(failed, [pod(mismatch)])[0] == "DigestMismatch"
+    missing = "ninfer-artifact verify: [Errno 2] No such file or directory: '/artifacts/m'"
+    assert resources.failure_reason(failed, [pod(missing)]) == ("ArtifactMissing", missing)
+    timed_out = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                                            "message": "Job was active longer than specified deadline"}]}}  # fmt: skip
+    assert resources.failure_reason(timed_out, [])[0] == "VerificationTimedOut"
+    assert resources.failure_reason(failed, [pod("Killed")]) == ("VerificationFailed", "Killed")
+
+
+def test_production_settings_reach_the_pod(sample_spec: dict[str, Any]) -> None:
+    sample_spec["imagePullSecrets"] = [{"name": "regcred"}]
+    sample_spec["apiKeySecret"] = {"name": "ninfer-key"}
+    sample_spec["resources"] = {"requests": {"cpu": "8"}, "limits": {"memory": "64Gi"}}
+    dep = resources.render_deployment("m", sample_spec, IMAGE)
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert resources.render_verify_job(sample_spec, IMAGE)["spec"]["template"]["spec"][
+        "imagePullSecrets"
+    ] == [{"name": "regcred"}]
+    server = _containers(dep)["server"]
+    assert server["env"] == [
+        {"name": "NINFER_API_KEY", "valueFrom": {"secretKeyRef": {"name": "ninfer-key", "key": "api-key"}}}
+    ]
+    args = server["command"]
+    assert args[args.index("--api-key") + 1] == "$(NINFER_API_KEY)"  # the key never sits in the pod spec
+    assert server["resources"]["requests"] == {"cpu": "8", "memory": "24Gi", "nvidia.com/gpu": "1"}
+    assert server["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": "1"}
 
 
 def test_host_file_artifact_mounts_the_file_read_only() -> None:
@@ -224,18 +296,6 @@ def test_job_state_reads_job_controller_conditions() -> None:
         == "succeeded"
     )
     assert resources.job_state({"status": {"conditions": [{"type": "Failed", "status": "True"}]}}) == "failed"
-
-
-def test_session_header_renders_consistent_hash_ingress(sample_spec: dict[str, Any]) -> None:
-    ing = resources.render_ingress("m", sample_spec)
-    assert ing is not None
-    assert (
-        ing["metadata"]["annotations"]["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$http_x_session_id"
-    )
-    backend = ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]
-    assert backend == {"service": {"name": "m", "port": {"name": "http"}}}
-    del sample_spec["routing"]
-    assert resources.render_ingress("m", sample_spec) is None
 
 
 def test_config_map_carries_model_identity(sample_spec: dict[str, Any]) -> None:
@@ -290,6 +350,13 @@ def test_phase_roll_up() -> None:
     )
     invalid = [{"type": "Ready", "status": "False", "reason": "InvalidSpec"}]
     assert conditions.phase(invalid) == "Invalid"
+    assert conditions.phase([{"type": "Ready", "status": "False", "reason": "Unsupported"}]) == "Unsupported"
+    refused = conds(ArtifactVerified="True", ChildrenReconciled="False", Ready="False")
+    assert conditions.phase(refused) == "Failed"
+    unschedulable = conds(ArtifactVerified="True", PlacementSatisfiable="False", Ready="False")
+    assert conditions.phase(unschedulable) == "Unschedulable"
+    zero = [*conds(ArtifactVerified="True"), {"type": "Ready", "status": "False", "reason": "ScaledToZero"}]
+    assert conditions.phase(zero) == "ScaledToZero"
 
 
 def test_ready_requires_verified_current_and_all_replicas() -> None:
@@ -299,6 +366,8 @@ def test_ready_requires_verified_current_and_all_replicas() -> None:
     assert conditions.ready_condition(verified, counts, False)[1] == "RolloutPending"
     assert conditions.ready_condition(verified, {**counts, "readyReplicas": 1}, True)[1] == "ReplicasNotReady"
     assert conditions.ready_condition(verified[1:], counts, True)[1] == "ArtifactNotVerified"
+    zero = {"replicas": 0, "readyReplicas": 0, "updatedReplicas": 0, "availableReplicas": 0, "desired": 0}
+    assert conditions.ready_condition(verified, zero, True)[:2] == ("False", "ScaledToZero")
 
 
 def test_is_subset_ignores_server_defaults_but_sees_drift() -> None:

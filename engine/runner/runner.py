@@ -1,20 +1,22 @@
-"""ModelRunner: executes one `SchedulerOutput` on the model and returns the sampled token ids.
+"""ModelRunner: executes one `StepPlan` on the model and returns its `StepResult`.
 
 Owns: the device cache tensors (`ModelCache`: paged KV in the model dtype or int8, GDN state slots),
 the `Sampler`, and per-request sampler state (seeded generators, output tokens for penalties), keyed
 by request id and dropped when the scheduler lists the id in `released_request_ids`.
-Must not touch: `Request` objects, page or slot allocation, the scheduler (STYLE 2.2 rule 1). It
-receives plain step data and hands back a list of ints (one device-to-host copy per step).
+Must not touch: `Request` objects, page or slot allocation, host-entry bookkeeping, the scheduler
+(STYLE 2.2 rule 1; `.importlinter` forbids importing it). It receives plain step data
+(engine/step.py) and hands back token lists (one device-to-host copy per step).
 
-One step, in the order `engine/scheduler/output.py` documents: page copies (copy-on-write of a reused
-partial page), state restores (`copy_state_from`; `reset_state` becomes `has_initial_state=False`),
-one flat varlen forward over every row, logits for the rows that `sample` only, sampling, then state
-snapshots (`save_state_to`).
+One step, in the order engine/step.py documents: host copies (engine/runner/host_copies.py), page
+copies (copy-on-write of a reused partial page), state restores (`copy_state_from`; `reset_state`
+becomes `has_initial_state=False`), one flat varlen forward over every row (engine/runner/inputs.py),
+logits for the positions rows sample only, sampling (`_sample`, the one call into the `Sampler`), then
+state snapshots (`save_state_to`).
 
 KV pool size (`--kv-capacity`): omitted = one `max_context` worth of pages; N tokens = ceil(N / page)
 pages; `auto` = the largest page count that fits in free device memory after the weights with 1 GiB
 of headroom on CUDA, and on the CPU a stated default of `CPU_AUTO_KV_BYTES` (256 MiB) of KV.
-CUDA graphs (`engine/graphs.py`): on CUDA (bf16 or int8 KV: both decode paths are Triton kernels
+CUDA graphs (engine/runner/graphs.py): on CUDA (bf16 or int8 KV: both decode paths are Triton kernels
 without a host sync), a step whose rows are all single-token sampling rows (a decode step) replays a
 graph captured per batch size 1..8 over static input buffers; every other step (prefill, mixed, the
 CPU, `cuda_graph=False` / `--no-cuda-graph`) runs eagerly. Graphs are captured at construction
@@ -24,22 +26,22 @@ CPU, `cuda_graph=False` / `--no-cuda-graph`) runs eagerly. Graphs are captured a
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from engine.cache.host import HostParking
 from engine.config import CacheConfig
-from engine.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner, DecodeRow
 from engine.model.config import ModelConfig
-from engine.model.forward import ForwardBatch, ModelCache, allocate_model_cache, make_forward_batch
+from engine.model.forward import ModelCache, allocate_model_cache
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
-from engine.parking import HostCopies
 from engine.request import SamplingParams
+from engine.runner.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner
+from engine.runner.host_copies import HostCopies
+from engine.runner.inputs import DecodeRow, eager_batch, sample_indices
+from engine.runner.warmup import WarmupReport, warm_up
 from engine.sampling import Sampler, output_token_counts
-from engine.scheduler.output import HostRestoreReport, ScheduledRequest, SchedulerOutput
+from engine.step import HostRestoreReport, RowPlan, StepPlan, StepResult
 from kernels.attention import kv_int8_group_size
 
 logger = logging.getLogger(__name__)
@@ -85,17 +87,8 @@ def resolve_num_pages(
     return cache_config.num_pages(max_context, auto_pages=auto_pages)
 
 
-@dataclass(frozen=True)
-class WarmupReport:
-    """What `ModelRunner.warm_up` ran, and how long it took (compilation included)."""
-
-    steps: int
-    tokens: int
-    seconds: float
-
-
 class ModelRunner:
-    """Use: `execute(scheduler_output) -> sampled ids`, once per step, in step order."""
+    """Use: `execute(plan) -> StepResult`, once per step, in step order."""
 
     def __init__(
         self,
@@ -131,8 +124,7 @@ class ModelRunner:
             kv_dtype="int8" if kv_dtype == "int8" else "model",
         )
         self.sampler = Sampler(self.device, seed)
-        self.host: HostParking | None = None  # host KV parking, set by engine.parking when enabled
-        self.host_copies: HostCopies | None = None  # its parks / unparks and restores in flight
+        self.host_copies: HostCopies | None = None  # host KV parking's copies (`attach_host`), None when off
         self._host_reports: tuple[HostRestoreReport, ...] = ()
         self._output_token_ids: dict[str, list[int]] = {}  # for presence / frequency penalties
         self.num_steps = 0
@@ -148,84 +140,36 @@ class ModelRunner:
                 self.graphs = None
                 torch.cuda.synchronize(self.device)
 
+    def attach_host(self, host: HostParking) -> None:
+        """Execute the host parks and unparks of every later plan against `host` (its copies)."""
+        assert self.host_copies is None, "attach_host twice"
+        self.host_copies = HostCopies(host)
+
+    def warm_up(self, prefill_chunk: int) -> WarmupReport:
+        """The first-use step shapes, before any request (engine/runner/warmup.py)."""
+        return warm_up(self, prefill_chunk)
+
     @property
     def graphs_captured(self) -> bool:
         return self.graphs is not None and self.graphs.captured
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput) -> list[int]:
-        """Run one step; one sampled token per row with `sample`, in row order."""
-        self.release(output.released_request_ids)
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step: per row, the tokens of its sampled positions, in row order."""
+        self.release(plan.released_request_ids)
         if self.host_copies is not None:  # parks, unparks: before anything writes the cache
-            self.host_copies.run(self.cache, output)
-        sampled = self._execute(output) if not output.is_empty else []
+            self.host_copies.run(self.cache, plan)
+        sampled = self.run_rows(plan) if not plan.is_empty else []
         if self.host_copies is not None:
-            self._host_reports += self.host_copies.finish(idle=output.is_empty)
-        return sampled
-
-    @torch.inference_mode()
-    def warm_up(self, prefill_chunk: int) -> WarmupReport:
-        """Run the step shapes a server meets first, on scratch pages and state slots, before any request.
-
-        First use of a shape costs far more than its steady state on the GPU (Triton compiles, fla-core
-        autotunes, cuBLAS and cuDNN plan): measured at the 27B geometry, a cold server's first two steps took
-        ~60 s and ~30 s. The steps: one prefill chunk of up to ``prefill_chunk`` tokens alone; a varlen batch
-        continuing it beside a cold 3-token sequence (shorter than the conv window); a mixed decode + prefill
-        step with a sampled (non-greedy) row; a decode step (a graph replay when graphs are captured).
-        Nothing outlives the call: every request resets its state slot and writes a page before reading it,
-        and the step counters are restored. Call it before the scheduler hands out pages.
-        """
-        started = time.perf_counter()
-        page = self.page_size
-        num_pages, num_slots = self.cache.num_pages, self.cache.num_state_slots
-        # Sequence a: a first chunk + 39 tokens; b: 9 tokens in one page. Both must fit the pool.
-        first = min(prefill_chunk, (num_pages - 1) * page - 39)
-        if first < 1 or num_slots < 2:
-            return WarmupReport(steps=0, tokens=0, seconds=0.0)
-        a_pages = tuple(range(-(-(first + 39) // page)))
-        b_pages = (a_pages[-1] + 1,)
-        greedy, sampled = SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_p=0.9, seed=0)
-        vocab = self.config.vocab_size
-        tokens = torch.randint(0, vocab, (first + 39,), generator=torch.Generator().manual_seed(0)).tolist()
-
-        def row(rid: str, ids: Sequence[int], start: int, pages: tuple[int, ...], slot: int,
-                params: SamplingParams) -> ScheduledRequest:  # fmt: skip
-            return ScheduledRequest(
-                request_id=rid, lane=slot, token_ids=tuple(ids), start_pos=start, page_ids=pages, state_slot=slot,
-                reset_state=start == 0, copy_state_from=None, save_state_to=None, sample=True,
-                sampling_params=params, num_output_tokens=0,
-            )  # fmt: skip
-
-        a, b = "warmup-a", "warmup-b"
-        plan = [
-            [row(a, tokens[:first], 0, a_pages, 0, greedy)],
-            [row(a, tokens[first : first + 37], first, a_pages, 0, greedy), row(b, tokens[:3], 0, b_pages, 1, greedy)],
-            [row(a, tokens[first + 37 : first + 38], first + 37, a_pages, 0, greedy),
-             row(b, tokens[3:8], 3, b_pages, 1, sampled)],
-            [row(a, tokens[first + 38 : first + 39], first + 38, a_pages, 0, greedy),
-             row(b, tokens[8:9], 8, b_pages, 1, sampled)],
-        ]  # fmt: skip
-        counters = (self.num_steps, self.num_graph_steps)
-        for step_id, rows in enumerate(plan):
-            self._execute(SchedulerOutput(step_id, tuple(rows), (), ()))
-        self.release([a, b])
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.num_steps, self.num_graph_steps = counters
-        return WarmupReport(
-            steps=len(plan), tokens=sum(r.num_tokens for rows in plan for r in rows),
-            seconds=time.perf_counter() - started,
-        )  # fmt: skip
-
-    def take_host_reports(self) -> tuple[HostRestoreReport, ...]:
-        """Restores completed (or failed) since the last call; the engine loop hands them to `commit`."""
+            self._host_reports += self.host_copies.finish(idle=plan.is_empty)
         reports, self._host_reports = self._host_reports, ()
-        return reports
+        return StepResult.of_sampled(plan, sampled, reports)
 
-    def _execute(self, output: SchedulerOutput) -> list[int]:
+    def run_rows(self, plan: StepPlan) -> list[list[int]]:
+        """Steps 1-5 of a plan (no host copies): one token list per sampling row, in row order."""
         self.num_steps += 1
-        rows = output.requests
-        for src, dst in output.page_copies:
+        rows = plan.rows
+        for src, dst in plan.page_copies:
             self._copy_page(src, dst)
         for row in rows:
             if row.copy_state_from is not None:
@@ -239,29 +183,27 @@ class ModelRunner:
                 self._copy_state(row.state_slot, row.save_state_to)
         return sampled
 
-    def _execute_eager(self, rows: Sequence[ScheduledRequest]) -> list[int]:
-        batch = self._batch(rows)
+    def _execute_eager(self, rows: Sequence[RowPlan]) -> list[list[int]]:
+        batch = eager_batch(rows, self.page_size, self.device)
         hidden = self.model(batch, self.cache)  # [T, hidden]
-        sample_rows = [i for i, row in enumerate(rows) if row.sample]
-        if not sample_rows:
+        indices = sample_indices(rows)
+        if not indices:
             return []
-        last = batch.last_token_indices()[torch.tensor(sample_rows, device=self.device)]
-        logits = self.model.compute_logits(hidden, last)  # [num_sampled, vocab] fp32
-        return self._sample(logits, [rows[i] for i in sample_rows])
+        logits = self.model.compute_logits(
+            hidden, torch.tensor(indices, device=self.device)
+        )  # [S, vocab] fp32
+        return self._sample(logits, [row for row in rows if row.sample])
 
-    def _execute_graph(self, rows: Sequence[ScheduledRequest]) -> list[int]:
+    def _execute_graph(self, rows: Sequence[RowPlan]) -> list[list[int]]:
         assert self.graphs is not None
-        logits = self.graphs.run([
-            DecodeRow(row.token_ids[0], row.start_pos, row.page_ids, row.state_slot, not row.reset_state)
-            for row in rows
-        ])  # fmt: skip
+        logits = self.graphs.run([DecodeRow.of(row) for row in rows])
         self.num_graph_steps += 1
         return self._sample(logits, rows)
 
-    def _graph_eligible(self, rows: Sequence[ScheduledRequest]) -> bool:
-        if self.graphs is None or not all(row.num_tokens == 1 and row.sample for row in rows):
+    def _graph_eligible(self, rows: Sequence[RowPlan]) -> bool:
+        if self.graphs is None or not all(row.num_tokens == 1 and row.num_sample == 1 for row in rows):
             return False
-        return self.graphs.can_run(len(rows), max(len(row.page_ids) for row in rows))
+        return self.graphs.can_run(len(rows), max(len(row.page_ids) for row in rows), width=1)
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Drop the sampler state of requests that ended."""
@@ -269,32 +211,28 @@ class ModelRunner:
         for request_id in request_ids:
             self._output_token_ids.pop(request_id, None)
 
-    def _batch(self, rows: Sequence[ScheduledRequest]) -> ForwardBatch:
-        return make_forward_batch(
-            [row.token_ids for row in rows],
-            [row.start_pos for row in rows],
-            [row.page_ids for row in rows],
-            [row.state_slot for row in rows],
-            page_size=self.page_size,
-            has_initial_state=[not row.reset_state for row in rows],
-            device=self.device,
-        )
-
-    def _sample(self, logits: torch.Tensor, rows: Sequence[ScheduledRequest]) -> list[int]:
-        params: list[SamplingParams] = [row.sampling_params for row in rows]
+    def _sample(self, logits: torch.Tensor, rows: Sequence[RowPlan]) -> list[list[int]]:
+        """The one seam into the `Sampler`: `logits` [sum of rows' num_sample, vocab] fp32, rows in order,
+        each row's positions in order. Returns each row's tokens (today's plans sample one per row)."""
+        positions = [row for row in rows for _ in range(row.num_sample)]  # one entry per logits row
+        params: list[SamplingParams] = [row.sampling_params for row in positions]
         penalized = any(p.presence_penalty or p.frequency_penalty for p in params)
         if not penalized and all(p.greedy for p in params):
-            token_ids = logits.argmax(dim=-1).tolist()  # greedy fast path: the one host copy
+            flat = logits.argmax(dim=-1).tolist()  # greedy fast path: the one host copy
         else:
-            ids = [row.request_id for row in rows]
+            ids = [row.request_id for row in positions]
             counts = None
             if penalized:
                 history = [self._output_token_ids.get(i, []) for i in ids]
                 counts = output_token_counts(history, logits.shape[-1], self.device)
-            token_ids = self.sampler.sample(logits, params, ids, counts).tolist()
-        for row, token in zip(rows, token_ids, strict=True):
-            self._output_token_ids.setdefault(row.request_id, []).append(token)
-        return token_ids
+            flat = self.sampler.sample(logits, params, ids, counts).tolist()
+        out: list[list[int]] = []
+        it = iter(flat)
+        for row in rows:
+            tokens = [next(it) for _ in range(row.num_sample)]
+            self._output_token_ids.setdefault(row.request_id, []).extend(tokens)
+            out.append(tokens)
+        return out
 
     def _copy_page(self, src: int, dst: int) -> None:
         cache = self.cache

@@ -1,9 +1,9 @@
 """Host parking, runner half: build the `HostParking` budget, execute a step's parks and unparks, stats.
 
 Owns: one step's copies and the restores still in flight (`HostCopies`). The scheduler decides
-(engine/scheduler/host.py) and emits `HostPark` / `HostUnpark` lists in its output; `ModelRunner.execute`
-calls `HostCopies.run` first thing each step and `finish` last. Must not touch: requests, page / slot
-ownership, the model.
+(engine/scheduler/host.py) and emits `HostPark` / `HostUnpark` lists in its plan (engine/step.py);
+`ModelRunner.execute` calls `HostCopies.run` first thing each step and `finish` last. Must not touch:
+requests, page / slot ownership, the model, the scheduler.
 
 Order inside a step (`HostCopies.run`): every park (the scheduler has already freed those page and
 slot ids, and they may be handed to this step's rows or unparks), then every unpark; the compute
@@ -22,17 +22,14 @@ On the CPU the copies are synchronous, so every restore is reported at the end o
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.cache.host import HostParking, ParkHandle
 from engine.cache.host_blocks import DEFAULT_BLOCK_BYTES, MIB
 from engine.cache.host_layout import CacheGeometry
 from engine.config import CacheConfig
-from engine.scheduler.output import HostRestoreReport, HostUnpark, SchedulerOutput
-
-if TYPE_CHECKING:
-    from engine.model.forward import ModelCache
-    from engine.scheduler import Scheduler
+from engine.model.forward import ModelCache
+from engine.step import HostRestoreReport, HostUnpark, StepPlan
 
 logger = logging.getLogger(__name__)
 
@@ -65,18 +62,8 @@ def host_block_bytes(host_kv_cache_mib: int) -> int:
     return block
 
 
-def attach_host_parking(cache_config: CacheConfig, scheduler: Scheduler, runner: Any) -> HostParking | None:
-    """Create the budget for the runner's cache and hand it to both halves (None when off)."""
-    host = make_host_parking(cache_config, runner.cache)
-    if host is not None:
-        scheduler.attach_host(host)
-        runner.host = host
-        runner.host_copies = HostCopies(host)
-    return host
-
-
 class HostCopies:
-    """Runner side of one budget. Use: `run(cache, output)` first thing in a step, `finish(idle)` last."""
+    """Runner side of one budget. Use: `run(cache, plan)` first thing in a step, `finish(idle)` last."""
 
     def __init__(self, host: HostParking) -> None:
         self.host = host
@@ -87,21 +74,21 @@ class HostCopies:
     def num_pending(self) -> int:
         return len(self._pending)
 
-    def run(self, cache: ModelCache, output: SchedulerOutput) -> None:
-        """Execute `output`'s parks, then its unparks; make the current stream wait for the parks."""
+    def run(self, cache: ModelCache, plan: StepPlan) -> None:
+        """Execute `plan`'s parks, then its unparks; make the current stream wait for the parks."""
         host = self.host
-        for request_id in output.released_request_ids:  # released mid-restore: its pages may be reused now
+        for request_id in plan.released_request_ids:  # released mid-restore: its pages may be reused now
             pending = self._pending.pop(request_id, None)
             if pending is not None:
                 pending[1].wait()
         last_park: ParkHandle | None = None
-        for park in output.host_parks:
+        for park in plan.host_parks:
             handle = host.park(park.key, cache, page_ids=park.page_ids, token_ids=park.token_ids,
                                checkpoints=park.checkpoints)  # fmt: skip
             last_park = handle or last_park
         if last_park is not None:
             last_park.wait()  # one copy stream, FIFO: the last park's event covers every earlier one
-        for unpark in output.host_unparks:
+        for unpark in plan.host_unparks:
             try:
                 handle = host.unpark(unpark.key, cache, page_ids=unpark.page_ids, state_slot=unpark.state_slot,
                                      num_tokens=unpark.num_tokens, keep=unpark.keep)  # fmt: skip

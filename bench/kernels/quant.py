@@ -1,0 +1,250 @@
+# ruff: noqa: B023  (every timed closure runs inside its own loop iteration)
+"""Time the quantized linear kernels (kernels/quant) against cuBLAS bf16 at the Qwen3.6-27B shapes, on one GPU.
+
+Every dense projection of the 27B as the published profiles fuse it (attention query_key / gate_value
+[7168, 5120], GDN query_key [4096, 5120] and value_z [12288, 5120], attention and GDN output [5120, 6144], MLP
+gate_up [34816, 5120] and down [5120, 17408], the head [248320, 5120]) in each format a profile stores it in
+(groupwise-int: the role's Q4/Q5/Q6; nvfp4; Qwen3.8's FP8 rows), at decode T = 1 and 8 (the Triton GEMV,
+CUDA-graph replays over enough distinct weights that each call reads its weight from HBM) and prefill
+T = 7,680 (the Triton GEMM; FP8 also through ``torch._scaled_mm``, W8A8). Each row: time per call, the
+payload's bytes and GB/s (decode) or TFLOP/s (prefill), the fraction of the measured read bandwidth, cuBLAS
+``F.linear`` on a bf16 weight of the same shape, and the error against ``quant_linear_ref``; T = 8 rows also
+check that each row is bitwise the row run alone.
+
+    python bench/kernels/quant.py --json bench/results/kernels_quant_h200_<date>.json
+    python bench/kernels/quant.py --json ... --only "MLP" --formats Q4G64_F16S --no-prefill --sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from kernels.quant import (  # noqa: E402
+    FP8,
+    GROUP_FORMATS,
+    NVFP4,
+    Q4,
+    Q5,
+    Q6,
+    QuantTiles,
+    QuantWeight,
+    gemm_tiles,
+    gemv_tiles,
+    geometry,
+    quant_linear,
+    quant_linear_ref,
+    view_planes,
+)
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+PREFILL_TOKENS = 7680
+WORKING_SET = 2 << 30  # distinct weights per decode timing: at least this many payload bytes (HBM, not L2)
+MAX_COPIES = 64
+ROWS: list[dict] = []
+
+# (projection, N, K, groupwise-int format, calls per 27B decode step): the upstream 27B inventory's fused parents
+SHAPES = [
+    ("attn query_key", 7168, 5120, Q4, 16),
+    ("attn gate_value", 7168, 5120, Q5, 16),
+    ("attn output", 5120, 6144, Q5, 16),
+    ("GDN query_key", 4096, 5120, Q4, 48),
+    ("GDN value_z", 12288, 5120, Q5, 48),
+    ("GDN output", 5120, 6144, Q5, 48),
+    ("MLP gate_up", 34816, 5120, Q4, 64),
+    ("MLP down", 5120, 17408, Q5, 64),
+    ("lm_head", 248320, 5120, Q6, 1),
+]
+
+
+def random_payload(fmt: str, n: int, k: int) -> torch.Tensor:
+    """A valid random payload of ``fmt`` [n, k] built on the GPU (no encoder pass): random codes, scales that
+    give weights of magnitude ~k^-0.5, zero padding where the layout has it, NVFP4 divisor 1.0."""
+    geo = geometry(fmt, (n, k))
+    payload = torch.zeros(geo.payload_bytes, dtype=torch.uint8, device=DEV)
+    codes = torch.randint(0, 256, (n, geo.codes_row_bytes), dtype=torch.uint8, device=DEV)
+    if fmt in GROUP_FORMATS:
+        spec = GROUP_FORMATS[fmt]
+        if spec.bits == 8:
+            codes[codes == 0x80] = 0x81  # W8 never holds -128
+        lanes = geo.k_pad if spec.bits == 8 else geo.k_pad // 2
+        codes[:, (k if spec.bits == 8 else (k + 1) // 2) : lanes] = 0
+        payload[: geo.codes_bytes] = codes.reshape(-1)
+        if geo.high_bytes:
+            payload[geo.high_offset : geo.high_offset + geo.high_bytes] = torch.randint(
+                0, 256, (geo.high_bytes,), dtype=torch.uint8, device=DEV
+            )
+        scales = torch.rand(n, geo.groups_per_row, device=DEV) * 2 * k**-0.5 / spec.qmax
+        payload[geo.scales_offset :] = scales.half().reshape(-1).view(torch.uint8)
+    elif fmt == NVFP4:
+        payload[: geo.codes_bytes] = codes.reshape(-1)
+        scales = torch.randint(0x18, 0x28, (geo.scales_bytes,), dtype=torch.uint8, device=DEV)  # 2^-4 .. 2^-2
+        payload[geo.scales_offset : geo.divisor_offset] = scales
+        payload[geo.divisor_offset :] = torch.tensor([1.0], device=DEV).view(torch.uint8)
+    else:
+        codes[(codes & 0x7F) == 0x7F] = 0x7E  # no NaN words
+        payload[: geo.codes_bytes] = codes.reshape(-1)
+        scales = torch.rand(n, device=DEV) * 2 * k**-0.5 / 448
+        payload[geo.scales_offset :] = scales.to(BF16).view(torch.uint8)
+    return payload
+
+
+def _us(fn: Callable[[], object]) -> float:
+    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
+
+
+def _read_gbps() -> float:
+    x = torch.empty(1 << 29, device=DEV).uniform_()
+    return (1 << 31) / (triton.testing.do_bench(x.sum, warmup=5, rep=200, return_mode="min") * 1e3) / 1e3
+
+
+def _err(actual: torch.Tensor, expected: torch.Tensor) -> dict:
+    a, b = actual.double(), expected.double()
+    rel = ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item()
+    return {"max_abs_err": float(f"{(a - b).abs().max().item():.3e}"), "rel_rms_err": float(f"{rel:.3e}")}
+
+
+def _emit(row: dict) -> None:
+    ROWS.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def _per_call(fn: Callable[[object], object], weights: list) -> float:
+    def layers() -> None:
+        for w in weights:
+            fn(w)
+
+    layers()
+    return _us(layers) / len(weights)
+
+
+SWEEP = [QuantTiles(16, 256, 4, 1, 4), QuantTiles(64, 256, 4, 1, 4), QuantTiles(32, 512, 4, 1, 4),
+         QuantTiles(32, 128, 4, 1, 6), QuantTiles(64, 128, 8, 1, 4), QuantTiles(32, 256, 8, 1, 3)]  # fmt: skip
+
+
+def bench_decode(name: str, fmt: str, n: int, k: int, read_gbps: float, sweep: bool) -> dict[int, float]:
+    """The GEMV rows of one projection and format; {T: us per call (default tiles)}."""
+    nbytes = geometry(fmt, (n, k)).payload_bytes
+    copies = max(1, min(MAX_COPIES, -(-WORKING_SET // nbytes)))
+    weights = [view_planes(fmt, random_payload(fmt, n, k), (n, k), divisor=1.0) for _ in range(copies)]
+    dense_copies = max(1, min(MAX_COPIES, -(-WORKING_SET // (2 * n * k))))
+    dense = [torch.randn(n, k, device=DEV, dtype=BF16) * k**-0.5 for _ in range(dense_copies)]
+    default = gemv_tiles(fmt, n, k)
+    times = {}
+    for tokens in (1, 8):
+        x = torch.randn(tokens, k, device=DEV, dtype=BF16)
+        out = quant_linear(x, weights[0], route="gemv")
+        check = {**_err(out, quant_linear_ref(x, weights[0])), "tiles": list(default), "copies": copies}
+        if tokens > 1:
+            check["batch_invariant"] = all(
+                torch.equal(quant_linear(x[i : i + 1], weights[0], route="gemv")[0], out[i])
+                for i in range(tokens)
+            )
+        t = _per_call(lambda w: quant_linear(x, w, route="gemv"), weights)
+        t_cublas = _per_call(lambda w: F.linear(x, w), dense)
+        times[tokens] = t
+        gbps = nbytes / t / 1e3
+        _emit({"op": f"quant GEMV {fmt}", "shape": f"27B {name} T{tokens} N{n} K{k}", "kernel_us": round(t, 2),
+               "bytes": nbytes, "kernel_GBps": round(gbps, 1), "fraction_of_read": round(gbps / read_gbps, 3),
+               "cublas_bf16_us": round(t_cublas, 2), "cublas_bf16_GBps": round(2 * n * k / t_cublas / 1e3, 1),
+               "speedup_vs_cublas_bf16": round(t_cublas / t, 3), **check})  # fmt: skip
+        for tiles in SWEEP if sweep else []:
+            if fmt in GROUP_FORMATS and geometry(fmt, (n, k)).k_pad % tiles.block_k:
+                continue
+            if fmt == NVFP4 and k % tiles.block_k:
+                continue
+            t_s = _per_call(lambda w: quant_linear(x, w, route="gemv", tiles=tiles), weights)
+            _emit({"op": f"quant GEMV {fmt} sweep", "shape": f"27B {name} T{tokens} N{n} K{k}",
+                   "kernel_us": round(t_s, 2), "bytes": nbytes, "kernel_GBps": round(nbytes / t_s / 1e3, 1),
+                   "tiles": list(tiles), "vs_default": round(t / t_s, 3),
+                   **_err(quant_linear(x, weights[0], route="gemv", tiles=tiles), out)})  # fmt: skip
+    return times
+
+
+def bench_prefill(name: str, fmt: str, n: int, k: int) -> None:
+    qw: QuantWeight = view_planes(fmt, random_payload(fmt, n, k), (n, k), divisor=1.0)
+    x = torch.randn(PREFILL_TOKENS, k, device=DEV, dtype=BF16)
+    flops = 2.0 * PREFILL_TOKENS * n * k
+    w = torch.randn(n, k, device=DEV, dtype=BF16) * k**-0.5
+    t_cublas = _us(lambda: F.linear(x, w))
+    routes = ["gemm", "scaled_mm"] if fmt == FP8 else ["gemm"]
+    for route in routes:
+        out = quant_linear(x, qw, route=route)
+        check = _err(out[:256], quant_linear_ref(x[:256], qw))
+        t = _us(lambda: quant_linear(x, qw, route=route))
+        _emit({"op": f"quant {route} {fmt}", "shape": f"27B {name} T{PREFILL_TOKENS} N{n} K{k}",
+               "kernel_us": round(t, 1), "TFLOPs": round(flops / t / 1e6, 1),
+               "cublas_bf16_us": round(t_cublas, 1), "cublas_bf16_TFLOPs": round(flops / t_cublas / 1e6, 1),
+               "speedup_vs_cublas_bf16": round(t_cublas / t, 3),
+               "tiles": list(gemm_tiles(fmt, n, k, PREFILL_TOKENS)) if route == "gemm" else None, **check})  # fmt: skip
+        del out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument(
+        "--only", default="", metavar="SUBSTR", help="the projections whose name contains SUBSTR"
+    )
+    parser.add_argument("--formats", default="groupwise,NVFP4,FP8_E4M3FN_ROW_BF16S",
+                        help="comma list: 'groupwise' (each role's Q4/Q5/Q6), format names")  # fmt: skip
+    parser.add_argument("--no-prefill", action="store_true", help="decode rows only")
+    parser.add_argument("--no-decode", action="store_true", help="prefill rows only")
+    parser.add_argument("--sweep", action="store_true", help="also try other GEMV tiles (SWEEP)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    wanted = args.formats.split(",")
+    read_gbps = _read_gbps()
+    _emit({"op": "read bandwidth (fp32 sum)", "shape": "2 GiB", "kernel_GBps": round(read_gbps, 1)})
+    step: dict[tuple[str, int], float] = {}
+    for name, n, k, group_fmt, calls in SHAPES:
+        if args.only not in name:
+            continue
+        formats = [
+            f for f in (group_fmt, NVFP4, FP8) if f in wanted or (f == group_fmt and "groupwise" in wanted)
+        ]
+        for fmt in formats:
+            if not args.no_decode:
+                times = bench_decode(name, fmt, n, k, read_gbps, args.sweep)
+                for tokens, us in times.items():
+                    key = ("groupwise-int" if fmt in GROUP_FORMATS else fmt, tokens)
+                    step[key] = step.get(key, 0.0) + calls * us
+            if not args.no_prefill:
+                bench_prefill(name, fmt, n, k)
+            torch.cuda.empty_cache()
+    for (profile, tokens), us in step.items():
+        _emit({"op": "decode step's dense linears (sum of calls x us)", "shape": f"27B {profile} T{tokens}",
+               "kernel_us": round(us, 1)})  # fmt: skip
+    commit = (
+        os.environ.get("NINFER_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    )
+    result = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(),
+        "commit": commit,
+        "software": {"torch": torch.__version__, "triton": triton.__version__},
+        "what": "quantized GEMV (T=1, 8) and GEMM (T=7680) vs cuBLAS bf16 at the Qwen3.6-27B shapes; times are "
+        "median CUDA-graph replays; decode rows over distinct weights (HBM reads)",
+        "rows": ROWS,
+    }
+    args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

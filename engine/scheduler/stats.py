@@ -1,0 +1,22 @@
+"""SchedulerStats: the scheduler's plain numbers going up to /stats and metrics (never to the runner)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """Plain numbers for /stats and metrics (the engine never imports monitor)."""
+
+    num_running: int
+    num_waiting: int
+    num_pages: int
+    num_pages_used: int
+    num_checkpoints: int
+    num_prefix_hits: int
+    num_prefix_hit_tokens: int
+    num_prefill_tokens: int  # cumulative
+    num_decode_tokens: int  # cumulative
+    num_steps: int
+    num_admission_scans: int

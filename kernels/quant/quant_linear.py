@@ -1,0 +1,243 @@
+"""The linear layer on a quantized weight, ``y = x @ W^T`` (no bias): reference, launcher and launch tiles.
+
+``quant_linear_ref`` is the specification: the exact dequantized weight (``dequantize``), a float32 matmul,
+one rounding to x's dtype; it is what the CPU runs. ``quant_linear`` runs, when Triton runs on the tensors'
+device (``kernels._dispatch.use_triton``) and x is bf16 or fp16:
+
+- at most ``GEMV_MAX_ROWS`` rows (decode): the weight-streaming GEMV of the format (``triton_group.py``,
+  ``triton_fp.py``): the weight's planes read once, dequantized in registers, no bf16 copy of the weight;
+  the tiles depend on the weight's shape only, so a row's output is bitwise the same in any batch;
+- more rows (prefill): the format's GEMM, dequantizing weight tiles in registers before ``tl.dot``;
+  FP8 rows on a GPU with FP8 tensor cores (sm_89 and later: Hopper, Blackwell) go through
+  ``torch._scaled_mm`` instead, with x quantized to E4M3 per row (W8A8: x's per-row scale ``amax / 448``,
+  the weight's row scales as the other side).
+
+Everything else (CPU, fp32 x, ``NINFER_KERNELS=ref``) runs the reference. ``route`` forces one path (the
+bench and the tests use it). NVFP4's W4A4 path (the site's input divisor, FP4 tensor cores through
+``tl.dot_scaled`` on sm_100/sm_120) is not built yet: NVFP4 runs A16 everywhere (exact bf16 weight tiles).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from kernels._dispatch import HAS_TRITON, use_triton
+from kernels.quant.formats import FP8, GROUP_FORMATS, NVFP4
+from kernels.quant.weight import QuantWeight, dequantize
+
+if HAS_TRITON:
+    import triton
+
+    from kernels.linear import REDUCE_BLOCK, _linear_reduce_kernel
+    from kernels.quant.triton_fp import (
+        _quant_gemm_fp8_kernel,
+        _quant_gemm_nvfp4_kernel,
+        _quant_gemv_fp8_kernel,
+        _quant_gemv_nvfp4_kernel,
+    )
+    from kernels.quant.triton_group import _quant_gemm_group_kernel, _quant_gemv_group_kernel
+
+GEMV_MAX_ROWS = 8  # more rows of x than this take the GEMM
+ROUTES = ("gemv", "gemm", "scaled_mm", "ref")
+MIN_PROGRAMS = 128  # K is split while the row tiles alone give fewer programs (about one per SM of an H200)
+MAX_SPLIT_K = 16
+
+
+def quant_linear_ref(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
+    """``x @ W^T`` with ``W = dequantize(qw)`` (exact), in float32, rounded once to x's dtype.
+
+    x: [T, K]; qw: a [N, K] quantized weight -> [T, N] (x's dtype).
+    """
+    return (x.float() @ dequantize(qw).t()).to(x.dtype)
+
+
+class QuantTiles(NamedTuple):
+    """Launch shape of a quantized GEMV or GEMM (a function of the format and the weight's shape only)."""
+
+    block_n: int  # weight rows a program
+    block_k: int  # K columns a loop step (a multiple of the group / scale block)
+    num_warps: int
+    split_k: int  # GEMV: programs along K (fp32 partials + the reduce kernel when > 1); GEMM: 1
+    num_stages: int
+    block_t: int = 16  # GEMM: rows of x a program (the GEMV takes all T <= 8 as the dot's 16 columns)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def gemv_tiles(fmt: str, n: int, k: int) -> QuantTiles:
+    """The GEMV tiles for a [n, k] weight of ``fmt``. NOTE: never a function of the row count T (batch invariance).
+
+    32 weight rows a program, 4 warps, 4 stages; a step is 256 columns for the groupwise formats (4 groups of
+    64, 8 of 32 for W8, fewer when K_pad has fewer) and NVFP4 (128 code bytes, 16 scales), 512 for FP8 (512
+    code bytes). K is split in powers of two while the row tiles give fewer than MIN_PROGRAMS programs, each
+    split a whole number of steps. Chosen from the bf16 GEMV's measured tiles, not yet timed for these
+    formats: bench/kernels/quant.py sweeps alternatives on the H200.
+    """
+    block_n = min(32, max(16, _pow2(n)))
+    if fmt in GROUP_FORMATS:
+        group = GROUP_FORMATS[fmt].group_size
+        steps = -(-k // 128) * 128 // group  # groups a row
+        per_step = 256 // group
+        while steps % per_step:
+            per_step //= 2
+        block_k = per_step * group
+    elif fmt == NVFP4:
+        block_k = 256 if k % 256 == 0 else 128 if k % 128 == 0 else 64
+    else:
+        block_k = min(512, max(16, _pow2(k)))
+    tiles_n = -(-n // block_n)
+    k_pad = -(-k // 128) * 128 if fmt in GROUP_FORMATS else k
+    split = 1
+    while tiles_n * split < MIN_PROGRAMS and split < MAX_SPLIT_K and k_pad % (2 * split * block_k) == 0:
+        split *= 2
+    return QuantTiles(block_n, block_k, 4, split, 4)
+
+
+def gemm_tiles(fmt: str, n: int, k: int, rows: int) -> QuantTiles:
+    """The GEMM tiles: 128 weight rows x up to 128 rows of x a program, 8 warps, 3 stages; a K step of 64 for
+    the groupwise formats (one G64 group, two W8 groups) and 128 for NVFP4 / FP8."""
+    block_t = min(128, max(16, _pow2(rows)))
+    block_k = 64 if fmt in GROUP_FORMATS else 128 if fmt == FP8 or k % 128 == 0 else 64
+    return QuantTiles(min(128, max(16, _pow2(n))), block_k, 8, 1, 3, block_t)
+
+
+@functools.lru_cache(maxsize=16)
+def _has_fp8_mma(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _check(x: torch.Tensor, qw: QuantWeight) -> None:
+    assert x.dim() == 2, f"x {tuple(x.shape)}: need [T, K]"
+    assert x.shape[1] == qw.shape[1], f"x {tuple(x.shape)} and {qw.format} weight {qw.shape}: K differs"
+    assert x.is_floating_point(), f"x is {x.dtype}"
+    assert x.device == qw.device, f"x on {x.device}, weight on {qw.device}"
+    assert x.stride(1) == 1 or x.shape[1] <= 1, f"x needs unit stride along K, has strides {x.stride()}"
+
+
+def _route(x: torch.Tensor, qw: QuantWeight) -> str:
+    if x.shape[0] == 0 or x.dtype not in (torch.bfloat16, torch.float16) or not use_triton(x, qw.codes):
+        return "ref"
+    if x.shape[0] <= GEMV_MAX_ROWS:
+        return "gemv"
+    n, k = qw.shape
+    if qw.format == FP8 and _has_fp8_mma(x.device) and n % 16 == 0 and k % 16 == 0:
+        return "scaled_mm"
+    return "gemm"
+
+
+def quant_linear(
+    x: torch.Tensor, qw: QuantWeight, route: str | None = None, tiles: QuantTiles | None = None
+) -> torch.Tensor:
+    """Launcher for ``quant_linear_ref``'s contract, ``x @ W^T``: the GEMV for at most 8 rows and the GEMM
+    above (``torch._scaled_mm`` for FP8 rows on FP8 tensor cores), on CUDA; the reference elsewhere (see the
+    module docstring). ``route`` ("gemv", "gemm", "scaled_mm", "ref") and ``tiles`` override the choice.
+
+    x: [T, K] bf16 or fp16 for the kernels (any float dtype for the reference), unit stride along K;
+    qw: [N, K] on x's device -> [T, N] (x's dtype).
+    """
+    _check(x, qw)
+    route = route or _route(x, qw)
+    if route == "ref":
+        return quant_linear_ref(x, qw)
+    if route == "scaled_mm":
+        return _scaled_mm_fp8(x, qw)
+    assert route in ("gemv", "gemm"), f"route {route!r}: one of {ROUTES}"
+    n, k = qw.shape
+    rows = x.shape[0]
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out
+    if route == "gemv":
+        assert rows <= GEMV_MAX_ROWS, f"{rows} rows: the GEMV takes 1..{GEMV_MAX_ROWS}"
+        return _gemv(x, qw, tiles or gemv_tiles(qw.format, n, k), out)
+    return _gemm(x, qw, tiles or gemm_tiles(qw.format, n, k, rows), out)
+
+
+def _gemv(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor) -> torch.Tensor:
+    rows = x.shape[0]
+    n, k = qw.shape
+    target = out
+    if tiles.split_k > 1:
+        target = torch.empty(tiles.split_k, rows, n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, tiles.block_n), tiles.split_k)
+    common = dict(BLOCK_N=tiles.block_n, NUM_STAGES=tiles.num_stages, num_warps=tiles.num_warps)
+    if qw.format in GROUP_FORMATS:
+        spec = GROUP_FORMATS[qw.format]
+        groups = qw.k_pad // spec.group_size
+        per_step = tiles.block_k // spec.group_size
+        assert groups % (tiles.split_k * per_step) == 0, (
+            f"{tiles}: K_pad {qw.k_pad} is no whole number of steps"
+        )
+        high = qw.high if qw.high is not None else qw.codes
+        _quant_gemv_group_kernel[grid](
+            x, qw.codes, high, qw.scales, target, n, rows, k, x.stride(0), qw.codes.stride(0), high.stride(0),
+            qw.scales.stride(0), BITS=spec.bits, GROUP=spec.group_size, GROUPS_SPLIT=groups // tiles.split_k,
+            GROUPS_STEP=per_step, **common,
+        )  # fmt: skip
+    elif qw.format == NVFP4:
+        assert k % (tiles.split_k * tiles.block_k) == 0, f"{tiles}: K={k} is no whole number of steps"
+        _quant_gemv_nvfp4_kernel[grid](
+            x, qw.codes, qw.scales, target, n, rows, x.stride(0), qw.codes.stride(0), qw.scales.stride(0),
+            qw.divisor, K_SPLIT=k // tiles.split_k, BLOCK_K=tiles.block_k, **common,
+        )  # fmt: skip
+    else:
+        assert tiles.split_k == 1 or k % (tiles.split_k * tiles.block_k) == 0, (
+            f"{tiles}: K={k} splits unevenly"
+        )
+        _quant_gemv_fp8_kernel[grid](
+            x, qw.codes, qw.scales, target, n, rows, x.stride(0), qw.codes.stride(0),
+            K_SPLIT=k // tiles.split_k, BLOCK_K=tiles.block_k, **common,
+        )  # fmt: skip
+    if tiles.split_k > 1:
+        _linear_reduce_kernel[(triton.cdiv(n, REDUCE_BLOCK), rows)](
+            target, out, n, SPLIT_K=tiles.split_k, BLOCK=REDUCE_BLOCK, num_warps=4
+        )
+    return out
+
+
+def _gemm(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor) -> torch.Tensor:
+    rows = x.shape[0]
+    n, k = qw.shape
+    grid = (triton.cdiv(n, tiles.block_n), triton.cdiv(rows, tiles.block_t))
+    common = dict(
+        BLOCK_N=tiles.block_n, BLOCK_T=tiles.block_t, BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages,
+        num_warps=tiles.num_warps,
+    )  # fmt: skip
+    if qw.format in GROUP_FORMATS:
+        spec = GROUP_FORMATS[qw.format]
+        assert tiles.block_k % spec.group_size == 0 and qw.k_pad % tiles.block_k == 0, f"{tiles}: bad K step"
+        high = qw.high if qw.high is not None else qw.codes
+        _quant_gemm_group_kernel[grid](
+            x, qw.codes, high, qw.scales, out, n, rows, k, x.stride(0), qw.codes.stride(0), high.stride(0),
+            qw.scales.stride(0), BITS=spec.bits, GROUP=spec.group_size, K_PAD=qw.k_pad, **common,
+        )  # fmt: skip
+    elif qw.format == NVFP4:
+        assert k % tiles.block_k == 0 and tiles.block_k % 64 == 0, (
+            f"{tiles}: K={k} is no whole number of steps"
+        )
+        _quant_gemm_nvfp4_kernel[grid](
+            x, qw.codes, qw.scales, out, n, rows, x.stride(0), qw.codes.stride(0), qw.scales.stride(0),
+            qw.divisor, K=k, **common,
+        )  # fmt: skip
+    else:
+        _quant_gemm_fp8_kernel[grid](
+            x, qw.codes, qw.scales, out, n, rows, x.stride(0), qw.codes.stride(0), K=k, **common
+        )
+    return out
+
+
+def _scaled_mm_fp8(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
+    """FP8 rows on the FP8 tensor cores: x quantized to E4M3 per row (scale ``amax / 448``), W8A8 with fp32
+    row scales on both sides, output in x's dtype."""
+    assert qw.format == FP8, f"the scaled_mm route is for {FP8}, not {qw.format}"
+    xf = x.float()
+    x_scale = xf.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 448.0
+    xq = (xf / x_scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    w = qw.codes.view(torch.float8_e4m3fn)
+    w_scale = qw.scales.float()[None, :].contiguous()
+    return torch._scaled_mm(xq, w.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=x.dtype)

@@ -1,0 +1,210 @@
+"""Triton kernels of the linear layer on the floating-point quantized weights: NVFP4 (E2M1 codes, swizzled
+E4M3 block scales, FP32 divisor) and FP8 rows (E4M3 codes, BF16 row scales), A16: a weight-streaming GEMV for
+decode and a dequantize-then-``tl.dot`` GEMM for prefill. Launchers and references: ``quant_linear.py``.
+
+The weight is decoded in registers from the payload's planes and is exact in bf16: an E2M1 value times an
+E4M3 scale has at most 6 significant bits and lies in [2^-10, 2688]; an E4M3 value has 4. So the dots see
+the represented weight itself (times d_w for NVFP4), and the per-tensor divisor (NVFP4) or the row scale
+(FP8) multiplies the fp32 accumulator once at the end.
+
+Grids and batch invariance as the groupwise kernels (``triton_group.py``): the GEMVs, grid
+``(cdiv(N, BLOCK_N), SPLIT_K)``, compute ``out^T [BLOCK_N, 16]`` with x's T <= 8 rows as the dot's columns
+(NVFP4 as two dots, even and odd columns, so the nibbles are never interleaved); the GEMMs, grid
+``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))``, ``out^T [BLOCK_N, BLOCK_T]`` with the decoded weight tile as the
+dot's A operand. NVFP4 scale ``[n, b]`` is byte ``(n // 128) * tile_stride + (b // 4) * 512 + (n % 32) * 16 +
+(n % 128 // 32) * 4 + b % 4`` of the scale plane (``tile_stride`` = K / 64 * 512 for the whole plane).
+"""
+
+from __future__ import annotations
+
+from kernels._dispatch import HAS_TRITON
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _e2m1(code):
+        # E2M1 word (int32, 0..15) -> float32 value: twice the magnitude is m (exponent 0) or (2 + m) << (e - 1)
+        e = (code >> 1) & 3
+        m = code & 1
+        twice = tl.where(e == 0, m, (2 + m) << tl.maximum(e - 1, 0))
+        value = twice.to(tl.float32) * 0.5
+        return tl.where((code & 8) != 0, -value, value)
+
+    @triton.jit
+    def _nvfp4_scales(scales_ptr, rows_c, tile_stride, block0, BLOCKS: tl.constexpr):
+        # the E4M3 scales (float32 [rows, BLOCKS]) of scale blocks [block0, block0 + BLOCKS) of rows rows_c
+        b = block0 + tl.arange(0, BLOCKS)
+        inner = rows_c % 128
+        offs = (rows_c // 128 * tile_stride + (inner % 32) * 16 + (inner // 32) * 4)[:, None] + (
+            (b // 4) * 512 + b % 4
+        )[None, :]
+        words = tl.load(scales_ptr + offs)
+        return words.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def _quant_gemv_nvfp4_kernel(
+        x_ptr,
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        T,
+        x_stride,
+        codes_stride,
+        tile_stride,
+        divisor,
+        K_SPLIT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+    ):
+        # grid (cdiv(N, BLOCK_N), SPLIT_K): out^T [BLOCK_N, 16] over the K_SPLIT columns of split program_id(1),
+        # BLOCK_K columns (BLOCK_K / 2 code bytes, BLOCK_K / 16 scales) a step; K_SPLIT is a multiple of BLOCK_K.
+        BLOCK_T: tl.constexpr = 16
+        BYTES: tl.constexpr = BLOCK_K // 2
+        BLOCKS: tl.constexpr = BLOCK_K // 16
+        dtype = x_ptr.dtype.element_ty
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_c = tl.minimum(rows, N - 1).to(tl.int64)
+        ts = tl.arange(0, BLOCK_T)
+        t_mask = (ts < T)[None, :]
+        x_rows = ts[None, :].to(tl.int64) * x_stride
+        i = tl.arange(0, BYTES)
+        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        k_base = tl.program_id(1) * K_SPLIT
+        for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
+            k = k_base + k0
+            c = tl.load(codes_ptr + (rows_c * codes_stride)[:, None] + (k // 2 + i)[None, :]).to(tl.int32)
+            s = _nvfp4_scales(scales_ptr, rows_c, tile_stride, k // 16, BLOCKS)
+            s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCKS, 8]), [BLOCK_N, BYTES])
+            w_lo = (_e2m1(c & 15) * s).to(dtype)
+            w_hi = (_e2m1(c >> 4) * s).to(dtype)
+            even = k + 2 * i
+            xe = tl.load(x_ptr + x_rows + even[:, None], mask=t_mask, other=0.0)
+            xo = tl.load(x_ptr + x_rows + even[:, None] + 1, mask=t_mask, other=0.0)
+            acc = tl.dot(w_hi, xo, tl.dot(w_lo, xe, acc))
+        acc = acc / divisor
+        out_ptrs = out_ptr + tl.program_id(1) * (T * N) + ts[None, :] * N + rows[:, None]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)
+
+    @triton.jit
+    def _quant_gemm_nvfp4_kernel(
+        x_ptr,
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        T,
+        x_stride,
+        codes_stride,
+        tile_stride,
+        divisor,
+        K: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+    ):
+        # grid (cdiv(N, BLOCK_N), cdiv(T, BLOCK_T)): out^T [BLOCK_N, BLOCK_T], the decoded weight tile
+        # [BLOCK_N, BLOCK_K] (codes interleaved back into K order, times the block scale: exact) as A.
+        BYTES: tl.constexpr = BLOCK_K // 2
+        BLOCKS: tl.constexpr = BLOCK_K // 16
+        dtype = x_ptr.dtype.element_ty
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_c = tl.minimum(rows, N - 1).to(tl.int64)
+        ts = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_mask = (ts < T)[None, :]
+        x_rows = ts[None, :].to(tl.int64) * x_stride
+        i = tl.arange(0, BYTES)
+        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            c = tl.load(codes_ptr + (rows_c * codes_stride)[:, None] + (k0 // 2 + i)[None, :]).to(tl.int32)
+            v = tl.interleave(_e2m1(c & 15), _e2m1(c >> 4))  # [BLOCK_N, BLOCK_K]
+            s = _nvfp4_scales(scales_ptr, rows_c, tile_stride, k0 // 16, BLOCKS)
+            s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCKS, 16]), [BLOCK_N, BLOCK_K])
+            cols = k0 + tl.arange(0, BLOCK_K)
+            xt = tl.load(x_ptr + x_rows + cols[:, None], mask=t_mask, other=0.0)
+            acc = tl.dot((v * s).to(dtype), xt, acc)
+        acc = acc / divisor
+        out_ptrs = out_ptr + ts[None, :].to(tl.int64) * N + rows[:, None]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)
+
+    @triton.jit
+    def _quant_gemv_fp8_kernel(
+        x_ptr,
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        T,
+        x_stride,
+        codes_stride,
+        K_SPLIT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+    ):
+        # grid (cdiv(N, BLOCK_N), SPLIT_K): out^T [BLOCK_N, 16] over the K_SPLIT columns of split program_id(1);
+        # only an unsplit K ends in a partial step. The row scale multiplies each split's sum.
+        BLOCK_T: tl.constexpr = 16
+        EVEN_K: tl.constexpr = K_SPLIT % BLOCK_K == 0
+        dtype = x_ptr.dtype.element_ty
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_c = tl.minimum(rows, N - 1).to(tl.int64)
+        ts = tl.arange(0, BLOCK_T)
+        t_mask = (ts < T)[None, :]
+        cols = tl.arange(0, BLOCK_K)
+        k_base = tl.program_id(1) * K_SPLIT
+        w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + (k_base + cols)[None, :]
+        x_ptrs = x_ptr + ts[None, :].to(tl.int64) * x_stride + (k_base + cols)[:, None]
+        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
+            if EVEN_K:
+                c = tl.load(w_ptrs + k0)
+                xt = tl.load(x_ptrs + k0, mask=t_mask, other=0.0)
+            else:
+                k_mask = cols < K_SPLIT - k0
+                c = tl.load(w_ptrs + k0, mask=k_mask[None, :], other=0)
+                xt = tl.load(x_ptrs + k0, mask=t_mask & k_mask[:, None], other=0.0)
+            acc = tl.dot(c.to(tl.float8e4nv, bitcast=True).to(dtype), xt, acc)
+        acc = acc * tl.load(scales_ptr + rows_c).to(tl.float32)[:, None]
+        out_ptrs = out_ptr + tl.program_id(1) * (T * N) + ts[None, :] * N + rows[:, None]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)
+
+    @triton.jit
+    def _quant_gemm_fp8_kernel(
+        x_ptr,
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        T,
+        x_stride,
+        codes_stride,
+        K: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+    ):
+        # grid (cdiv(N, BLOCK_N), cdiv(T, BLOCK_T)): out^T [BLOCK_N, BLOCK_T] = E4M3 tile (decoded to x's
+        # dtype, exact) @ x tile^T, times the row scales at the end (A16; the A8 route is torch._scaled_mm).
+        dtype = x_ptr.dtype.element_ty
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_c = tl.minimum(rows, N - 1).to(tl.int64)
+        ts = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_mask = (ts < T)[None, :]
+        cols = tl.arange(0, BLOCK_K)
+        w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + cols[None, :]
+        x_ptrs = x_ptr + ts[None, :].to(tl.int64) * x_stride + cols[:, None]
+        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            k_mask = cols < K - k0
+            c = tl.load(w_ptrs + k0, mask=k_mask[None, :], other=0)
+            xt = tl.load(x_ptrs + k0, mask=t_mask & k_mask[:, None], other=0.0)
+            acc = tl.dot(c.to(tl.float8e4nv, bitcast=True).to(dtype), xt, acc)
+        acc = acc * tl.load(scales_ptr + rows_c).to(tl.float32)[:, None]
+        out_ptrs = out_ptr + ts[None, :].to(tl.int64) * N + rows[:, None]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)

@@ -1,0 +1,171 @@
+"""Triton kernels of the linear layer on row-split groupwise weights (Q4/Q5/Q6/W8): a weight-streaming GEMV
+for decode and a dequantize-then-``tl.dot`` GEMM for prefill. Launchers and references: ``quant_linear.py``.
+
+Both read the payload's planes in place (``QuantWeight``: base codes, high bits, binary16 scales) and
+dequantize in registers; there is no bf16 copy of the weight.
+
+``_quant_gemv_group_kernel``, grid ``(cdiv(N, BLOCK_N), SPLIT_K)``: one program computes ``out^T [BLOCK_N, 16]``
+for its weight rows and its split of K's groups, ``GROUPS_STEP`` groups a loop step. A group's codes are
+exact integers in x's dtype (|code| <= 127 fits bf16; converted through fp32: Triton 3.6's interpreter
+casts int -> bf16 bit-wise), so each group is one or two tensor-core dots with
+fp32 accumulation, scaled by the group's fp32 scale afterwards: the only roundings are the fp32 sums and the
+output's. For 4-bit base planes the low nibbles (even lanes) and high nibbles (odd lanes) are two dots against
+x's even and odd columns, so the codes are never interleaved. x's T rows (1..8) are the dot's 16 columns
+(masked); T is no compile-time constant and the tiles depend on N and K only, so a row's output is bitwise
+the same in any batch. Split K: fp32 partials ``[SPLIT_K, T, N]`` summed in split order by
+``kernels.linear._linear_reduce_kernel``.
+
+``_quant_gemm_group_kernel``, grid ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))``: ``out^T [BLOCK_N, BLOCK_T] = W
+[BLOCK_N, K] @ x^T``; each K step dequantizes a weight tile ``[BLOCK_N, BLOCK_K]`` in registers (nibbles
+interleaved back into K order, times the group scale, rounded to x's dtype: one rounding of the weight,
+relative 2^-9 in bf16) and feeds it to ``tl.dot`` as the A operand with x's tile (async-copied to shared
+memory, pipelined over ``NUM_STAGES``) as B.
+"""
+
+from __future__ import annotations
+
+from kernels._dispatch import HAS_TRITON
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _group_nibbles(
+        codes_ptr, high_ptr, code_rows, high_rows, byte0, BITS: tl.constexpr, BYTES: tl.constexpr
+    ):
+        # The signed codes of lanes [2 * byte0, 2 * byte0 + 2 * BYTES) of each row: (even lanes, odd lanes),
+        # int32 [rows, BYTES] each. code_rows / high_rows: the rows' offsets into the planes [rows, 1].
+        i = tl.arange(0, BYTES)
+        c = tl.load(codes_ptr + code_rows + (byte0 + i)[None, :]).to(tl.int32)
+        lo = c & 15
+        hi = c >> 4
+        if BITS == 5:  # lane l's bit 4 is bit l % 8 of high byte l // 8: byte b holds lanes 2b, 2b + 1
+            h = tl.load(high_ptr + high_rows + ((byte0 + i) // 4)[None, :]).to(tl.int32)
+            shift = (2 * ((byte0 + i) % 4))[None, :]
+            lo = lo | (((h >> shift) & 1) << 4)
+            hi = hi | (((h >> (shift + 1)) & 1) << 4)
+        if BITS == 6:  # lane l's bits 4, 5 are bits 2l % 8, 2l % 8 + 1 of high byte l // 4
+            h = tl.load(high_ptr + high_rows + ((byte0 + i) // 2)[None, :]).to(tl.int32)
+            shift = (4 * ((byte0 + i) % 2))[None, :]
+            lo = lo | (((h >> shift) & 3) << 4)
+            hi = hi | (((h >> (shift + 2)) & 3) << 4)
+        sign: tl.constexpr = 1 << (BITS - 1)
+        return (lo ^ sign) - sign, (hi ^ sign) - sign
+
+    @triton.jit
+    def _quant_gemv_group_kernel(
+        x_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        T,
+        K,
+        x_stride,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        BITS: tl.constexpr,
+        GROUP: tl.constexpr,
+        GROUPS_SPLIT: tl.constexpr,
+        GROUPS_STEP: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+    ):
+        # grid (cdiv(N, BLOCK_N), SPLIT_K): out^T [BLOCK_N, 16] for the weight rows of program_id(0) and the
+        # GROUPS_SPLIT groups of split program_id(1) (see the module docstring). GROUPS_SPLIT is a multiple of
+        # GROUPS_STEP. out: [T, N] in x's dtype (one split) or fp32 partials [SPLIT_K, T, N].
+        BLOCK_T: tl.constexpr = 16
+        HALF: tl.constexpr = GROUP // 2
+        dtype = x_ptr.dtype.element_ty
+        tile = tl.program_id(0)
+        split = tl.program_id(1)
+        rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_c = tl.minimum(rows, N - 1).to(tl.int64)  # clamped: no row mask on the loads
+        code_rows = (rows_c * codes_stride)[:, None]
+        high_rows = (rows_c * high_stride)[:, None]
+        ts = tl.arange(0, BLOCK_T)
+        t_mask = (ts < T)[None, :]
+        x_rows = ts[None, :].to(tl.int64) * x_stride
+        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        g_base = split * GROUPS_SPLIT
+        for gs in tl.range(0, GROUPS_SPLIT, GROUPS_STEP, num_stages=NUM_STAGES):
+            for j in tl.static_range(GROUPS_STEP):
+                g = g_base + gs + j
+                if BITS == 8:
+                    lanes = g * GROUP + tl.arange(0, GROUP)
+                    q = tl.load(codes_ptr + code_rows + lanes[None, :])  # int8 [BLOCK_N, GROUP]
+                    xt = tl.load(
+                        x_ptr + x_rows + lanes[:, None], mask=t_mask & (lanes < K)[:, None], other=0.0
+                    )
+                    part = tl.dot(q.to(tl.float32).to(dtype), xt)
+                else:
+                    lo, hi = _group_nibbles(codes_ptr, high_ptr, code_rows, high_rows, g * HALF, BITS, HALF)
+                    even = g * GROUP + 2 * tl.arange(0, HALF)
+                    xe = tl.load(x_ptr + x_rows + even[:, None], mask=t_mask & (even < K)[:, None], other=0.0)
+                    xo = tl.load(
+                        x_ptr + x_rows + even[:, None] + 1, mask=t_mask & (even + 1 < K)[:, None], other=0.0
+                    )
+                    part = tl.dot(hi.to(tl.float32).to(dtype), xo, tl.dot(lo.to(tl.float32).to(dtype), xe))
+                scale = tl.load(scales_ptr + rows_c * scales_stride + g).to(tl.float32)
+                acc += part * scale[:, None]
+        out_ptrs = out_ptr + split * (T * N) + ts[None, :] * N + rows[:, None]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)
+
+    @triton.jit
+    def _quant_gemm_group_kernel(
+        x_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        T,
+        K,
+        x_stride,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        BITS: tl.constexpr,
+        GROUP: tl.constexpr,
+        K_PAD: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+    ):
+        # grid (cdiv(N, BLOCK_N), cdiv(T, BLOCK_T)): out^T [BLOCK_N, BLOCK_T] = W_tile @ x_tile^T over K_PAD in
+        # BLOCK_K steps (a multiple of GROUP); the weight tile is dequantized in registers (see the module
+        # docstring). out: [T, N] in x's dtype.
+        dtype = x_ptr.dtype.element_ty
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_c = tl.minimum(rows, N - 1).to(tl.int64)
+        code_rows = (rows_c * codes_stride)[:, None]
+        high_rows = (rows_c * high_stride)[:, None]
+        ts = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_mask = (ts < T)[None, :]
+        x_rows = ts[None, :].to(tl.int64) * x_stride
+        groups: tl.constexpr = BLOCK_K // GROUP
+        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        for k0 in tl.range(0, K_PAD, BLOCK_K, num_stages=NUM_STAGES):
+            if BITS == 8:
+                q = tl.load(codes_ptr + code_rows + (k0 + tl.arange(0, BLOCK_K))[None, :]).to(tl.float32)
+            else:
+                lo, hi = _group_nibbles(
+                    codes_ptr, high_ptr, code_rows, high_rows, k0 // 2, BITS, BLOCK_K // 2
+                )
+                q = tl.interleave(lo, hi).to(tl.float32)  # [BLOCK_N, BLOCK_K] in K order
+            s = tl.load(
+                scales_ptr + (rows_c * scales_stride)[:, None] + (k0 // GROUP + tl.arange(0, groups))[None, :]
+            )
+            s = tl.reshape(
+                tl.broadcast_to(s.to(tl.float32)[:, :, None], [BLOCK_N, groups, GROUP]), [BLOCK_N, BLOCK_K]
+            )
+            w = (q * s).to(dtype)
+            cols = k0 + tl.arange(0, BLOCK_K)
+            xt = tl.load(x_ptr + x_rows + cols[:, None], mask=t_mask & (cols < K)[:, None], other=0.0)
+            acc = tl.dot(w, xt, acc)
+        out_ptrs = out_ptr + ts[None, :].to(tl.int64) * N + rows[:, None]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)
