@@ -135,21 +135,22 @@ def function_tools(tools: list[dict[str, Any]] | None, param: str = "tools") -> 
     return out
 
 
-def legacy_functions(
-    req: ChatCompletionRequest,
-) -> tuple[list[dict[str, Any]] | None, str | dict[str, Any] | None]:
-    """(tools, tool_choice), with the legacy `functions` / `function_call` spelled as tools when given."""
+def with_legacy_functions(req: ChatCompletionRequest) -> ChatCompletionRequest:
+    """`req` with the legacy `functions` / `function_call` spelled as `tools` / `tool_choice`, so everything
+    after reads only the current fields (`{"name": F}` becomes the named choice)."""
     if req.functions is None:
         if req.function_call is not None:
             raise invalid("function_call needs functions", param="function_call")
-        return req.tools, req.tool_choice
+        return req
     if req.tools is not None:
         raise invalid("give tools or the legacy functions, not both", param="functions")
     tools = [{"type": "function", "function": fn} if isinstance(fn, Mapping) else fn for fn in req.functions]
     choice = req.function_call
     if isinstance(choice, Mapping):
         choice = {"type": "function", "function": {"name": choice.get("name")}}
-    return tools, req.tool_choice if choice is None else choice
+    return req.model_copy(
+        update={"tools": tools, "tool_choice": req.tool_choice if choice is None else choice}
+    )
 
 
 def tool_choice_mode(choice: str | dict[str, Any] | None, param: str = "tool_choice") -> str:
@@ -206,17 +207,17 @@ def _refuse_unsupported(req: ChatCompletionRequest) -> None:
         raise invalid("logprobs are not supported", param="logprobs")
     if req.audio is not None or (req.modalities and req.modalities != ["text"]):
         raise invalid("audio output is not supported", param="audio")
-    if req.parallel_tool_calls is False and (req.tools or req.functions):
+    if req.parallel_tool_calls is False and req.tools:
         raise invalid("parallel_tool_calls=false is not supported", param="parallel_tool_calls")
 
 
 def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
+    req = with_legacy_functions(req)
     _refuse_unsupported(req)
     budget = effort_budget(req.reasoning_effort)
     messages = chat_messages(req.messages)
-    raw_tools, choice = legacy_functions(req)
-    tools = function_tools(raw_tools, "functions" if req.functions is not None else "tools")
-    mode = tool_choice_mode(choice, "function_call" if req.function_call is not None else "tool_choice")
+    tools = function_tools(req.tools)
+    mode = tool_choice_mode(req.tool_choice)
     thinking, preserve = thinking_choice(
         options,
         enable=req.enable_thinking,

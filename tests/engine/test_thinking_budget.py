@@ -35,3 +35,17 @@ def test_a_context_beyond_the_models_native_one_is_refused_at_start() -> None:
         EngineCore(short, loaded.tokenizer, EngineConfig.from_flags(max_context=512))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="must be <= 262,144"):
         EngineConfig.from_flags(max_context=300_000)
+
+
+def test_a_stop_string_inside_the_reasoning_does_not_end_the_request() -> None:
+    core = make_core(prefix_reuse=False)
+    tokenizer = core.tokenizer
+    opened = [*prompt(12, seed=5), tokenizer.special_ids.think_start_id]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    with one_thread():
+        free = run(core, [opened], params)[0][0]
+        assert tokenizer.special_ids.think_end_id not in free  # the whole output is reasoning
+        stop = tokenizer.decode(free[2:4])  # text the reasoning holds
+        assert stop.strip()
+        tokens, finish = run(core, [opened], dataclasses.replace(params, stop=(stop,)))
+    assert tokens[0] == free and finish[next(iter(finish))].reason.kind.value == "length"
