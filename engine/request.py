@@ -57,7 +57,9 @@ class SamplingParams:
         tp = self.top_p
         _check(tp is None or (_num(tp) and 0.0 < tp <= 1.0), "top_p", tp, "must be in (0, 1]")
         tk = self.top_k
-        _check(tk is None or (_int(tk) and tk >= -1), "top_k", tk, "must be -1, 0 (off) or >= 1")
+        _check(
+            tk is None or (_int(tk) and -1 <= tk < 2**31), "top_k", tk, "must be -1, 0 (off) or in 1..2**31-1"
+        )
         _check(_opt_range(self.min_p, 0.0, 1.0), "min_p", self.min_p, "must be in [0, 1]")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)

@@ -58,6 +58,9 @@ def test_top_k_above_twenty_is_accepted(client: openai.OpenAI, scripted_server: 
         model=MODEL, max_tokens=100, messages=user("[[plain]] hi"), extra_body={"top_k": 64}
     )
     assert message.content[0].text == "Hello! I am a scripted model."  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError) as info:  # beyond any vocabulary: a 400, not a crash
+        client.chat.completions.create(model=MODEL, messages=user("hi"), extra_body={"top_k": 10**20})
+    assert info.value.body["param"] == "top_k"  # type: ignore[index]
 
 
 def test_a_stop_string_in_the_reasoning_does_not_cut_it(client: openai.OpenAI) -> None:
