@@ -131,3 +131,23 @@ def test_sdk_parse_helpers(server: Server) -> None:
     claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
     message = claude.messages.parse(model="claude-any", max_tokens=300, messages=ask, output_format=Weather)  # type: ignore[arg-type]
     assert message.parsed_output == Weather(**EXPECTED)
+
+
+def test_legacy_function_call_forcing_a_function(server: Server) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0)
+    function = {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        },
+    }
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": ASK_TOOL}], functions=[function],  # type: ignore[list-item]
+        function_call={"name": "get_weather"},
+    )  # fmt: skip
+    call = reply.choices[0].message.function_call
+    assert reply.choices[0].finish_reason == "function_call"
+    assert call is not None and json.loads(call.arguments) == {"city": "Paris", "days": 3}
