@@ -2,8 +2,9 @@
 
 The gate (a plain ASGI middleware) runs before any route: it stamps a request id header (`x-request-id`
 on OpenAI routes, `request-id` on Anthropic ones), answers 503 while draining, checks the API key
-(constant-time; `/health`, `/stats`, `/metrics` and OPTIONS are exempt) and enforces `--max-request-mib`
-on declared and streamed bodies. Every error leaves in the calling protocol's shape (api.errors).
+(constant-time; `/health`, `/ready`, `/stats`, `/metrics` and OPTIONS are exempt), enforces
+`--max-request-mib` on declared and streamed bodies and refuses a body that stalls `--body-timeout-s`
+(408). Every error leaves in the calling protocol's shape (api.errors).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from monitor.metrics import ServerMetrics
 
 logger = logging.getLogger("ninfer.api")
 
-EXEMPT_PATHS = ("/health", "/stats", "/metrics")
+EXEMPT_PATHS = ("/health", "/ready", "/stats", "/metrics")
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
 
 
@@ -56,6 +57,13 @@ class _BodyTooLarge(ApiError):
     def __init__(self, limit: int) -> None:
         super().__init__(
             413, "request_too_large", f"the request body exceeds {limit} bytes (--max-request-mib)"
+        )
+
+
+class _BodyTimeout(ApiError):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            408, "request_timeout", f"the request body stalled for {seconds:g} s (--body-timeout-s)"
         )
 
 
@@ -89,7 +97,8 @@ class RequestGate:
         try:
             error = self._refusal(scope, path)
             if error is not None:
-                response = error_response(error, path)
+                close = {"Connection": "close"} if isinstance(error, _BodyTooLarge) else None
+                response = error_response(error, path, close)
                 await response(scope, receive, send_with_id)
                 return
             await self.app(scope, self._limited(receive), send_with_id)
@@ -110,7 +119,7 @@ class RequestGate:
         elif status >= 400:
             body = b"".join(sent[1:])
             self.state.log("request_rejected", **fields, code=_error_code(body))
-        else:  # handled without an engine request (e.g. max_tokens 0): nothing was generated
+        else:  # answered without an engine request: nothing was generated
             result = {"finish_reason": "length", "prompt_tokens": 0, "completion_tokens": 0}
             self.state.log("request_done", **fields, result=result, timings_seconds={})
 
@@ -130,16 +139,24 @@ class RequestGate:
         return None
 
     def _limited(self, receive: Receive) -> Receive:
+        """`receive` with the body size limit and, until the body is complete, the body read timeout."""
         limit = self.state.options.max_request_bytes
-        seen = 0
+        timeout = self.state.options.body_timeout_seconds
+        seen, complete = 0, False
 
         async def wrapped() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, complete
+            if complete:  # waiting for the disconnect: no timeout
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), timeout)
+            except TimeoutError:
+                raise _BodyTimeout(timeout) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
                     raise _BodyTooLarge(limit)
+                complete = not message.get("more_body", False)
             return message
 
         return wrapped
@@ -155,7 +172,9 @@ def _key_matches(headers: dict[str, str], key: str) -> bool:
 
 async def _api_error(request: Request, exc: Exception) -> Any:
     assert isinstance(exc, ApiError)
-    return error_response(exc, request.url.path)
+    # a body cut short (timeout, too large) leaves unread bytes on the connection: close it after this
+    headers = {"Connection": "close"} if isinstance(exc, _BodyTimeout | _BodyTooLarge) else None
+    return error_response(exc, request.url.path, headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Any:
@@ -173,6 +192,9 @@ async def _validation_error(request: Request, exc: Exception) -> Any:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Any:
+    if isinstance(exc, RecursionError):  # a body nested deeper than the converters or the template recurse
+        error = ApiError(400, "invalid_request", "the request is nested too deeply")
+        return error_response(error, request.url.path)
     logger.exception("unhandled error on %s", request.url.path)
     return error_response(
         ApiError(500, "internal_error", f"internal error: {type(exc).__name__}"), request.url.path
@@ -208,12 +230,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine_config=_loggable_engine_config(state.engine.config),
         options=_loggable_options(options),
         argv=app.state.argv,
+        request_log_repaired_bytes=state.request_log.repaired_bytes if state.request_log else 0,
     )
     ticker = asyncio.create_task(_throughput_loop(state)) if options.log_stats_interval_ms else None
+    state.ready = True
     try:
         yield
     finally:
         app.state.draining = True
+        state.ready = False
         if ticker is not None:
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):

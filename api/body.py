@@ -21,8 +21,8 @@ async def read_json(request: Request) -> dict[str, Any]:
         raw = await request.body()
     except ClientDisconnect:  # cut while uploading: not a server error; the gate logs the ending
         raise ApiError(400, "client_disconnected", "the client closed the connection mid-body") from None
-    try:
-        body = json.loads(raw) if raw else None
+    try:  # strict UTF-8 first: json.loads(bytes) would let raw surrogate bytes (ED A0 80) through
+        body = json.loads(raw.decode("utf-8")) if raw else None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, "invalid_json", f"the request body is not valid JSON: {exc}") from None
     except RecursionError:

@@ -4,6 +4,7 @@ OpenAI:    {"error": {"message", "type", "param", "code"}}
 Anthropic: {"type": "error", "error": {"type", "message"[, "details"]}}  (`details` carries an `error_code`
 the SDKs act on, e.g. `thread_unsupported_request`)
 The protocol is chosen by path (`/v1/messages...` is Anthropic, everything else OpenAI).
+Refusals a client should retry (429, 503, Anthropic's 529) carry a `Retry-After` header.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ _ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",
@@ -30,6 +33,8 @@ _OPENAI_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
@@ -80,7 +85,9 @@ def openai_body(error: ApiError) -> dict[str, Any]:
 
 
 def anthropic_body(error: ApiError) -> dict[str, Any]:
-    message = error.message if error.param is None else f"{error.param}: {error.message}"
+    """Anthropic has no `param` field: the message names the field, once."""
+    param = error.param
+    message = error.message if param is None or param in error.message else f"{param}: {error.message}"
     body: dict[str, Any] = {
         "type": _ANTHROPIC_TYPES.get(anthropic_status(error), "api_error"),
         "message": message,
@@ -99,7 +106,18 @@ def anthropic_status(error: ApiError) -> int:
     return error.status
 
 
+RETRY_STATUSES = (429, 503, 529)
+RETRY_AFTER_SECONDS = "1"
+
+
+def error_status(error: ApiError, path: str) -> int:
+    """The HTTP status `error` is sent with on `path` (Anthropic spells some differently)."""
+    return anthropic_status(error) if is_anthropic_path(path) else error.status
+
+
 def error_response(error: ApiError, path: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    if is_anthropic_path(path):
-        return JSONResponse(anthropic_body(error), status_code=anthropic_status(error), headers=headers)
-    return JSONResponse(openai_body(error), status_code=error.status, headers=headers)
+    status = error_status(error, path)
+    if status in RETRY_STATUSES:
+        headers = {"Retry-After": RETRY_AFTER_SECONDS, **(headers or {})}
+    body = anthropic_body(error) if is_anthropic_path(path) else openai_body(error)
+    return JSONResponse(body, status_code=status, headers=headers)

@@ -1,4 +1,10 @@
-"""`GET /health`, `GET /stats` (engine statistics as JSON) and `GET /metrics` (Prometheus text)."""
+"""`GET /health` (liveness), `GET /ready` (readiness), `GET /stats` (statistics as JSON) and `GET /metrics`.
+
+`/health` is liveness: 200 while the process serves HTTP and the engine loop has not failed (also while
+draining), 503 once the engine has failed. `/ready` is readiness: 200 only while the server takes new
+requests; 503 with `status` `warming_up` (before the engine has started), `draining` (after SIGTERM) or
+`unavailable` (the engine failed), so a load balancer stops sending traffic before the refusals start.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +42,20 @@ async def get_health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
+@router.get("/ready")
+async def get_ready(request: Request) -> JSONResponse:
+    state = server_state(request)
+    if getattr(state.engine, "error", None) is not None:
+        status = "unavailable"
+    elif getattr(request.app.state, "draining", False):
+        status = "draining"
+    elif not state.ready:
+        status = "warming_up"
+    else:
+        return JSONResponse({"status": "ready"})
+    return JSONResponse({"status": status}, status_code=503, headers={"Retry-After": "1"})
+
+
 @router.get("/stats")
 async def get_stats(request: Request) -> JSONResponse:
     state = server_state(request)
@@ -61,6 +81,7 @@ async def get_stats(request: Request) -> JSONResponse:
                 "uptime_seconds": time.time() - state.started_at,
             },
             "response_store": {"records": len(state.store), "bytes": state.store.num_bytes},
+            "request_log": None if state.request_log is None else state.request_log.stats(),
         }
     )
 

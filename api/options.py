@@ -7,13 +7,22 @@ from pathlib import Path
 
 from engine.request import SamplingParams
 
+MIN_REQUEST_MIB = 4
+REQUEST_BYTES_PER_TOKEN = 64  # generous: JSON escapes, tool schemas and whitespace runs included
+
+
+def default_max_request_mib(max_context: int) -> int:
+    """The body limit that still admits any prompt the context can hold, and not much more."""
+    return max(MIN_REQUEST_MIB, -(-max_context * REQUEST_BYTES_PER_TOKEN // (1024 * 1024)))
+
 
 @dataclass(frozen=True)
 class ServerOptions:
     api_key: str | None = None
     model_id: str | None = None  # --model-id alias; None = the artifact's identity.model_id
     cors: bool = False
-    max_request_mib: int = 384
+    max_request_mib: int = 16  # ninfer-serve derives it from the context (default_max_request_mib)
+    body_timeout_seconds: float = 60.0  # a body that stalls this long between reads is refused (408)
     request_log_jsonl: Path | None = None
     request_log_max_mib: float = 0.0  # 0 = never rotate
     request_log_keep: int = 4

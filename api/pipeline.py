@@ -10,19 +10,22 @@ server abort) are handled here once.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from api.errors import ApiError
 from api.generation import Generation, Outcome
-from api.prompt import Prompt, build_prompt, check_fits
+from api.prompt import PromptTooLong, build_prompt, check_fits
 from api.sse import with_keepalive
 from api.state import ServerState
-from api.tracking import Tracker, collect
+from api.tracking import ClientDisconnected, Tracker, collect, wait_disconnect
 from engine.chat.parse import StreamEvent
 from engine.request import SamplingParams
 
@@ -39,7 +42,7 @@ class Turn:
     thinking: bool
     preserve_thinking: bool
     params: SamplingParams
-    max_tokens: int  # as requested (0 = prompt only: answered without an engine request)
+    max_tokens: int  # the output limit (>= 1)
     stream: bool
     parse_tools: list[dict[str, Any]] | None = None  # tool calls are parsed against these (default: tools)
     prefill: bool = False  # the last message is an assistant turn to continue
@@ -76,23 +79,20 @@ def aborted_error() -> ApiError:
     return ApiError(503, "request_aborted", "the request was aborted by the server")
 
 
-def prompt_of(state: ServerState, turn: Turn) -> Prompt:
-    return build_prompt(
-        state.engine.tokenizer,
-        turn.messages,
-        tools=turn.tools,
-        thinking=turn.thinking,
-        preserve_thinking=turn.preserve_thinking,
-        prefill=turn.prefill,
-        param=turn.prompt_param,
-    )
+# Chat templates and tokenizers run here, off the event loop; a few workers bound the memory that large
+# prompts can hold at once (the rest wait their turn).
+_PROMPT_WORKERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ninfer-prompt")
+
+T = TypeVar("T")
 
 
-async def run(state: ServerState, request: Request, turn: Turn, adapter: Adapter) -> Response:
-    """Prompt -> tracker -> context check -> engine -> the answer in the adapter's protocol."""
-    prompt = prompt_of(state, turn)
-    request_id: str = request.state.request_id
-    tracker = Tracker(
+async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run `fn` on a prompt worker (chat template, tokenizer) and await it."""
+    return await asyncio.get_running_loop().run_in_executor(_PROMPT_WORKERS, partial(fn, *args, **kwargs))
+
+
+def _tracker(state: ServerState, request_id: str, turn: Turn, num_prompt_tokens: int) -> Tracker:
+    return Tracker(
         state,
         request_id,
         turn.protocol,
@@ -101,16 +101,34 @@ async def run(state: ServerState, request: Request, turn: Turn, adapter: Adapter
         num_tools=len(turn.tools or ()),
         thinking=turn.thinking,
         max_tokens=turn.max_tokens,
-        prompt_tokens=len(prompt.token_ids),
+        prompt_tokens=num_prompt_tokens,
     )
+
+
+async def run(state: ServerState, request: Request, turn: Turn, adapter: Adapter) -> Response:
+    """Prompt -> tracker -> context check -> engine -> the answer in the adapter's protocol."""
+    request_id: str = request.state.request_id
+    try:
+        prompt = await off_loop(
+            build_prompt,
+            state.engine.tokenizer,
+            turn.messages,
+            tools=turn.tools,
+            thinking=turn.thinking,
+            preserve_thinking=turn.preserve_thinking,
+            prefill=turn.prefill,
+            param=turn.prompt_param,
+            max_context=state.max_context,
+        )
+    except PromptTooLong as exc:  # refused before it was tokenized whole
+        _tracker(state, request_id, turn, exc.num_tokens).rejected(exc)
+        raise
+    tracker = _tracker(state, request_id, turn, len(prompt.token_ids))
     try:
         check_fits(prompt, state.max_context)
     except ApiError as exc:
         tracker.rejected(exc)
         raise
-    if turn.max_tokens == 0:  # prompt only: nothing to generate
-        outcome = Outcome(finish="length", prompt_tokens=len(prompt.token_ids))
-        return JSONResponse(adapter.body([], outcome))
     generation = Generation(
         state.engine,
         request_id,
@@ -120,13 +138,33 @@ async def run(state: ServerState, request: Request, turn: Turn, adapter: Adapter
         calls_in_reasoning=state.options.tolerant_tool_calls,
         thinking_budget=turn.thinking_budget,
     )
-    await tracker.begin(generation)
+    await _begin(tracker, generation, request)
     if not turn.stream:
         events = await collect(tracker, generation, request)
         return JSONResponse(adapter.body(events, generation.outcome))
     frames = _frames(generation, adapter)
     body = with_keepalive(tracker.stream(generation, frames), state.options.keepalive_seconds)
     return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _begin(tracker: Tracker, generation: Generation, request: Request) -> None:
+    """Submit and wait for admission (`Tracker.begin`) while watching the connection: a client that goes
+    away while its request is queued gives its pending place back at once (the engine request is aborted)."""
+    begin = asyncio.ensure_future(tracker.begin(generation))
+    gone = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait((begin, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this handler itself is cancelled
+        for task in (gone, begin):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(gone, begin, return_exceptions=True)
+    if begin.cancelled():  # the client left first
+        generation.abort()
+        error = ClientDisconnected()
+        tracker.rejected(error)
+        raise error
+    begin.result()  # an engine refusal is raised here (already logged by the tracker)
 
 
 async def _frames(generation: Generation, adapter: Adapter) -> AsyncIterator[str]:

@@ -4,6 +4,11 @@ Each protocol's convert.py turns its own request into the chat template's messag
 reasoning_content, tool_calls, tool results as role `tool`) and calls `build_prompt`. Template errors
 (`ChatTemplateError`) become 400s with the template's message.
 
+Work is bounded by the context: given `max_context`, a prompt text far longer than the context could hold
+is counted chunk by chunk first and refused (`PromptTooLong`) as soon as the count passes the context, so a
+multi-MiB body costs about one context's worth of tokenization, not the whole body's. The routes run this
+off the event loop (api.pipeline), so a large prompt never stalls other requests or the health probes.
+
 System text: the chat template takes one system turn, first. OpenAI clients may send several system or
 developer messages, anywhere; `build_prompt` joins their texts, in order and separated by a blank line, into
 that first turn (as Responses joins `instructions` with its system items).
@@ -36,6 +41,42 @@ def checkpoint_positions(token_ids: Sequence[int], im_end_id: int | None) -> tup
     return tuple(sorted({*ends, n}))
 
 
+CHUNK_CHARS = 1 << 16  # the bounded count tokenizes this many characters at a time
+FULL_COUNT_CHARS_PER_TOKEN = 4  # texts up to this many chars per context token are tokenized directly
+
+
+class PromptTooLong(ApiError):
+    """The prompt cannot fit the context; `num_tokens` is a lower bound on its length."""
+
+    def __init__(self, num_tokens: int, max_context: int, *, exact: bool = True, param: str = "messages"):
+        size = f"{num_tokens}" if exact else f"at least {num_tokens}"
+        super().__init__(
+            400,
+            "context_length_exceeded",
+            f"the prompt has {size} tokens; this server's context is {max_context} tokens "
+            "and must leave room for at least one output token",
+            param=param,
+        )
+        self.num_tokens = num_tokens
+
+
+def count_at_least(tokenizer: Tokenizer, text: str, limit: int) -> int | None:
+    """A lower bound on the token count of `text` once it reaches `limit`, found by tokenizing chunks (cut
+    at spaces, where the pre-tokenizer splits anyway) and stopping there; None if the text stays under."""
+    count, start, num_chunks = 0, 0, 0
+    while start < len(text):
+        end = min(len(text), start + CHUNK_CHARS)
+        if end < len(text):
+            cut = text.rfind(" ", start + CHUNK_CHARS // 2, end)
+            end = cut if cut > start else end
+        count += len(tokenizer.encode(text[start:end]))
+        num_chunks += 1
+        if count - num_chunks >= limit:  # each cut can add at most one token
+            return count - num_chunks
+        start = end
+    return None
+
+
 def merge_system_messages(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """One leading system message holding every system / developer text, in order; the rest unchanged."""
     system = [m for m in messages if m.get("role") in ("system", "developer")]
@@ -58,8 +99,11 @@ def build_prompt(
     preserve_thinking: bool,
     prefill: bool = False,
     param: str = "messages",
+    max_context: int | None = None,
 ) -> Prompt:
-    """Render and tokenize. `prefill`: the last message is an assistant turn to be continued."""
+    """Render and tokenize. `prefill`: the last message is an assistant turn to be continued. With
+    `max_context`, a text much longer than the context is refused (`PromptTooLong`) before it is tokenized
+    whole."""
     messages = merge_system_messages(messages)
     try:
         text = tokenizer.apply_chat_template(
@@ -72,6 +116,10 @@ def build_prompt(
         )
     except ChatTemplateError as exc:
         raise invalid(str(exc), param=param) from None
+    if max_context is not None and len(text) > FULL_COUNT_CHARS_PER_TOKEN * max_context:
+        at_least = count_at_least(tokenizer, text, max_context)
+        if at_least is not None:
+            raise PromptTooLong(at_least, max_context, exact=False, param=param)
     ids = tokenizer.encode(text)
     if not ids:
         raise invalid("the prompt is empty", param=param)
@@ -87,10 +135,4 @@ def build_prompt(
 def check_fits(prompt: Prompt, max_context: int) -> None:
     """A prompt must leave room for at least one output token."""
     if len(prompt.token_ids) >= max_context:
-        raise ApiError(
-            400,
-            "context_length_exceeded",
-            f"the prompt has {len(prompt.token_ids)} tokens; this server's context is {max_context} tokens "
-            "and must leave room for at least one output token",
-            param="messages",
-        )
+        raise PromptTooLong(len(prompt.token_ids), max_context)

@@ -15,10 +15,9 @@ tests prove that every command line it renders is one the server accepts.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import logging
-import socket
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,7 +25,8 @@ from typing import Any
 
 import uvicorn
 
-from api.options import ServerOptions
+from api.options import MIN_REQUEST_MIB, ServerOptions, default_max_request_mib
+from api.server import DrainingServer, guarded_protocol
 from engine.artifact.digest import is_sha256_hex, sha256_file
 from engine.config import EngineConfig
 from engine.flags import (
@@ -44,6 +44,7 @@ from engine.synthetic import SYNTHETIC_NAMES, TINY_GEOMETRY, needs_cuda, synthet
 logger = logging.getLogger("ninfer.serve")
 
 LOG_FORMAT = "%(asctime)s.%(msecs)03d  %(levelname)s  %(message)s"
+API_KEY_ENV = "NINFER_API_KEY"
 
 
 def _nonneg_float(text: str) -> float:
@@ -54,6 +55,35 @@ def _nonneg_float(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{text} must be >= 0")
     return value
+
+
+def _positive_float(text: str) -> float:
+    value = _nonneg_float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be > 0")
+    return value
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """The key from --api-key, --api-key-file or $NINFER_API_KEY (one of them); ValueError if unusable."""
+    if args.api_key is not None and args.api_key_file is not None:
+        raise ValueError("--api-key and --api-key-file: give one, not both")
+    key, source = args.api_key, "--api-key"
+    if args.api_key_file is not None:
+        source = f"--api-key-file {args.api_key_file}"
+        try:
+            key = args.api_key_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{source}: cannot read ({exc})") from None
+    elif key is None and os.environ.get(API_KEY_ENV):
+        key, source = os.environ[API_KEY_ENV], f"${API_KEY_ENV}"
+    if key is None:
+        return None
+    if not key.strip():
+        raise ValueError(f"{source}: the API key must not be empty")
+    if not (key.isascii() and key.isprintable()):
+        raise ValueError(f"{source}: the API key must be printable ASCII (HTTP headers carry no other bytes)")
+    return str(key)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,10 +103,42 @@ def build_parser() -> argparse.ArgumentParser:
     net = p.add_argument_group("network and identity")
     net.add_argument("--host", default="127.0.0.1")
     net.add_argument("--port", type=nonneg_int, default=8080, help="0 = pick a free port")
-    net.add_argument("--api-key", help="require this key (Authorization: Bearer or x-api-key)")
+    net.add_argument(
+        "--api-key",
+        help=f"require this key (Authorization: Bearer or x-api-key); also from ${API_KEY_ENV} or --api-key-file",
+    )
+    net.add_argument("--api-key-file", type=Path, help="read the API key from this file (kept out of `ps`)")
     net.add_argument("--model-id", help="the model name clients use (default: the artifact's model id)")
     net.add_argument("--cors", action="store_true", help="add permissive CORS headers")
-    net.add_argument("--max-request-mib", type=positive_int, default=384, help="largest request body")
+    net.add_argument(
+        "--max-request-mib",
+        type=positive_int,
+        help="largest request body (default: from the context, 64 bytes per token, at least "
+        f"{MIN_REQUEST_MIB} MiB)",
+    )
+    net.add_argument(
+        "--header-timeout-s",
+        type=_positive_float,
+        default=30.0,
+        help="close a connection whose request "
+        "headers are not all in this many seconds after its first byte (408)",
+    )
+    net.add_argument(
+        "--body-timeout-s",
+        type=_positive_float,
+        default=60.0,
+        help="refuse a request whose body stalls this many seconds between reads (408)",
+    )
+    net.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=512,
+        help="open connections at most; more are answered 503 (too_many_connections) and closed",
+    )
+    net.add_argument(
+        "--shutdown-timeout-s", type=_positive_float, default=30.0,
+        help="on SIGTERM, let admitted requests finish this long, then cancel what is left",
+    )  # fmt: skip
     net.add_argument(
         "--expected-sha256",
         help="refuse to start unless the artifact file's SHA-256 is this (streams the file once at start)",
@@ -125,8 +187,6 @@ def _check_server_flags(args: argparse.Namespace) -> None:
             raise ValueError(
                 f"--synthetic {args.synthetic} needs a CUDA device; use --synthetic {TINY_GEOMETRY} on the CPU"
             )
-    if args.api_key is not None and not args.api_key.strip():
-        raise ValueError("--api-key must not be empty")
     if args.model_id is not None and not args.model_id.strip():
         raise ValueError("--model-id must not be empty")
     if args.request_log_jsonl is None and (args.request_log_max_mib or args.request_log_keep != 4):
@@ -163,13 +223,16 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
         config = engine_config(args, args.artifact)  # the engine's flags: every rule is the config's
         sampling = sampling_params(args)
         _check_server_flags(args)
+        api_key = _api_key(args)
     except ValueError as exc:
         parser.error(str(exc))
+    max_context = config.scheduler.max_context
     options = ServerOptions(
-        api_key=args.api_key,
+        api_key=api_key,
         model_id=args.model_id,
         cors=args.cors,
-        max_request_mib=args.max_request_mib,
+        max_request_mib=args.max_request_mib or default_max_request_mib(max_context),
+        body_timeout_seconds=args.body_timeout_s,
         request_log_jsonl=args.request_log_jsonl,
         request_log_max_mib=args.request_log_max_mib,
         request_log_keep=args.request_log_keep,
@@ -216,31 +279,6 @@ def redacted_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-class _DrainingServer(uvicorn.Server):
-    """On SIGTERM/SIGINT: mark the app draining (new requests get 503), then uvicorn's graceful exit."""
-
-    def __init__(self, config: uvicorn.Config, app: Any) -> None:
-        super().__init__(config)
-        self._app = app
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        self._app.state.draining = True
-        super().handle_exit(sig, frame)
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """Keep listening while admitted requests finish, so a new request gets a 503
-        (`server_shutting_down`) rather than a refused connection; then uvicorn's graceful shutdown."""
-        state = self._app.state.server
-        while not self.force_exit and _busy(state):
-            await asyncio.sleep(0.05)
-        await super().shutdown(sockets)
-
-
-def _busy(state: Any) -> bool:
-    stats = state.engine.stats()
-    return bool(state.in_flight or getattr(stats, "num_running", 0) or getattr(stats, "num_waiting", 0))
-
-
 EngineFactory = Callable[[str, EngineConfig, SamplingParams], Any]
 
 
@@ -280,15 +318,17 @@ def main(argv: Sequence[str] | None = None, *, engine_factory: EngineFactory | N
         print(f"ninfer-serve: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     app = create_app(engine, options, argv=redacted_argv(argv), artifact=artifact)
+    protocol = guarded_protocol(header_timeout=args.header_timeout_s, max_connections=args.max_connections)
     uv_config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level=args.log_level,
-        timeout_graceful_shutdown=None,
+        http=protocol,
+        timeout_graceful_shutdown=int(args.shutdown_timeout_s),
         h11_max_incomplete_event_size=None,
     )
-    server = _DrainingServer(uv_config, app)
+    server = DrainingServer(uv_config, app, shutdown_timeout=args.shutdown_timeout_s)
     server.run()
 
 

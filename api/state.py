@@ -34,6 +34,7 @@ class ServerState:
     store: Any = None  # api.openai.store.ResponseStore
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     tracing: RequestTracing | None = None  # OpenTelemetry, when the OTEL_* variables configure it
+    ready: bool = False  # the engine has started (set by the app's lifespan); GET /ready
 
     @property
     def synthetic(self) -> str | None:
@@ -69,8 +70,8 @@ class ServerState:
         request_id = fields.get("request_id")
         if request_id is not None and event in ("request_start", "request_done", "request_rejected"):
             self.log_ended[request_id] = event != "request_start"
-        if self.request_log is not None:
-            self.request_log.write(event, **fields)
+        if self.request_log is not None and not self.request_log.write(event, **fields):
+            self.metrics.request_log_write_errors.inc()  # the log warned; serving goes on
 
 
 def server_state(request: Request) -> ServerState:

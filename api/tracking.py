@@ -9,8 +9,9 @@ from typing import Any
 
 from starlette.requests import Request
 
-from api.errors import ApiError
+from api.errors import ApiError, anthropic_status
 from api.generation import Generation
+from api.request_log import shorten
 from api.state import ServerState
 from engine.chat.parse import StreamEvent
 from monitor.collect import observe_request
@@ -24,6 +25,7 @@ class Tracker:
         self.request_id = request_id
         self.protocol = protocol
         self._open = False
+        fields = shorten(fields)  # a multi-MiB label is cut for the log and the span
         self.span = (
             state.tracing.start(protocol, request_id, fields, state.served_model_id)
             if state.tracing is not None
@@ -44,7 +46,7 @@ class Tracker:
             request_id=self.request_id,
             protocol=self.protocol,
             phase="prepare",
-            status=error.status,
+            status=anthropic_status(error) if self.protocol == "anthropic.messages" else error.status,
             code=error.code,
             param=error.param,
             message=error.message,
@@ -148,17 +150,19 @@ class ClientDisconnected(ApiError):
         super().__init__(499, "client_disconnected", "the client closed the connection before the answer")
 
 
+async def wait_disconnect(request: Request) -> None:
+    """Return when the client has gone (the body is read: the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _unless_disconnected(request: Request, generation: Generation) -> list[StreamEvent]:
     """All of the generation's events, or `ClientDisconnected` as soon as the client goes away."""
 
     async def run() -> list[StreamEvent]:
         return [event async for event in generation.events()]
 
-    async def watch() -> None:  # the body is read: the next ASGI message is the disconnect
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    work, watcher = asyncio.ensure_future(run()), asyncio.ensure_future(watch())
+    work, watcher = asyncio.ensure_future(run()), asyncio.ensure_future(wait_disconnect(request))
     try:
         await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:  # also when this handler itself is cancelled

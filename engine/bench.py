@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.config import KVDtype
 from engine.model.config import ModelConfig
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
@@ -247,7 +248,7 @@ def run_decode(
     return elapsed / steps
 
 
-def make_runner(model: Qwen3_5ForCausalLM, num_pages: int, slots: int, kv_dtype: str, graphs: bool,
+def make_runner(model: Qwen3_5ForCausalLM, num_pages: int, slots: int, kv_dtype: KVDtype, graphs: bool,
                 max_context: int) -> ModelRunner:  # fmt: skip
     return ModelRunner(
         model, num_pages=num_pages, page_size=PAGE_SIZE, num_state_slots=slots, kv_dtype=kv_dtype,

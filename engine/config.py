@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-KV_DTYPES = ("bf16", "int8")
+# The one kv_dtype vocabulary (`--kv-dtype`), checked here only: "bf16" = K/V in the model's compute dtype
+# (bf16 on the GPU, float32 in CPU tests), "int8" = int8 codes plus fp16 group scales (engine/cache/kv.py).
+KVDtype = Literal["bf16", "int8"]
+KV_DTYPES: tuple[str, ...] = get_args(KVDtype)
 SPEC_METHODS = ("mtp", "dflash")  # --spec: speculative decoding methods (none is available in this build yet)
 MAX_CONCURRENCY_LIMIT = 8  # startup-fixed lanes 1..8 (upstream kMaximumConcurrency)
 # The served models' native context (max_position_embeddings of every registered Qwen3.5-family checkpoint).
@@ -49,7 +52,7 @@ class CacheConfig:
     """
 
     page_size: int = 64
-    kv_dtype: str = "bf16"
+    kv_dtype: KVDtype = "bf16"
     kv_capacity: int | Literal["auto"] | None = None
     prefix_reuse: bool = True
     # Checkpoint budget: GDN state snapshots kept for reuse (one state slot each, LRU-evicted).

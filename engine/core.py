@@ -27,8 +27,11 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.artifact.container import Artifact, read_artifact
+from engine.cache.host import HostIndex
+from engine.cache.kv import resolve_num_pages
 from engine.config import EngineConfig
 from engine.model.config import ModelConfig
+from engine.model.forward import kv_spec
 from engine.model.loader import load_model
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import (
@@ -41,8 +44,8 @@ from engine.request import (
     SamplingParams,
     TokenEvent,
 )
-from engine.runner import ModelRunner, WarmupReport, resolve_num_pages
-from engine.runner.host_copies import host_stat_fields, make_host_parking
+from engine.runner import ModelRunner, WarmupReport
+from engine.runner.host_copies import host_budget, host_stat_fields
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -179,13 +182,8 @@ class EngineCore:
             )
         self.server_sampling = server_sampling
         param = next(model.parameters())
-        num_pages = resolve_num_pages(
-            config.cache,
-            config.scheduler.max_context,
-            self.model_config,
-            dtype=param.dtype,
-            device=param.device,
-        )
+        spec = kv_spec(self.model_config, param.dtype, config.cache.kv_dtype)
+        num_pages = resolve_num_pages(config.cache, config.scheduler.max_context, spec, device=param.device)
         self.scheduler = Scheduler(
             config.scheduler,
             config.cache,
@@ -202,6 +200,7 @@ class EngineCore:
             seed=seed,
             cuda_graph=config.cuda_graph,
             max_context=config.scheduler.max_context,
+            host_budget=(budget := host_budget(config.cache)),
         )
         warm = config.warmup if config.warmup is not None else param.device.type == "cuda"
         self.warmup: WarmupReport | None = None
@@ -210,10 +209,11 @@ class EngineCore:
             self.warmup = self.runner.warm_up(config.scheduler.prefill_chunk)
             logger.info("warm-up done: %d steps, %d tokens in %.1f s", self.warmup.steps, self.warmup.tokens,
                         self.warmup.seconds)  # fmt: skip
-        self.host = make_host_parking(config.cache, self.runner.cache)  # None when off
-        if self.host is not None:  # the scheduler decides what to park and restore, the runner copies
+        # Host parking: the scheduler's index decides what to park and restore, the runner copies (None: off).
+        self.host: HostIndex | None = None
+        if budget is not None and self.runner.host_copies is not None:
+            self.host = HostIndex(self.runner.host_copies.copier.geometry, budget)
             self.scheduler.attach_host(self.host)
-            self.runner.attach_host(self.host)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._stops_after_reasoning: set[str] = set()  # stop matching waits for `</think>`
         self.num_requests_added = 0
@@ -365,7 +365,7 @@ class EngineCore:
             num_requests_added=self.num_requests_added,
             num_requests_finished=dict(self.finished),
             num_requests_rejected=dict(self.rejected),
-            **host_stat_fields(self.host),
+            **host_stat_fields(self.host, self.runner.host_copies),
             host_kv_park_skips=dict(planner.park_skips) if planner is not None else {},
         )
 

@@ -180,6 +180,7 @@ spec_drafts               counter   ninfer_spec_decode_drafts_total         | Sp
 spec_draft_tokens         counter   ninfer_spec_decode_draft_tokens_total   | Draft tokens proposed.
 spec_accepted_tokens      counter   ninfer_spec_decode_accepted_tokens_total | Draft tokens accepted.
 spec_accepted_per_pos     counter   ninfer_spec_decode_accepted_tokens_per_pos_total position=SPEC_POSITIONS | Draft tokens accepted at each draft position.
+request_log_write_errors  counter   ninfer_request_log_write_errors_total   | Request-log lines that could not be written (disk full, file-size limit, ...); serving goes on.
 # engine snapshot
 running                   gauge     ninfer_requests_running                 | Requests holding a lane.
 waiting                   gauge     ninfer_requests_waiting                 | Requests queued for a lane.

@@ -92,6 +92,8 @@ def _user_turn(blocks: list[Any], where: str, call_order: list[str]) -> list[dic
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, Mapping) else None
         if kind == "tool_result":
+            if not isinstance(block.get("tool_use_id"), str | None):
+                raise invalid("tool_use_id must be a string", param=f"{where}[{j}].tool_use_id")
             text = _block_text(block.get("content"), f"{where}[{j}].content")
             if block.get("is_error"):
                 text = f"Error: {text}"
@@ -130,6 +132,8 @@ def _assistant_turn(blocks: list[Any], where: str) -> dict[str, Any]:
         elif kind == "tool_use":
             if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), Mapping):
                 raise invalid("tool_use needs a name and an object input", param=f"{where}[{j}]")
+            if not isinstance(block.get("id"), str | None):
+                raise invalid("tool_use id must be a string", param=f"{where}[{j}].id")
             calls.append(
                 {
                     "id": block.get("id"),

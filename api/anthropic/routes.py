@@ -94,7 +94,8 @@ async def count_tokens(request: Request) -> JSONResponse:
     state = server_state(request)
     req = validate(CountTokensRequest, await read_json(request))
     messages, tools, thinking, prefill = convert.count_plan(req, state.options)
-    prompt = build_prompt(
+    prompt = await pipeline.off_loop(
+        build_prompt,
         state.engine.tokenizer,
         messages,
         tools=tools,

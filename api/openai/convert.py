@@ -96,6 +96,8 @@ def chat_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     raise invalid("reasoning_content must be a string", param=f"{where}.reasoning_content")
                 item["reasoning_content"] = reasoning
             calls = message.get("tool_calls")
+            if calls is not None and not isinstance(calls, list):
+                raise invalid("tool_calls must be a list", param=f"{where}.tool_calls")
             legacy = message.get("function_call")
             if not calls and isinstance(legacy, Mapping):
                 calls = [{"id": None, "type": "function", "function": legacy}]
@@ -113,6 +115,10 @@ def _history_call(call: Any, where: str) -> dict[str, Any]:
     fn = call.get("function") if isinstance(call, Mapping) else None
     if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
         raise invalid("a tool call needs function.name", param=where)
+    if not isinstance(call.get("id"), str | None):
+        raise invalid("a tool call id must be a string", param=f"{where}.id")
+    if not isinstance(fn.get("arguments"), str | Mapping | None):
+        raise invalid("function.arguments must be a JSON string", param=f"{where}.function.arguments")
     return {
         "id": call.get("id"),
         "type": "function",

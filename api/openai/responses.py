@@ -97,6 +97,8 @@ def items_to_messages(items: list[dict[str, Any]], instructions: str | None) -> 
                 messages.append({"role": role, "content": text})
         elif kind == "reasoning":
             parts = item.get("content") or []
+            if not isinstance(parts, list):
+                raise invalid("reasoning content must be a list of parts", param=f"{where}.content")
             texts = [
                 p.get("text", "")
                 for p in parts
@@ -149,7 +151,10 @@ def function_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     for i, tool in enumerate(tools or ()):
         kind = tool.get("type")
         if kind == "namespace":
-            out.extend(function_tools([dict(t) for t in tool.get("tools") or ()]))
+            inner = tool.get("tools") or []
+            if not isinstance(inner, list) or not all(isinstance(t, Mapping) for t in inner):
+                raise invalid("a namespace's tools must be a list of tools", param=f"tools[{i}].tools")
+            out.extend(function_tools([dict(t) for t in inner]))
             continue
         if kind != "function":
             raise invalid(
@@ -179,8 +184,8 @@ def _plan_prompt(state: ServerState, req: ResponsesRequest | InputTokensRequest)
     if req.previous_response_id is not None:
         record = state.store.get(req.previous_response_id)
         if record is None:
-            raise ApiError(
-                404,
+            raise ApiError(  # 400, as OpenAI answers: the request names something that does not exist
+                400,
                 "previous_response_not_found",
                 f"no stored response {req.previous_response_id!r}",
                 param="previous_response_id",
@@ -223,6 +228,8 @@ def _refuse_unsupported(req: ResponsesRequest) -> None:
     if req.background:
         raise invalid("background responses are not supported", param="background")
     fmt = (req.text or {}).get("format") or {}
+    if not isinstance(fmt, Mapping):
+        raise invalid('text.format must be an object such as {"type": "text"}', param="text.format")
     if fmt.get("type") not in (None, "text"):
         raise invalid("structured output (text.format) is not supported", param="text.format")
     if req.parallel_tool_calls is False and req.tools:

@@ -122,7 +122,7 @@ async def response_input_tokens(request: Request) -> JSONResponse:
     state = server_state(request)
     req = validate(InputTokensRequest, await read_json(request))
     state.check_model(req.model)
-    count = responses.count_input_tokens(state, req)
+    count = await pipeline.off_loop(responses.count_input_tokens, state, req)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
 
 

@@ -35,8 +35,8 @@ class ChatCompletionRequest(SamplingFields):
     enable_thinking: bool | None = None
     preserve_thinking: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1)  # 0 is refused, as on the other two APIs
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None

@@ -6,13 +6,16 @@ Every dense projection of the 27B as the published profiles fuse it (attention q
 gate_up [34816, 5120] and down [5120, 17408], the head [248320, 5120]) in each format a profile stores it in
 (groupwise-int: the role's Q4/Q5/Q6; nvfp4; Qwen3.8's FP8 rows), at decode T = 1 and 8 (the Triton GEMV,
 CUDA-graph replays over enough distinct weights that each call reads its weight from HBM) and prefill
-T = 7,680 (the Triton GEMM; FP8 also through ``torch._scaled_mm``, W8A8). Each row: time per call, the
+T = 7,680 (the Triton GEMM; the "dequant" route: bf16 slabs of rows + cuBLAS; FP8 also through
+``torch._scaled_mm``, W8A8). Each row: time per call, the
 payload's bytes and GB/s (decode) or TFLOP/s (prefill), the fraction of the measured read bandwidth, cuBLAS
 ``F.linear`` on a bf16 weight of the same shape, and the error against ``quant_linear_ref``; T = 8 rows also
 check that each row is bitwise the row run alone.
 
     python bench/kernels/quant.py --json bench/results/kernels_quant_h200_<date>.json
-    python bench/kernels/quant.py --json ... --only "MLP" --formats Q4G64_F16S --no-prefill --sweep
+    python bench/kernels/quant.py --json ... --only "MLP" --formats groupwise --no-prefill --no-moe --sweep
+
+Last, the 35B-A3B's quantized routed experts at decode (``quant_moe_experts`` vs bf16 ``moe_experts``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from kernels.moe import moe_experts, moe_route_ref  # noqa: E402
 from kernels.quant import (  # noqa: E402
     FP8,
     GROUP_FORMATS,
@@ -46,6 +50,8 @@ from kernels.quant import (  # noqa: E402
     geometry,
     quant_linear,
     quant_linear_ref,
+    quant_moe_experts,
+    quant_moe_experts_ref,
     view_planes,
 )
 
@@ -180,7 +186,7 @@ def bench_prefill(name: str, fmt: str, n: int, k: int) -> None:
     flops = 2.0 * PREFILL_TOKENS * n * k
     w = torch.randn(n, k, device=DEV, dtype=BF16) * k**-0.5
     t_cublas = _us(lambda: F.linear(x, w))
-    routes = ["gemm", "scaled_mm"] if fmt == FP8 else ["gemm"]
+    routes = ["gemm", "dequant", "scaled_mm"] if fmt == FP8 else ["gemm", "dequant"]
     for route in routes:
         out = quant_linear(x, qw, route=route)
         check = _err(out[:256], quant_linear_ref(x[:256], qw))
@@ -191,6 +197,39 @@ def bench_prefill(name: str, fmt: str, n: int, k: int) -> None:
                "speedup_vs_cublas_bf16": round(t_cublas / t, 3),
                "tiles": list(gemm_tiles(fmt, n, k, PREFILL_TOKENS)) if route == "gemm" else None, **check})  # fmt: skip
         del out
+
+
+def bench_moe(read_gbps: float) -> None:
+    """The 35B-A3B routed experts at decode (T = 1, 8; E 256, H 2048, I 512, top_k 8): ``quant_moe_experts`` on
+    the profile's Q4 gate_up / Q5 down stacks against ``kernels.moe.moe_experts`` on bf16 experts, over distinct
+    layers; bytes = the chosen experts' payload (the distinct ones of the step)."""
+    experts, hidden, inter, top_k = 256, 2048, 512, 8
+    layers = 4
+    stacks = [
+        (
+            view_planes(Q4, random_payload(Q4, experts * 2 * inter, hidden), (experts * 2 * inter, hidden)),
+            view_planes(Q5, random_payload(Q5, experts * hidden, inter), (experts * hidden, inter)),
+        )
+        for _ in range(layers)
+    ]
+    dense = [
+        (torch.randn(experts, 2 * inter, hidden, device=DEV, dtype=BF16) * hidden**-0.5,
+         torch.randn(experts, hidden, inter, device=DEV, dtype=BF16) * inter**-0.5)
+        for _ in range(2)
+    ]  # fmt: skip
+    per_expert = geometry(Q4, (2 * inter, hidden)).payload_bytes + geometry(Q5, (hidden, inter)).payload_bytes
+    for tokens in (1, 8):
+        x = torch.randn(tokens, hidden, device=DEV, dtype=BF16)
+        weights, ids = moe_route_ref(torch.randn(tokens, experts, device=DEV), top_k)
+        out = quant_moe_experts(x, *stacks[0], weights, ids)
+        check = _err(out, quant_moe_experts_ref(x, *stacks[0], weights, ids))
+        t = _per_call(lambda st: quant_moe_experts(x, *st, weights, ids), stacks)
+        t_bf16 = _per_call(lambda d: moe_experts(x, *d, weights, ids), dense)
+        nbytes = per_expert * ids.unique().numel()
+        _emit({"op": "quant MoE experts Q4/Q5", "shape": f"35B-A3B T{tokens} E256 H2048 I512 top8",
+               "kernel_us": round(t, 2), "bytes": nbytes, "kernel_GBps": round(nbytes / t / 1e3, 1),
+               "fraction_of_read": round(nbytes / t / 1e3 / read_gbps, 3), "bf16_moe_experts_us": round(t_bf16, 2),
+               "speedup_vs_bf16": round(t_bf16 / t, 3), **check})  # fmt: skip
 
 
 def main() -> None:
@@ -204,6 +243,7 @@ def main() -> None:
     parser.add_argument("--no-prefill", action="store_true", help="decode rows only")
     parser.add_argument("--no-decode", action="store_true", help="prefill rows only")
     parser.add_argument("--sweep", action="store_true", help="also try other GEMV tiles (SWEEP)")
+    parser.add_argument("--no-moe", action="store_true", help="skip the 35B-A3B quantized MoE rows")
     args = parser.parse_args()
     torch.manual_seed(0)
     wanted = args.formats.split(",")
@@ -225,6 +265,8 @@ def main() -> None:
             if not args.no_prefill:
                 bench_prefill(name, fmt, n, k)
             torch.cuda.empty_cache()
+    if not args.no_moe and not args.no_decode:
+        bench_moe(read_gbps)
     for (profile, tokens), us in step.items():
         _emit({"op": "decode step's dense linears (sum of calls x us)", "shape": f"27B {profile} T{tokens}",
                "kernel_us": round(us, 1)})  # fmt: skip

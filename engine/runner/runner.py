@@ -13,9 +13,10 @@ becomes `has_initial_state=False`), one flat varlen forward over every row (engi
 logits for the positions rows sample only, sampling (`_sample`, the one call into the `Sampler`), then
 state snapshots (`save_state_to`).
 
-KV pool size (`--kv-capacity`): omitted = one `max_context` worth of pages; N tokens = ceil(N / page)
-pages; `auto` = the largest page count that fits in free device memory after the weights with 1 GiB
-of headroom on CUDA, and on the CPU a stated default of `CPU_AUTO_KV_BYTES` (256 MiB) of KV.
+KV pool size (`--kv-capacity`, engine/cache/kv.py `resolve_num_pages`): omitted = one `max_context`
+worth of pages; N tokens = ceil(N / page) pages; `auto` = the largest page count that fits in free
+device memory after the weights with 1 GiB of headroom on CUDA, and on the CPU a stated default of
+`CPU_AUTO_KV_BYTES` (256 MiB) of KV.
 CUDA graphs (engine/runner/graphs.py): on CUDA (bf16 or int8 KV: both decode paths are Triton kernels
 without a host sync), a step whose rows are all single-token sampling rows (a decode step) replays a
 graph captured per batch size 1..8 over static input buffers; every other step (prefill, mixed, the
@@ -30,10 +31,10 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.cache.host import HostParking
-from engine.config import CacheConfig
+from engine.cache.host_blocks import HostBudget
+from engine.cache.kv import KVDtype, ModelCache, allocate_cache
 from engine.model.config import ModelConfig
-from engine.model.forward import ModelCache, allocate_model_cache
+from engine.model.forward import kv_spec
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
 from engine.runner.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner
@@ -42,49 +43,8 @@ from engine.runner.inputs import DecodeRow, eager_batch, sample_indices
 from engine.runner.warmup import WarmupReport, warm_up
 from engine.sampling import Sampler, output_token_counts
 from engine.step import HostRestoreReport, RowPlan, StepPlan, StepResult
-from kernels.attention import kv_int8_group_size
 
 logger = logging.getLogger(__name__)
-
-CPU_AUTO_KV_BYTES = 256 * 1024**2  # `--kv-capacity auto` on the CPU: this much KV
-GPU_HEADROOM_BYTES = 1024**3  # `--kv-capacity auto` on CUDA: leave this much device memory free
-
-
-def kv_bytes_per_page(config: ModelConfig, page_size: int, kv_dtype: str, dtype: torch.dtype) -> int:
-    """Device bytes one KV page costs across every attention layer (K and V, plus int8 scales)."""
-    values = page_size * config.num_key_value_heads * config.head_dim
-    if kv_dtype == "int8":
-        num_groups = config.head_dim // kv_int8_group_size(config.head_dim)
-        per_kv = values + page_size * config.num_key_value_heads * num_groups * 2  # codes + fp16 scales
-    else:
-        per_kv = values * torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_attention_layers * per_kv
-
-
-def auto_num_pages(bytes_per_page: int, device: torch.device) -> int:
-    """Pages for `--kv-capacity auto`: free memory after the weights minus headroom (CPU: a default)."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = free - GPU_HEADROOM_BYTES
-    else:
-        budget = CPU_AUTO_KV_BYTES
-    return max(0, budget // bytes_per_page)
-
-
-def resolve_num_pages(
-    cache_config: CacheConfig,
-    max_context: int,
-    model_config: ModelConfig,
-    *,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> int:
-    """The KV pool's page count for this config (fixed at startup)."""
-    auto_pages = None
-    if cache_config.kv_capacity == "auto":
-        per_page = kv_bytes_per_page(model_config, cache_config.page_size, cache_config.kv_dtype, dtype)
-        auto_pages = auto_num_pages(per_page, device)
-    return cache_config.num_pages(max_context, auto_pages=auto_pages)
 
 
 class ModelRunner:
@@ -97,16 +57,17 @@ class ModelRunner:
         num_pages: int,
         page_size: int,
         num_state_slots: int,
-        kv_dtype: str = "bf16",
+        kv_dtype: KVDtype = "bf16",
         seed: int | None = None,
         cuda_graph: bool = True,
         max_context: int | None = None,
         graph_sizes: Sequence[int] = DEFAULT_GRAPH_SIZES,
+        host_budget: HostBudget | None = None,
     ) -> None:
         """max_context bounds a request's page-table row (the graphs' page-table width); None = the
-        whole pool. cuda_graph=False keeps every step eager."""
-        if kv_dtype not in ("bf16", "int8"):
-            raise ValueError(f"kv_dtype={kv_dtype!r}: must be 'bf16' or 'int8'")
+        whole pool. cuda_graph=False keeps every step eager. kv_dtype: as `CacheConfig` validated it.
+        host_budget: host KV parking's budget (`--host-kv-cache-mib`): the runner copies what the
+        scheduler's plans park and restore (None: off)."""
         self.model = model
         self.config: ModelConfig = model.config
         param = next(model.parameters())
@@ -114,17 +75,11 @@ class ModelRunner:
         self.page_size = page_size
         self.kv_dtype = kv_dtype
         # NOTE: "bf16" KV means the model's compute dtype (bf16 on the GPU; float32 in CPU tests).
-        self.cache: ModelCache = allocate_model_cache(
-            self.config,
-            num_pages,
-            page_size,
-            num_state_slots,
-            dtype=self.dtype,
-            device=self.device,
-            kv_dtype="int8" if kv_dtype == "int8" else "model",
+        self.cache: ModelCache = allocate_cache(
+            kv_spec(self.config, self.dtype, kv_dtype), num_pages, page_size, num_state_slots, self.device
         )
         self.sampler = Sampler(self.device, seed)
-        self.host_copies: HostCopies | None = None  # host KV parking's copies (`attach_host`), None when off
+        self.host_copies = HostCopies(self.cache, host_budget) if host_budget is not None else None
         self._host_reports: tuple[HostRestoreReport, ...] = ()
         self._output_token_ids: dict[str, list[int]] = {}  # for presence / frequency penalties
         self.num_steps = 0
@@ -139,11 +94,6 @@ class ModelRunner:
                 logger.warning("CUDA graph capture failed (%s); every decode step runs eagerly", exc)
                 self.graphs = None
                 torch.cuda.synchronize(self.device)
-
-    def attach_host(self, host: HostParking) -> None:
-        """Execute the host parks and unparks of every later plan against `host` (its copies)."""
-        assert self.host_copies is None, "attach_host twice"
-        self.host_copies = HostCopies(host)
 
     def warm_up(self, prefill_chunk: int) -> WarmupReport:
         """The first-use step shapes, before any request (engine/runner/warmup.py)."""

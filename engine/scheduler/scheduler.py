@@ -47,7 +47,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-from engine.cache.host import HostMatch, HostParking
+from engine.cache.host import HostIndex, HostMatch
 from engine.cache.pages import PagePool
 from engine.cache.prefix import PrefixIndex, PrefixMatch, extend_page_hashes
 from engine.cache.state import StateSlotPool
@@ -113,7 +113,7 @@ class Scheduler:
         self.num_decode_tokens = 0
         self.host: HostPlanner | None = None
 
-    def attach_host(self, host: HostParking) -> None:
+    def attach_host(self, host: HostIndex) -> None:
         """Park evicted checkpoints in `host` and restore from it at admission (needs prefix reuse)."""
         if self.prefix is None:
             raise ValueError("host parking needs prefix reuse: nothing parked could ever be restored")
@@ -400,6 +400,8 @@ class Scheduler:
         self._in_step = False
         events, self._outbox = self._outbox, []
         for report in result.host_reports:
+            assert self.host is not None, "a host restore report without host parking"
+            self.host.finished(report)  # the index: unpin and free, or drop the failed entry
             lane = self.lanes[report.lane]
             if lane is None or lane.request.request_id != report.request_id or not lane.restoring:
                 continue  # released while its restore was in flight

@@ -7,7 +7,9 @@ device (``kernels._dispatch.use_triton``) and x is bf16 or fp16:
 - at most ``GEMV_MAX_ROWS`` rows (decode): the weight-streaming GEMV of the format (``triton_group.py``,
   ``triton_fp.py``): the weight's planes read once, dequantized in registers, no bf16 copy of the weight;
   the tiles depend on the weight's shape only, so a row's output is bitwise the same in any batch;
-- more rows (prefill): the format's GEMM, dequantizing weight tiles in registers before ``tl.dot``;
+- more rows (prefill): the format's GEMM, dequantizing weight tiles in registers before ``tl.dot``
+  (``route="dequant"`` instead dequantizes slabs of rows to x's dtype and multiplies them with cuBLAS: the
+  alternative the bench times; which is faster on the H200 is not measured yet);
   FP8 rows on a GPU with FP8 tensor cores (sm_89 and later: Hopper, Blackwell) go through
   ``torch._scaled_mm`` instead, with x quantized to E4M3 per row (W8A8: x's per-row scale ``amax / 448``,
   the weight's row scales as the other side).
@@ -33,15 +35,21 @@ if HAS_TRITON:
 
     from kernels.linear import REDUCE_BLOCK, _linear_reduce_kernel
     from kernels.quant.triton_fp import (
+        _quant_dequant_fp_kernel,
         _quant_gemm_fp8_kernel,
         _quant_gemm_nvfp4_kernel,
         _quant_gemv_fp8_kernel,
         _quant_gemv_nvfp4_kernel,
     )
-    from kernels.quant.triton_group import _quant_gemm_group_kernel, _quant_gemv_group_kernel
+    from kernels.quant.triton_group import (
+        _quant_dequant_group_kernel,
+        _quant_gemm_group_kernel,
+        _quant_gemv_group_kernel,
+    )
 
 GEMV_MAX_ROWS = 8  # more rows of x than this take the GEMM
-ROUTES = ("gemv", "gemm", "scaled_mm", "ref")
+ROUTES = ("gemv", "gemm", "dequant", "scaled_mm", "ref")
+DEQUANT_CHUNK_BYTES = 64 << 20  # the "dequant" route's bf16 slab of weight rows
 MIN_PROGRAMS = 128  # K is split while the row tiles alone give fewer programs (about one per SM of an H200)
 MAX_SPLIT_K = 16
 
@@ -146,6 +154,8 @@ def quant_linear(
         return quant_linear_ref(x, qw)
     if route == "scaled_mm":
         return _scaled_mm_fp8(x, qw)
+    if route == "dequant":
+        return _dequant_linear(x, qw)
     assert route in ("gemv", "gemm"), f"route {route!r}: one of {ROUTES}"
     n, k = qw.shape
     rows = x.shape[0]
@@ -228,6 +238,44 @@ def _gemm(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor
         _quant_gemm_fp8_kernel[grid](
             x, qw.codes, qw.scales, out, n, rows, x.stride(0), qw.codes.stride(0), K=k, **common
         )
+    return out
+
+
+def dequantize_to(qw: QuantWeight, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The represented weight [N, K] rounded once to ``dtype`` (bf16/fp16), by a Triton kernel on the weight's
+    device: the reference's ``dequantize(qw).to(dtype)``, bitwise on a GPU. ``out``: a [N, K] tensor to fill."""
+    n, k = qw.shape
+    out = torch.empty(n, k, dtype=dtype, device=qw.device) if out is None else out
+    assert out.shape == (n, k) and out.stride(1) == 1, f"out {tuple(out.shape)} strides {out.stride()}"
+    if qw.format in GROUP_FORMATS:
+        spec = GROUP_FORMATS[qw.format]
+        high = qw.high if qw.high is not None else qw.codes
+        _quant_dequant_group_kernel[(triton.cdiv(n, 32), qw.k_pad // 128)](
+            qw.codes, high, qw.scales, out, n, k, qw.codes.stride(0), high.stride(0), qw.scales.stride(0),
+            out.stride(0), BITS=spec.bits, GROUP=spec.group_size, BLOCK_N=32, BLOCK_K=128, num_warps=4,
+        )  # fmt: skip
+    else:
+        nvfp4 = qw.format == NVFP4
+        tile_stride = qw.scales.stride(0) if nvfp4 else 0
+        _quant_dequant_fp_kernel[(triton.cdiv(n, 32), triton.cdiv(k, 64 if nvfp4 else 128))](
+            qw.codes, qw.scales, out, n, k, qw.codes.stride(0), tile_stride, out.stride(0), qw.divisor,
+            NVFP4=nvfp4, BLOCK_N=32, BLOCK_K=64 if nvfp4 else 128, num_warps=4,
+        )  # fmt: skip
+    return out
+
+
+def _dequant_linear(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
+    """Prefill through cuBLAS: slabs of weight rows (``DEQUANT_CHUNK_BYTES`` of x's dtype, whole 128-row tiles)
+    dequantized by ``dequantize_to`` into one reused buffer, each multiplied by ``torch.matmul``."""
+    n, k = qw.shape
+    rows = x.shape[0]
+    chunk = max(128, DEQUANT_CHUNK_BYTES // (x.element_size() * k) // 128 * 128)
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    buf = torch.empty(min(chunk, n), k, dtype=x.dtype, device=x.device)
+    for r0 in range(0, n, chunk):
+        count = min(chunk, n - r0)
+        w = dequantize_to(qw.rows(r0, count), x.dtype, buf[:count])
+        out[:, r0 : r0 + count] = x @ w.t()
     return out
 
 

@@ -208,3 +208,45 @@ if HAS_TRITON:
         acc = acc * tl.load(scales_ptr + rows_c).to(tl.float32)[:, None]
         out_ptrs = out_ptr + ts[None, :].to(tl.int64) * N + rows[:, None]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)
+
+    @triton.jit
+    def _quant_dequant_fp_kernel(
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        K,
+        codes_stride,
+        tile_stride,
+        out_stride,
+        divisor,
+        NVFP4: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        # grid (cdiv(N, BLOCK_N), cdiv(K, BLOCK_K)): one [BLOCK_N, BLOCK_K] tile of the represented weight,
+        # rounded once to out's dtype: NVFP4 e2m1 * e4m3 / divisor (K a multiple of BLOCK_K), or FP8 rows
+        # e4m3 * row scale (scales_ptr: the bf16 row scales; tile_stride and divisor unused)
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_c = tl.minimum(rows, N - 1).to(tl.int64)
+        k0 = tl.program_id(1) * BLOCK_K
+        cols = k0 + tl.arange(0, BLOCK_K)
+        if NVFP4:
+            i = tl.arange(0, BLOCK_K // 2)
+            c = tl.load(codes_ptr + (rows_c * codes_stride)[:, None] + (k0 // 2 + i)[None, :]).to(tl.int32)
+            v = tl.interleave(_e2m1(c & 15), _e2m1(c >> 4))
+            s = _nvfp4_scales(scales_ptr, rows_c, tile_stride, k0 // 16, BLOCK_K // 16)
+            s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 16, 16]), [BLOCK_N, BLOCK_K])
+            w = v * s / divisor
+        else:
+            c = tl.load(
+                codes_ptr + (rows_c * codes_stride)[:, None] + cols[None, :],
+                mask=(cols < K)[None, :],
+                other=0,
+            )
+            w = (
+                c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                * tl.load(scales_ptr + rows_c).to(tl.float32)[:, None]
+            )
+        out_ptrs = out_ptr + (rows.to(tl.int64) * out_stride)[:, None] + cols[None, :]
+        tl.store(out_ptrs, w.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & (cols < K)[None, :])

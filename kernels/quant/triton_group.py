@@ -169,3 +169,146 @@ if HAS_TRITON:
             acc = tl.dot(w, xt, acc)
         out_ptrs = out_ptr + ts[None, :].to(tl.int64) * N + rows[:, None]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)
+
+    @triton.jit
+    def _group_dot(codes_ptr, high_ptr, scales_ptr, rows_c, codes_stride, high_stride, scales_stride, v_ptr,
+                   v_len, g, BITS: tl.constexpr, GROUP: tl.constexpr):  # fmt: skip
+        # sum over group g of each row's codes times v (fp32, lanes >= v_len are 0), times the group's scale:
+        # fp32 [rows] (CUDA cores: one vector v, no tensor-core dot)
+        HALF: tl.constexpr = GROUP // 2
+        code_rows = (rows_c * codes_stride)[:, None]
+        if BITS == 8:
+            lanes = g * GROUP + tl.arange(0, GROUP)
+            q = tl.load(codes_ptr + code_rows + lanes[None, :]).to(tl.float32)
+            v = tl.load(v_ptr + lanes, mask=lanes < v_len, other=0.0).to(tl.float32)
+            part = tl.sum(q * v[None, :], axis=1)
+        else:
+            high_rows = (rows_c * high_stride)[:, None]
+            lo, hi = _group_nibbles(codes_ptr, high_ptr, code_rows, high_rows, g * HALF, BITS, HALF)
+            even = g * GROUP + 2 * tl.arange(0, HALF)
+            ve = tl.load(v_ptr + even, mask=even < v_len, other=0.0).to(tl.float32)
+            vo = tl.load(v_ptr + even + 1, mask=even + 1 < v_len, other=0.0).to(tl.float32)
+            part = tl.sum(lo.to(tl.float32) * ve[None, :] + hi.to(tl.float32) * vo[None, :], axis=1)
+        return part * tl.load(scales_ptr + rows_c * scales_stride + g).to(tl.float32)
+
+    @triton.jit
+    def _quant_moe_gate_up_kernel(
+        x_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        ids_ptr,
+        weights_ptr,
+        act_ptr,
+        x_stride,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        HIDDEN: tl.constexpr,
+        INTER: tl.constexpr,
+        TOP_K: tl.constexpr,
+        BITS: tl.constexpr,
+        GROUP: tl.constexpr,
+        GROUPS: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+    ):
+        # grid (T * TOP_K, cdiv(INTER, BLOCK_N)): act[pair, r] = w * silu(gate_r . x) * (up_r . x) for BLOCK_N
+        # rows r of the pair's expert e, whose gate row is row e * 2 * INTER + r of the stacked [E * 2I, H]
+        # weight and its up row e * 2 * INTER + INTER + r. GROUPS: K_pad / GROUP of that weight.
+        pair = tl.program_id(0)
+        token = pair // TOP_K
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        r = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        r_c = tl.minimum(r, INTER - 1).to(tl.int64)
+        gate_rows = expert * (2 * INTER) + r_c
+        up_rows = gate_rows + INTER
+        x_row = x_ptr + token.to(tl.int64) * x_stride
+        gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+        up = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for g in tl.range(0, GROUPS, num_stages=NUM_STAGES):
+            gate += _group_dot(codes_ptr, high_ptr, scales_ptr, gate_rows, codes_stride, high_stride,
+                               scales_stride, x_row, HIDDEN, g, BITS, GROUP)  # fmt: skip
+            up += _group_dot(codes_ptr, high_ptr, scales_ptr, up_rows, codes_stride, high_stride,
+                             scales_stride, x_row, HIDDEN, g, BITS, GROUP)  # fmt: skip
+        w = tl.load(weights_ptr + pair).to(tl.float32)
+        act = w * gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(act_ptr + pair.to(tl.int64) * INTER + r, act, mask=r < INTER)
+
+    @triton.jit
+    def _quant_moe_down_kernel(
+        act_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        ids_ptr,
+        out_ptr,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        HIDDEN: tl.constexpr,
+        INTER: tl.constexpr,
+        TOP_K: tl.constexpr,
+        BITS: tl.constexpr,
+        GROUP: tl.constexpr,
+        GROUPS: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
+        # grid (T, cdiv(HIDDEN, BLOCK_H)): out[t, h] = sum over k = 0 .. TOP_K - 1 (in that order) of
+        # down_{e_k}[h] . act[t, k] for BLOCK_H output rows h; expert e's down row h is row e * HIDDEN + h of
+        # the stacked [E * H, I] weight. GROUPS: K_pad / GROUP of that weight.
+        token = tl.program_id(0)
+        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        h_c = tl.minimum(h, HIDDEN - 1).to(tl.int64)
+        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for k in tl.static_range(TOP_K):
+            pair = token * TOP_K + k
+            expert = tl.load(ids_ptr + pair).to(tl.int64)
+            rows = expert * HIDDEN + h_c
+            act_row = act_ptr + pair.to(tl.int64) * INTER
+            for g in tl.range(0, GROUPS):
+                acc += _group_dot(codes_ptr, high_ptr, scales_ptr, rows, codes_stride, high_stride, scales_stride,
+                                  act_row, INTER, g, BITS, GROUP)  # fmt: skip
+        tl.store(out_ptr + token.to(tl.int64) * HIDDEN + h, acc.to(out_ptr.dtype.element_ty), mask=h < HIDDEN)
+
+    @triton.jit
+    def _quant_dequant_group_kernel(
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        K,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        out_stride,
+        BITS: tl.constexpr,
+        GROUP: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        # grid (cdiv(N, BLOCK_N), K_pad / BLOCK_K): out[n, k] = code * scale rounded once to out's dtype for one
+        # [BLOCK_N, BLOCK_K] tile (the prefill route that hands a dequantized slab of rows to cuBLAS)
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_c = tl.minimum(rows, N - 1).to(tl.int64)
+        k0 = tl.program_id(1) * BLOCK_K
+        groups: tl.constexpr = BLOCK_K // GROUP
+        if BITS == 8:
+            q = tl.load(codes_ptr + (rows_c * codes_stride)[:, None] + (k0 + tl.arange(0, BLOCK_K))[None, :])
+            q = q.to(tl.float32)
+        else:
+            lo, hi = _group_nibbles(codes_ptr, high_ptr, (rows_c * codes_stride)[:, None],
+                                    (rows_c * high_stride)[:, None], k0 // 2, BITS, BLOCK_K // 2)  # fmt: skip
+            q = tl.interleave(lo, hi).to(tl.float32)
+        s = tl.load(
+            scales_ptr + (rows_c * scales_stride)[:, None] + (k0 // GROUP + tl.arange(0, groups))[None, :]
+        )
+        s = tl.reshape(
+            tl.broadcast_to(s.to(tl.float32)[:, :, None], [BLOCK_N, groups, GROUP]), [BLOCK_N, BLOCK_K]
+        )
+        cols = k0 + tl.arange(0, BLOCK_K)
+        out_ptrs = out_ptr + (rows.to(tl.int64) * out_stride)[:, None] + cols[None, :]
+        tl.store(
+            out_ptrs, (q * s).to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & (cols < K)[None, :]
+        )

@@ -41,8 +41,7 @@ def test_sigterm_lets_the_stream_in_flight_finish(tmp_path: Path) -> None:
         time.sleep(0.1)
         process.send_signal(signal.SIGTERM)
         reader.join(30)
-        # uvicorn re-raises the captured SIGTERM once its graceful shutdown is done.
-        assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert process.wait(timeout=30) == 0  # a clean drain exits 0 (not the re-raised SIGTERM, 143)
     finally:
         if process.poll() is None:
             process.kill()

@@ -32,7 +32,11 @@ from api.serve import parse_args, redacted_argv
         (["--temperature", "3"], "temperature=3.0"),
         (["--top-k", "50"], "top_k=50: must be in 0..20"),
         (["--request-log-max-mib", "5"], "need --request-log-jsonl"),
-        (["--api-key", ""], "--api-key must not be empty"),
+        (["--api-key", ""], "--api-key: the API key must not be empty"),
+        (["--api-key", "clé"], "--api-key: the API key must be printable ASCII"),
+        (["--api-key", "a", "--api-key-file", "/k"], "--api-key and --api-key-file: give one, not both"),
+        (["--api-key-file", "/no/such/key"], "--api-key-file /no/such/key: cannot read"),
+        (["--header-timeout-s", "0"], "must be > 0"),
         (["--kv-capacity", "lots"], "kv_capacity='lots'"),
         (["/no/such/model.ninfer"], "no such file"),
     ],
@@ -95,3 +99,26 @@ def test_api_key_is_redacted_from_logged_argv() -> None:
     assert redacted_argv(["--api-key", "s3cret", "--api-key=abc", "--port", "1"]) == [
         "--api-key", "<redacted>", "--api-key=<redacted>", "--port", "1",
     ]  # fmt: skip
+
+
+def test_api_key_comes_from_the_flag_a_file_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file\n")
+    monkeypatch.setenv("NINFER_API_KEY", "from-env")
+    assert parse_args(["--api-key", "from-flag"])[2].api_key == "from-flag"
+    assert parse_args(["--api-key-file", str(key_file)])[2].api_key == "from-file"
+    assert parse_args([])[2].api_key == "from-env"
+    monkeypatch.setenv("NINFER_API_KEY", "naïve")
+    with pytest.raises(SystemExit):
+        parse_args([])
+    assert "$NINFER_API_KEY: the API key must be printable ASCII" in capsys.readouterr().err
+    monkeypatch.delenv("NINFER_API_KEY")
+    assert parse_args([])[2].api_key is None
+
+
+def test_request_size_limit_defaults_from_the_context() -> None:
+    assert parse_args(["--max-context", "512"])[2].max_request_mib == 4  # the floor
+    assert parse_args(["--max-context", "262144"])[2].max_request_mib == 16  # 64 bytes per token
+    assert parse_args(["--max-context", "512", "--max-request-mib", "9"])[2].max_request_mib == 9

@@ -145,8 +145,4 @@ def test_the_installed_console_script_validates_the_rendered_argv(layout: dict[s
     script = Path(sys.executable).with_name("ninfer-serve")
     argv = on_this_machine(rendered_argv(copy.deepcopy(SAMPLE)), layout)
     ok = subprocess.run([str(script), *argv, "--check-args"], capture_output=True, text=True, timeout=300)
-    assert ok.returncode == 0 and "arguments OK" in ok.stdout, ok.stderr
-    bad = subprocess.run(
-        [str(script), *argv, "--vision", "--check-args"], capture_output=True, text=True, timeout=300
-    )
-    assert bad.returncode == 2 and "--vision" in bad.stderr
+    assert ok.returncode == 0 and "arguments OK" in ok.stdout, ok.stderr  # (refusals: the in-process cases)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,12 +40,20 @@ class Server:
 
 
 @contextmanager
-def serve(root: Path, *flags: str, max_context: int = 512) -> Iterator[Server]:
-    """`ninfer-serve` (demo model) with a request log under `root`; stopped (SIGTERM) on exit."""
+def serve(
+    root: Path,
+    *flags: str,
+    max_context: int = 512,
+    prefix: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> Iterator[Server]:
+    """`ninfer-serve` (demo model) with a request log under `root`; stopped (SIGTERM) on exit. `prefix` runs
+    it under a wrapper (`prlimit --fsize=N --`); `env` adds environment variables."""
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     request_log = root / "requests.jsonl"
     cmd = [
+        *prefix,
         str(VENV_BIN / "ninfer-serve"),
         "--port", str(port),
         "--max-context", str(max_context),
@@ -56,7 +64,7 @@ def serve(root: Path, *flags: str, max_context: int = 512) -> Iterator[Server]:
         *flags,
     ]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    process = start_process(cmd, root / "server.log", url)
+    process = start_process(cmd, root / "server.log", url, env=env)
     try:
         yield Server(url, process, root / "server.log", request_log, max_context)
     finally:

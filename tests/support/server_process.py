@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -20,10 +21,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_process(cmd: list[str], log: Path, url: str, *, timeout: float = 120.0) -> subprocess.Popen[bytes]:
-    """Run `cmd` with its output in `log`; return once `url`/health answers 200 (raise with the log's tail if
-    the process exits first or `timeout` seconds pass)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def start_process(
+    cmd: list[str], log: Path, url: str, *, timeout: float = 120.0, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Run `cmd` with its output in `log` (and `env` added to the environment); return once `url`/health
+    answers 200 (raise with the log's tail if the process exits first or `timeout` seconds pass)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log, "wb") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + timeout
