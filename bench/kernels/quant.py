@@ -14,6 +14,8 @@ check that each row is bitwise the row run alone.
 
     python bench/kernels/quant.py --json bench/results/kernels_quant_h200_<date>.json
     python bench/kernels/quant.py --json ... --only "MLP" --formats groupwise --no-prefill --no-moe --sweep all
+    python bench/kernels/quant.py --json ... --only "attn query_key,MLP down" --no-prefill --no-moe --rep 20 \
+        --sweep nosplit,p2048,n16,b2x
 
 ``--sweep NAMES`` also times the GEMV with the named alternatives of ``SWEEP`` (``all``: every one); each is
 ``gemv_tiles`` with other arguments (rows a program, code bytes a step, warps, stages, the program count that

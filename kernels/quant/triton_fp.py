@@ -33,6 +33,12 @@ if HAS_TRITON:
         return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
 
     @triton.jit
+    def _small_to_bf16(v):
+        # float32 values with at most 8 significant bits (here E2M1 x E4M3 products) -> bf16, exactly: the high
+        # half of each float32's bits (the low half is zero), integer shifts instead of F2F conversions
+        return (v.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+    @triton.jit
     def _nvfp4_scales(scales_ptr, rows_c, tile_stride, block0, BLOCKS: tl.constexpr):
         # the E4M3 scales (float32 [rows, BLOCKS]) of scale blocks [block0, block0 + BLOCKS) of rows rows_c
         b = block0 + tl.arange(0, BLOCKS)
@@ -82,7 +88,10 @@ if HAS_TRITON:
             s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCKS, 16]), [BLOCK_N, BLOCK_K])
             cols = k + tl.arange(0, BLOCK_K)
             xt = tl.load(x_ptr + x_rows + cols[:, None], mask=t_mask, other=0.0)
-            acc = tl.dot((v * s).to(dtype), xt, acc)
+            if dtype == tl.bfloat16:
+                acc = tl.dot(_small_to_bf16(v * s), xt, acc)
+            else:
+                acc = tl.dot((v * s).to(dtype), xt, acc)
         acc = acc / divisor
         out_ptrs = out_ptr + tl.program_id(1) * (T * N) + ts[None, :] * N + rows[:, None]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)

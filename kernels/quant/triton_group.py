@@ -66,6 +66,12 @@ if HAS_TRITON:
         return _offset_value(lo ^ sign, sign), _offset_value(hi ^ sign, sign)
 
     @triton.jit
+    def _small_to_bf16(v):
+        # float32 values with at most 8 significant bits (codes; E2M1 x E4M3 products) -> bf16, exactly: the
+        # high half of each float32's bits (the low half is zero), integer shifts instead of F2F conversions
+        return (v.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+    @triton.jit
     def _w8_values(q):
         # W8 codes (int8) -> exact float32, through the offset code q + 128
         return _offset_value(q.to(tl.int32) + 128, 128)
@@ -118,7 +124,10 @@ if HAS_TRITON:
                 else:
                     lo, hi = _group_nibbles(codes_ptr, high_ptr, code_rows, high_rows, g * HALF, BITS, HALF)
                     q = tl.interleave(lo, hi)  # [BLOCK_N, GROUP] in K order
-                part = tl.dot(q.to(dtype), xt)
+                if dtype == tl.bfloat16:
+                    part = tl.dot(_small_to_bf16(q), xt)
+                else:
+                    part = tl.dot(q.to(dtype), xt)
                 scale = tl.load(scales_ptr + rows_c * scales_stride + g).to(tl.float32)
                 acc += part * scale[:, None]
         out_ptrs = out_ptr + split * (T * N) + ts[None, :] * N + rows[:, None]
