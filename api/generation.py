@@ -28,8 +28,8 @@ from api.engine_client import EngineClient
 from api.errors import ApiError
 from api.prompt import Prompt
 from engine.chat.parse import StreamEvent, StreamingParser
-from engine.request import FinishEvent, FinishKind, RejectCode, SamplingParams, TokenEvent
-from engine.tokenizer import IncrementalDetokenizer
+from engine.request import FinishEvent, FinishKind, RejectCode, SamplingParams, TokenEvent, TokenLogprob
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger("ninfer.api")
 
@@ -41,6 +41,18 @@ _REJECT_STATUS = {
     RejectCode.CONTEXT_LENGTH: 400,
     RejectCode.TOO_LARGE: 400,
 }
+
+
+def _token_entry(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict[str, Any]:
+    text = tokenizer.decode([token_id])
+    return {"token": text, "logprob": max(logprob, -9999.0), "bytes": list(text.encode("utf-8"))}
+
+
+def logprob_entry(tokenizer: Tokenizer, lp: TokenLogprob) -> dict[str, Any]:
+    """OpenAI's shape (Chat `logprobs.content[]`, Responses `output_text.logprobs[]`)."""
+    entry = _token_entry(tokenizer, lp.token_id, lp.logprob)
+    entry["top_logprobs"] = [_token_entry(tokenizer, t, v) for t, v in lp.top]
+    return entry
 
 
 def rejection_error(event: FinishEvent) -> ApiError:
@@ -64,6 +76,7 @@ class Outcome:
     host_cached_tokens: int = 0  # of cached_tokens, restored from host RAM (host KV parking)
     reasoning_tokens: int = 0
     tool_parse_fallbacks: tuple[str, ...] = ()
+    logprobs: list[dict[str, Any]] | None = None  # the answer's tokens (`logprob_entry`), when asked for
     queue_start: float = 0.0
     first_token_at: float | None = None
     end_at: float | None = None
@@ -117,6 +130,8 @@ class Generation:
         self._first: Any = None
         self._done = False
         self.outcome = Outcome(prompt_tokens=len(prompt.token_ids))
+        if params.logprobs is not None:
+            self.outcome.logprobs = []
 
     async def start(self) -> None:
         """Submit and wait for the first event; raise `ApiError` if the engine refused the request."""
@@ -156,6 +171,8 @@ class Generation:
         limit = self.params.max_tokens
         remaining = None if limit is None else max(limit - self.outcome.completion_tokens, 1)
         params = replace(self.params, max_tokens=remaining)
+        if params.structured is not None:  # the continuation starts after `</think>`
+            params = replace(params, structured=replace(params.structured, in_reasoning=False))
         aclose = getattr(self._stream, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -169,7 +186,7 @@ class Generation:
             event = self._first
             while True:
                 if isinstance(event, TokenEvent):
-                    for out in self._on_tokens(event.token_ids):
+                    for out in self._on_tokens(event.token_ids, event.logprobs):
                         yield out
                 elif isinstance(event, FinishEvent) and self._budget_hit:  # the budget's abort
                     self.outcome.cached_tokens = event.num_cached_tokens
@@ -198,18 +215,24 @@ class Generation:
             self._done = True
             self.engine.abort(self.request_id)
 
-    def _on_tokens(self, token_ids: Sequence[int]) -> list[StreamEvent]:
+    def _on_tokens(
+        self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob] | None = None
+    ) -> list[StreamEvent]:
         outcome = self.outcome
         if outcome.first_token_at is None:
             outcome.first_token_at = time.monotonic()
         if self._detok.stop_matched is not None or self._budget_hit:
             return []  # already stopped (or cut by the thinking budget); the engine's finish is on its way
         text = []
-        for tid in token_ids:
+        for k, tid in enumerate(token_ids):
             outcome.completion_tokens += 1
             if self._in_reasoning or (outcome.completion_tokens == 1 and tid == self._think_start_id()):
                 self._in_reasoning = tid != self._think_end_id
                 outcome.reasoning_tokens += 1
+            elif logprobs is not None and outcome.logprobs is not None and k < len(logprobs):
+                outcome.logprobs.append(
+                    logprob_entry(self.engine.tokenizer, logprobs[k])
+                )  # answer tokens only
             text.append(self._detok.add(tid))
             if self._thinking_budget is not None:
                 self._output_ids.append(tid)

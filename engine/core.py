@@ -38,6 +38,7 @@ from engine.runner import ModelRunner, WarmupReport
 from engine.runner.host_copies import host_budget, host_stat_fields
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
+from engine.structured.compiler import GrammarCompiler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -122,16 +123,13 @@ def tokenizer_from_artifact(artifact: Artifact) -> Tokenizer:
 
 
 def load_artifact(
-    path: str | os.PathLike[str] | None,
+    path: str | os.PathLike[str],
     *,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> LoadedArtifact:
-    """Open `path` (None = the embedded demo model), load the text model and the tokenizer."""
-    if path is None:
-        from engine.artifact.demo import demo_artifact_path
-
-        path = demo_artifact_path()
+    """Open `path`, load the text model and the tokenizer. (The embedded demo model is the entry points'
+    default, engine/testing/demo.py: `LLM()`, `ninfer-serve`.)"""
     dev = torch.device(device) if device is not None else default_device()
     artifact = read_artifact(path)
     model = load_model(artifact, device=dev, dtype=dtype if dtype is not None else default_dtype(dev))
@@ -160,6 +158,8 @@ class EngineCore:
         self.scheduler = Scheduler(
             config.scheduler, config.cache, num_pages=num_pages, eos_token_ids=tokenizer.eos_token_ids
         )
+        # Structured outputs: the API checks specs with it (400 before admission), the sampler enforces them.
+        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)
         self.runner = ModelRunner(
             model,
             num_pages=num_pages,
@@ -170,6 +170,7 @@ class EngineCore:
             cuda_graph=config.cuda_graph,
             max_context=config.scheduler.max_context,
             host_budget=(budget := host_budget(config.cache)),
+            grammars=self.grammars,
         )
         warm = config.warmup if config.warmup is not None else param.device.type == "cuda"
         self.warmup: WarmupReport | None = None

@@ -82,6 +82,10 @@ class LLM:
         """Load `artifact` (None = the embedded demo model) with `EngineConfig.from_flags(**config)`, which
         is built (and may refuse) before anything loads."""
         self.config = EngineConfig.from_flags(None if artifact is None else str(artifact), **config)
+        if artifact is None:
+            from engine.testing.demo import demo_artifact_path  # an entry point: it may import engine.testing
+
+            artifact = demo_artifact_path()
         loaded = load_artifact(artifact, device=device, dtype=dtype)
         self._artifact = loaded.artifact  # keeps memory-mapped weights alive
         self.model_id = loaded.model_id

@@ -14,10 +14,15 @@ import time
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 
+from engine.structured.spec import StructuredSpec
+
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:
     if not ok:
         raise ValueError(f"{name}={value!r}: {rule}")
+
+
+MAX_LOGPROBS = 20  # alternatives per step (OpenAI's top_logprobs bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +32,8 @@ class SamplingParams:
     neutral default (temperature 1, top_p 1, top_k off, min_p 0, penalties 0).
 
     temperature 0 = greedy. top_k 0 or -1 = off. max_tokens None = the server's default output budget.
+    `structured`: the output grammar (engine/structured); None = free text. `logprobs`: None = off; N =
+    the sampled token's log-probability and the N most likely alternatives at each step (0..20).
     """
 
     max_tokens: int | None = None
@@ -40,6 +47,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    structured: StructuredSpec | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Accept the vLLM spellings `stop="x"` and lists, store tuples (hashable, immutable).
@@ -67,6 +76,13 @@ class SamplingParams:
         ids = self.stop_token_ids
         _check(all(_int(t) and t >= 0 for t in ids), "stop_token_ids", ids, "must be token ids >= 0")
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "must be a bool")
+        lp = self.logprobs
+        _check(
+            lp is None or (_int(lp) and 0 <= lp <= MAX_LOGPROBS),
+            "logprobs",
+            lp,
+            f"must be in [0, {MAX_LOGPROBS}]",
+        )
 
     @property
     def greedy(self) -> bool:
@@ -209,12 +225,23 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A sampled token's log-probability under the model (the raw logits' log-softmax, before penalties,
+    grammar masks and temperature) and the `SamplingParams.logprobs` most likely tokens, best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TokenEvent:
     """New tokens of one request from one step (more than one once speculative decoding lands)."""
 
     request_id: str
     token_ids: tuple[int, ...]
     num_output_tokens: int  # after these tokens
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token when the request asked for them
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from api import structured
 from api.anthropic.schemas import CountTokensRequest, MessagesRequest
 from api.errors import ApiError, invalid
 from api.generation import Outcome
@@ -21,6 +22,7 @@ from api.options import ServerOptions
 from api.sampling import sampling_params, stop_strings
 from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCallEvent
 from engine.request import SamplingParams
+from engine.structured import StructuredSpec
 
 BILLING_HEADER = "x-anthropic-billing-header:"
 MEDIA_BLOCKS = ("image", "document", "search_result", "container_upload")
@@ -178,16 +180,14 @@ def anthropic_tools(
     tools: list[dict[str, Any]] | None, choice: dict[str, Any] | None
 ) -> list[dict[str, Any]] | None:
     kind = (choice or {}).get("type", "auto")
-    if kind not in ("auto", "none"):
-        raise invalid("only tool_choice auto and none are supported", param="tool_choice.type")
+    if kind not in ("auto", "none", "any", "tool"):
+        raise invalid("tool_choice.type must be auto, any, tool or none", param="tool_choice.type")
     out = []
     for i, tool in enumerate(tools or ()):
         if tool.get("type") not in (None, "custom"):
             raise invalid(f"server tool {tool.get('type')!r} is not supported", param=f"tools[{i}].type")
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise invalid("a tool needs a name", param=f"tools[{i}].name")
-        if tool.get("strict"):
-            raise invalid("strict tools are not supported", param=f"tools[{i}].strict")
         fn = {
             "name": tool["name"],
             "description": tool.get("description", ""),
@@ -195,6 +195,35 @@ def anthropic_tools(
         }
         out.append({"type": "function", "function": fn})
     return out if out and kind != "none" else None
+
+
+def output_spec(req: MessagesRequest, tools: list[dict[str, Any]] | None) -> StructuredSpec | None:
+    """The grammar for `output_config.format` (or the beta `output_format`), strict tools and the forcing
+    tool choices (`any`, `tool`), `disable_parallel_tool_use`."""
+    choice = req.tool_choice or {}
+    kind = choice.get("type", "auto")
+    calls = None
+    if tools:
+        forced = "" if kind == "any" else choice.get("name") if kind == "tool" else None
+        if kind == "tool" and not isinstance(forced, str):
+            raise invalid("tool_choice of type tool needs a name", param="tool_choice.name")
+        defs = [
+            structured.tool_def(t.get("name"), t.get("input_schema"), bool(t.get("strict")), f"tools[{i}]")
+            for i, t in enumerate(req.tools or ())
+        ]
+        parallel = not choice.get("disable_parallel_tool_use", False)
+        calls = structured.tools_spec(defs, forced=forced, parallel=parallel)
+    elif kind in ("any", "tool"):
+        raise invalid(f"tool_choice {kind!r} requires tools", param="tool_choice.type")
+    extra = req.model_extra or {}
+    config = extra.get("output_config")
+    fmt, where = (config.get("format"), "output_config.format") if isinstance(config, dict) else (None, "")
+    if fmt is None and extra.get("output_format") is not None:
+        fmt, where = extra["output_format"], "output_format"
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        fmt = {**fmt, "strict": True}  # Anthropic's structured outputs always hold the schema
+    spec = structured.json_format(fmt, where) if fmt is not None else None
+    return structured.pick(calls if calls is not None and calls.trigger is None else None, spec, calls)
 
 
 def thinking_mode(thinking: dict[str, Any] | None, max_tokens: int, options: ServerOptions) -> bool:
@@ -226,6 +255,7 @@ def messages_plan(req: MessagesRequest, options: ServerOptions) -> MessagesPlan:
     thinking = thinking_mode(req.thinking, max_tokens, options)
     stops = stop_strings(req.stop_sequences, param="stop_sequences")
     params = sampling_params(req, max_tokens=max_tokens, stop=stops)
+    params = replace(params, structured=output_spec(req, tools))
     budget = (req.thinking or {}).get("budget_tokens") if thinking else None
     enabled = (req.thinking or {}).get("type") == "enabled"
     return MessagesPlan(

@@ -11,17 +11,20 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from api import structured
 from api.errors import ApiError, invalid
 from api.generation import Outcome
 from api.openai.schemas import ChatCompletionRequest
 from api.options import ServerOptions
 from api.sampling import sampling_params, stop_strings
 from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCall, ToolCallEvent
-from engine.request import SamplingParams
+from engine.request import MAX_LOGPROBS, SamplingParams
+from engine.structured import StructuredSpec, ToolDef
 
+MAX_CHOICES = 8  # Chat `n`
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
@@ -34,6 +37,7 @@ class ChatPlan:
     preserve_thinking: bool
     params: SamplingParams
     max_tokens: int
+    n: int = 1
 
 
 def call_id() -> str:
@@ -128,21 +132,49 @@ def function_tools(tools: list[dict[str, Any]] | None, param: str = "tools") -> 
         fn = tool["function"]
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise invalid("a function tool needs a name", param=f"{where}.function.name")
-        if fn.get("strict"):
-            raise invalid("strict function tools are not supported", param=f"{where}.function.strict")
         out.append({"type": "function", "function": {k: v for k, v in fn.items() if k != "strict"}})
     return out
 
 
-def tool_choice_mode(choice: str | dict[str, Any] | None, param: str = "tool_choice") -> str:
-    """auto | none; `allowed_tools` is accepted as auto. required / a named function are refused."""
-    if choice is None or choice == "auto":
-        return "auto"
-    if choice == "none":
-        return "none"
+def tool_defs(tools: list[dict[str, Any]] | None, param: str = "tools") -> list[ToolDef]:
+    """The grammar's view of Chat (`{type, function: {...}}`) or Responses (flat) function tools."""
+    defs = []
+    for i, tool in enumerate(tools or ()):
+        nested = tool.get("function")
+        fn: Mapping[str, Any] = nested if isinstance(nested, Mapping) else tool
+        where = f"{param}[{i}]" + (".function" if fn is not tool else "")
+        defs.append(structured.tool_def(fn.get("name"), fn.get("parameters"), bool(fn.get("strict")), where))
+    return defs
+
+
+def tool_choice_mode(choice: Any, param: str = "tool_choice") -> str:
+    """auto | none | required | function (a named function: `forced_tool` gives its name);
+    `allowed_tools` is accepted as its mode (auto or required)."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return str(choice or "auto")
     if isinstance(choice, Mapping) and choice.get("type") == "allowed_tools":
-        return "auto"
-    raise invalid("only tool_choice 'auto', 'none' and allowed_tools are supported", param=param)
+        mode = choice.get("mode", (choice.get("allowed_tools") or {}).get("mode", "auto"))
+        return "required" if mode == "required" else "auto"
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        if not isinstance(forced_tool(choice), str):
+            raise invalid("a named tool_choice needs the function's name", param=param)
+        return "function"
+    raise invalid("tool_choice must be auto, none, required or a named function", param=param)
+
+
+def forced_tool(choice: Any) -> str | None:
+    """None (auto), "" (required: some tool) or the name a `{"type": "function", ...}` choice names."""
+    if choice == "required" or (
+        isinstance(choice, Mapping)
+        and choice.get("type") == "allowed_tools"
+        and tool_choice_mode(choice) == "required"
+    ):
+        return ""
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, Mapping) else choice.get("name")
+        return name if isinstance(name, str) else None
+    return None
 
 
 def thinking_choice(
@@ -168,18 +200,18 @@ def thinking_choice(
 
 
 def _refuse_unsupported(req: ChatCompletionRequest) -> None:
-    if req.n not in (None, 1):
-        raise invalid("only n=1 is supported", param="n")
-    if req.response_format is not None and req.response_format.get("type") not in (None, "text"):
-        raise invalid("structured output (response_format) is not supported", param="response_format")
+    if req.n is not None and not 1 <= req.n <= MAX_CHOICES:
+        raise invalid(f"n must be in [1, {MAX_CHOICES}]", param="n")
+    if req.n not in (None, 1) and req.stream:
+        raise invalid("n > 1 is supported without streaming only", param="n")
     if req.logit_bias and any(v != 0 for v in req.logit_bias.values()):
         raise invalid("logit_bias is not supported", param="logit_bias")
-    if req.logprobs or req.top_logprobs:
-        raise invalid("logprobs are not supported", param="logprobs")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid("top_logprobs needs logprobs: true", param="top_logprobs")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+        raise invalid(f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs")
     if req.audio is not None or (req.modalities and req.modalities != ["text"]):
         raise invalid("audio output is not supported", param="audio")
-    if req.parallel_tool_calls is False and req.tools:
-        raise invalid("parallel_tool_calls=false is not supported", param="parallel_tool_calls")
     if req.reasoning_effort not in (None, "none", "minimal", "low", "medium", "high", "xhigh", "max"):
         raise invalid(f"unknown reasoning_effort {req.reasoning_effort!r}", param="reasoning_effort")
 
@@ -201,7 +233,25 @@ def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
     names = {"max_tokens": "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"}
     params = sampling_params(req, max_tokens=limit or None, stop=stop_strings(req.stop), names=names)
     rendered = tools if tools and mode != "none" else None
-    return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = replace(params, structured=output_spec(req, rendered, mode), logprobs=logprobs)
+    return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit, req.n or 1)
+
+
+def output_spec(
+    req: ChatCompletionRequest, tools: list[dict[str, Any]] | None, mode: str
+) -> StructuredSpec | None:
+    """The grammar for `response_format`, strict tools, a forced tool_choice, `parallel_tool_calls=false`."""
+    calls = None
+    if tools:
+        forced = forced_tool(req.tool_choice) if mode in ("required", "function") else None
+        parallel = req.parallel_tool_calls is not False
+        calls = structured.tools_spec(tool_defs(req.tools), forced=forced, parallel=parallel)
+    elif mode in ("required", "function"):
+        raise invalid("tool_choice requires tools", param="tool_choice")
+    fmt = structured.json_format(req.response_format, "response_format", schema_key="json_schema")
+    forcing = calls if calls is not None and calls.trigger is None else None
+    return structured.pick(forcing, fmt, calls)
 
 
 # ------------------------------------------------------------------------------------------- output
@@ -227,6 +277,22 @@ def tool_call_json(call: ToolCall, cid: str) -> dict[str, Any]:
     return {"id": cid, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
 
 
+def chat_response_many(
+    completion_id: str, model: str, choices: list[tuple[list[StreamEvent], Outcome]]
+) -> dict[str, Any]:
+    """n choices of one prompt: usage counts the prompt once and every choice's completion."""
+    bodies = [chat_response(completion_id, model, events, outcome) for events, outcome in choices]
+    body = bodies[0]
+    body["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
+    for key in ("completion_tokens", "total_tokens"):
+        body["usage"][key] += sum(b["usage"]["completion_tokens"] for b in bodies[1:])
+    details = body["usage"]["completion_tokens_details"]
+    details["reasoning_tokens"] = sum(
+        b["usage"]["completion_tokens_details"]["reasoning_tokens"] for b in bodies
+    )
+    return body
+
+
 def chat_response(
     completion_id: str, model: str, events: list[StreamEvent], outcome: Outcome
 ) -> dict[str, Any]:
@@ -248,7 +314,9 @@ def chat_response(
                 "index": 0,
                 "message": message,
                 "finish_reason": finish_reason(outcome, bool(calls)),
-                "logprobs": None,
+                "logprobs": None
+                if outcome.logprobs is None
+                else {"content": outcome.logprobs, "refusal": None},
             }
         ],
         "usage": usage(outcome),
@@ -263,6 +331,15 @@ class ChunkWriter:
         self.model = model
         self.created = int(time.time())
         self.num_calls = 0
+        self.num_logprobs = 0  # entries of `Outcome.logprobs` already streamed
+
+    def with_logprobs(self, chunk: dict[str, Any], outcome: Outcome | None) -> dict[str, Any]:
+        """Attach the answer tokens' logprobs not yet sent (when the request asked for them)."""
+        if outcome is not None and outcome.logprobs is not None and len(outcome.logprobs) > self.num_logprobs:
+            new = outcome.logprobs[self.num_logprobs :]
+            self.num_logprobs = len(outcome.logprobs)
+            chunk["choices"][0]["logprobs"] = {"content": new, "refusal": None}
+        return chunk
 
     def chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {

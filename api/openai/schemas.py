@@ -71,6 +71,7 @@ class ResponsesRequest(SamplingFields):
     truncation: str | None = None
     user: str | None = None
     include: list[str] | None = None
+    top_logprobs: int | None = None
     background: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None

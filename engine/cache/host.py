@@ -197,9 +197,10 @@ class HostIndex:
         """Commit a lookup: make the entry the most recently used."""
         self._lru.move_to_end(self.entry(entry_key).key)
 
-    def pin(self, entry_key: Hashable) -> None:
+    def pin(self, entry_key: Hashable, *, touch: bool = True) -> None:
         self.entry(entry_key).num_pins += 1
-        self.touch(entry_key)
+        if touch:
+            self.touch(entry_key)
 
     def unpin(self, entry_key: Hashable) -> None:
         entry = self.entry(entry_key)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -36,13 +37,14 @@ from engine.cache.kv import KVDtype, ModelCache, allocate_cache
 from engine.model.config import ModelConfig
 from engine.model.forward import kv_spec
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
-from engine.request import SamplingParams
+from engine.request import SamplingParams, TokenLogprob
 from engine.runner.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner
 from engine.runner.host_copies import HostCopies
 from engine.runner.inputs import DecodeRow, eager_batch, sample_indices
 from engine.runner.warmup import WarmupReport, warm_up
-from engine.sampling import Sampler, output_token_counts
+from engine.sampling import Sampler, output_token_counts, token_logprobs
 from engine.step import HostRestoreReport, RowPlan, StepPlan, StepResult
+from engine.structured.compiler import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -63,11 +65,12 @@ class ModelRunner:
         max_context: int | None = None,
         graph_sizes: Sequence[int] = DEFAULT_GRAPH_SIZES,
         host_budget: HostBudget | None = None,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         """max_context bounds a request's page-table row (the graphs' page-table width); None = the
         whole pool. cuda_graph=False keeps every step eager. kv_dtype: as `CacheConfig` validated it.
         host_budget: host KV parking's budget (`--host-kv-cache-mib`): the runner copies what the
-        scheduler's plans park and restore (None: off)."""
+        scheduler's plans park and restore (None: off). grammars: serves structured outputs."""
         self.model = model
         self.config: ModelConfig = model.config
         param = next(model.parameters())
@@ -78,10 +81,11 @@ class ModelRunner:
         self.cache: ModelCache = allocate_cache(
             kv_spec(self.config, self.dtype, kv_dtype), num_pages, page_size, num_state_slots, self.device
         )
-        self.sampler = Sampler(self.device, seed)
+        self.sampler = Sampler(self.device, seed, grammars)
         self.host_copies = HostCopies(self.cache, host_budget) if host_budget is not None else None
         self._host_reports: tuple[HostRestoreReport, ...] = ()
         self._output_token_ids: dict[str, list[int]] = {}  # for presence / frequency penalties
+        self._logprobs: dict[str, tuple[TokenLogprob, ...]] = {}  # this step's, for rows that asked
         self.num_steps = 0
         self.num_graph_steps = 0
         self.graphs: CudaGraphRunner | None = None
@@ -113,7 +117,14 @@ class ModelRunner:
         if self.host_copies is not None:
             self._host_reports += self.host_copies.finish(idle=plan.is_empty)
         reports, self._host_reports = self._host_reports, ()
-        return StepResult.of_sampled(plan, sampled, reports)
+        result = StepResult.of_sampled(plan, sampled, reports)
+        if self._logprobs:  # per row of the plan; rows that sampled nothing or asked for none get None
+            rows = tuple(
+                self._logprobs.pop(row.request_id, None) if row.sample else None for row in plan.rows
+            )
+            self._logprobs.clear()
+            result = replace(result, logprobs=rows)
+        return result
 
     def run_rows(self, plan: StepPlan) -> list[list[int]]:
         """Steps 1-5 of a plan (no host copies): one token list per sampling row, in row order."""
@@ -167,7 +178,12 @@ class ModelRunner:
         positions = [row for row in rows for _ in range(row.num_sample)]  # one entry per logits row
         params: list[SamplingParams] = [row.sampling_params for row in positions]
         penalized = any(p.presence_penalty or p.frequency_penalty for p in params)
-        if not penalized and all(p.greedy for p in params):
+        constrained = self.sampler.constrains(params)
+        if constrained:  # a grammar's mask for a later position depends on the earlier sampled tokens
+            assert all(row.num_sample == 1 for row in rows if row.sampling_params.structured), (
+                "one token per row"
+            )
+        if not penalized and not constrained and all(p.greedy for p in params):
             flat = logits.argmax(dim=-1).tolist()  # greedy fast path: the one host copy
         else:
             ids = [row.request_id for row in positions]
@@ -176,6 +192,13 @@ class ModelRunner:
                 history = [self._output_token_ids.get(i, []) for i in ids]
                 counts = output_token_counts(history, logits.shape[-1], self.device)
             flat = self.sampler.sample(logits, params, ids, counts).tolist()
+            if constrained:
+                self.sampler.commit(ids, flat)
+        if any(p.logprobs is not None for p in params):
+            found = token_logprobs(logits, flat, [p.logprobs for p in params])
+            for row, lp in zip(positions, found, strict=True):
+                if lp is not None:
+                    self._logprobs[row.request_id] = (*self._logprobs.get(row.request_id, ()), lp)
         out: list[list[int]] = []
         it = iter(flat)
         for row in rows:

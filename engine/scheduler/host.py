@@ -132,6 +132,13 @@ class HostPlanner:
             return None
         return self.host.lookup(token_ids, page_hashes, max_tokens)
 
+    def hold(self, match: HostMatch) -> None:
+        """Keep `match`'s entry from eviction while an admission decides (no LRU move); `release` after."""
+        self.host.pin(match.entry_key, touch=False)
+
+    def release(self, match: HostMatch) -> None:
+        self.host.unpin(match.entry_key)
+
     def restore(
         self, match: HostMatch, page_ids: Sequence[int], state_slot: int, request_id: str, lane: int
     ) -> None:

@@ -55,6 +55,7 @@ from engine.request import (
     Request,
     RequestStatus,
     TokenEvent,
+    TokenLogprob,
 )
 from engine.scheduler.host import HostPlanner
 from engine.scheduler.integrity import check_integrity
@@ -235,10 +236,24 @@ class Scheduler:
             self.waiting.popleft()
 
     def _try_admit(self, request: Request, lane_id: int) -> bool:
-        max_num_tokens, limit_kind = self._limit(request)
-        num_pages = self.pages.pages_for(max_num_tokens - 1)  # the last token is never fed
         match = self._lookup(request)
         host_match = self._host_lookup(request, match)
+        if host_match is None:
+            return self._try_admit_matched(request, lane_id, match, None)
+        assert self.host is not None
+        # NOTE: held while admission reclaims pages and slots: the parks that may cause are decided at once
+        # (HostIndex.add) and must not evict the entry this request is about to restore.
+        self.host.hold(host_match)
+        try:
+            return self._try_admit_matched(request, lane_id, match, host_match)
+        finally:
+            self.host.release(host_match)
+
+    def _try_admit_matched(
+        self, request: Request, lane_id: int, match: PrefixMatch | None, host_match: HostMatch | None
+    ) -> bool:
+        max_num_tokens, limit_kind = self._limit(request)
+        num_pages = self.pages.pages_for(max_num_tokens - 1)  # the last token is never fed
         if host_match is not None and match is not None:
             self.prefix.unpin(match.checkpoint)  # type: ignore[union-attr]
             match = None  # the parked entry holds a longer prefix
@@ -388,8 +403,9 @@ class Scheduler:
             lane.restoring = False
             if not report.ok:
                 self._restore_failed(lane)
-        for row, tokens, rolled_back in zip(plan.rows, result.sampled_token_ids, result.num_rolled_back,
-                                            strict=True):  # fmt: skip
+        logprobs = result.logprobs or (None,) * len(plan.rows)
+        for row, tokens, rolled_back, row_logprobs in zip(plan.rows, result.sampled_token_ids,
+                                                          result.num_rolled_back, logprobs, strict=True):  # fmt: skip
             lane = self.lanes[row.lane]
             assert lane is not None and lane.request.request_id == row.request_id, f"lane {row.lane} changed"
             request = lane.request
@@ -403,10 +419,16 @@ class Scheduler:
                 lane.pending_save = None
                 self.prefix.insert(request.token_ids, request.page_hashes, position, lane.page_ids, slot)  # type: ignore[union-attr]
             if tokens:
-                self._commit_tokens(lane, tokens, events)
+                self._commit_tokens(lane, tokens, events, row_logprobs)
         return events
 
-    def _commit_tokens(self, lane: Lane, tokens: Sequence[int], events: list[Event]) -> None:
+    def _commit_tokens(
+        self,
+        lane: Lane,
+        tokens: Sequence[int],
+        events: list[Event],
+        logprobs: Sequence[TokenLogprob] | None = None,
+    ) -> None:
         """Append `tokens` to the lane's request in order, up to the first that finishes it."""
         request = lane.request
         if request.first_token_time is None:
@@ -419,7 +441,8 @@ class Scheduler:
             reason = self._finish_reason(lane, token)
             if reason is not None:
                 break
-        events.append(TokenEvent(request.request_id, tuple(committed), request.num_output_tokens))
+        kept = None if logprobs is None else tuple(logprobs[: len(committed)])
+        events.append(TokenEvent(request.request_id, tuple(committed), request.num_output_tokens, kept))
         if reason is not None:
             events.append(self._release(lane, reason, retain=True))
 

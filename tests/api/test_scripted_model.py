@@ -20,7 +20,7 @@ import openai
 import pytest
 from api_helpers import Server, free_port, start_server, stop_server
 
-from engine.artifact.script import Script, build_scripted
+from engine.testing.script import Script, build_scripted
 
 VENV_BIN = Path(sys.executable).parent
 REASONING = "I should call the weather tool."
