@@ -105,21 +105,10 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def tokenizer_from_artifact(artifact: Artifact) -> Tokenizer:
-    names = set(artifact.resource_names())
-
-    def get(name: str) -> bytes | None:
-        return artifact.resource(name) if name in names else None
-
-    tokenizer_json = get("tokenizer.json")
-    if tokenizer_json is None:
-        raise ValueError(f"{artifact.path.name}: the artifact carries no tokenizer.json")
-    template = get("chat_template.jinja")
-    return Tokenizer(
-        tokenizer_json,
-        get("tokenizer_config.json"),
-        template.decode("utf-8") if template is not None else None,
-        get("generation_config.json"),
-    )
+    """The artifact's tokenizer and chat template: its resources at the top level or under ``frontend/`` (the
+    published files' layout, which carries no ``config.json``: the geometry then comes from the weight profile
+    its identity names, ``engine.model.loader.load_model``)."""
+    return Tokenizer.from_resources(artifact.resource_names(), artifact.resource, artifact.path.name)
 
 
 def load_artifact(
