@@ -20,7 +20,7 @@ from engine.model.quant import QuantEmbedding, QuantMethod
 from engine.request import SamplingParams
 from engine.runner import ModelRunner
 from engine.step import RowPlan, StepPlan
-from engine.testing.synthetic import synthetic_config
+from engine.testing.synthetic import load_synthetic, synthetic_config
 from engine.testing.synthetic_quant import (
     build_synthetic_quantized,
     dequantized_twin,
@@ -38,10 +38,13 @@ def dense_config() -> ModelConfig:
 
 
 @pytest.fixture(scope="module")
-def groupwise(dense_config):
-    return build_synthetic_quantized(
-        dense_config, "qwen3.6-27b/groupwise-int", device="cpu", dtype=torch.float32
+def groupwise():
+    """What `ninfer-serve --synthetic tiny-dense --weights-id qwen3.6-27b/groupwise-int` serves."""
+    model, tokenizer, model_id = load_synthetic(
+        "tiny-dense", device="cpu", dtype=torch.float32, weights_id="qwen3.6-27b/groupwise-int"
     )
+    assert model_id == "tiny-dense-synthetic" and tokenizer.chat_template is not None
+    return model
 
 
 def _logits(model, config, paged, tokens):
