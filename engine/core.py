@@ -154,6 +154,7 @@ def apply_memory_limit(config: EngineConfig, device: torch.device) -> int | None
     if limit is None or device.type != "cuda":
         return None
     total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.empty_cache()  # cached blocks freed by loading are not the weights
     used = torch.cuda.memory_reserved(device)
     if used > limit:
         raise ValueError(

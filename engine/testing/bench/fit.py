@@ -39,6 +39,8 @@ def fit_report(
     lanes = MAX_CONCURRENCY_LIMIT
     slots = lanes + CacheConfig().max_checkpoints
     per_token = kv_bytes_per_token(config, kv_dtype)
+    gc.collect()
+    torch.cuda.empty_cache()  # the weights' build temporaries are not the weights
     weights = torch.cuda.memory_reserved()
     room = limit_bytes - weights - GPU_HEADROOM_BYTES - slots * lane_state_bytes(config)
     pages = max(1, int(room // (per_token * PAGE_SIZE)))
@@ -55,6 +57,7 @@ def fit_report(
     for attempt in range(MAX_TRIES):
         tokens = pages * PAGE_SIZE
         chunk = min(prefill_chunk, tokens - PAGE_SIZE)
+        report["attempts"] = attempt + 1
         try:
             runner = make_runner(model, pages, slots, kv_dtype, True, tokens)
             run_prefill(runner, config.vocab_size, chunk, chunk)
@@ -69,7 +72,6 @@ def fit_report(
             runner = None
             gc.collect()
             torch.cuda.empty_cache()
-        report["attempts"] = attempt + 1
     tokens = pages * PAGE_SIZE
     longest = config.max_position_embeddings
     report["pool_tokens"] = tokens
