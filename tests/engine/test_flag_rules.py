@@ -31,6 +31,11 @@ SHARED = [
     ),
     (["--kv-capacity", "lots"], {"kv_capacity": "lots"}, "kv_capacity='lots': must be 'auto'"),
     (["--kv-dtype", "fp4"], {"kv_dtype": "fp4"}, "kv_dtype='fp4': must be one of"),
+    (
+        ["--gpu-memory-limit", "lots"],
+        {"gpu_memory_limit": "lots"},
+        "gpu_memory_limit='lots': must be a positive",
+    ),
     (["--spec", "mtp"], {"spec": "mtp"}, "spec='mtp': speculative decoding is not available in this build"),
 ]
 # Flags only the server offers (lanes, queueing, host parking): the server and LLM() agree.
