@@ -91,7 +91,7 @@ class Scheduler:
         self.clock = clock
         self.pages = PagePool(num_pages, cache_config.page_size)
         num_checkpoints = cache_config.max_checkpoints if cache_config.prefix_reuse else 0
-        self.slots = StateSlotPool(config.max_concurrency + num_checkpoints)
+        self.slots = StateSlotPool(self.num_state_slots(config, cache_config))
         self.prefix = (
             PrefixIndex(self.pages, self.slots, num_checkpoints) if cache_config.prefix_reuse else None
         )
@@ -114,6 +114,11 @@ class Scheduler:
         # of their first admission, which is what their usage reports.
         self._resumed: dict[str, tuple[int, int, float | None]] = {}
         self.num_preemptions = 0
+
+    @staticmethod
+    def num_state_slots(config: SchedulerConfig, cache_config: CacheConfig) -> int:
+        """GDN state slots the scheduler hands out: one working slot per lane, one per checkpoint."""
+        return config.max_concurrency + (cache_config.max_checkpoints if cache_config.prefix_reuse else 0)
 
     def attach_host(self, host: HostIndex) -> None:
         """Park evicted checkpoints in `host` and restore from it at admission (needs prefix reuse)."""
