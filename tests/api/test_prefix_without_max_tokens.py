@@ -4,7 +4,7 @@ Admission reserves only the prompt's KV pages (the output grows page by page), s
 never dropped for lack of room for the whole default output. The server here keeps the default output
 budget (no `--default-max-tokens`) on a pool of exactly one `max_context` (two 64-token pages), which
 the old up-front reservation filled on its own. An output limit above the remaining context is clamped
-to it and ends like a length limit on every API (`length`, `max_tokens`, `incomplete`).
+to it and ends as each protocol's context limit (`length`, `model_context_window_exceeded`, `incomplete`).
 """
 
 from __future__ import annotations
@@ -74,14 +74,13 @@ def test_responses_without_max_output_tokens_reports_cached_tokens(oai: openai.O
 
 def test_anthropic_max_tokens_above_the_context_is_clamped_and_reports_cached_tokens(server: Server) -> None:
     """The Anthropic SDK requires max_tokens: one far above the context is the same case (clamped)."""
-    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120.0)
     question = "Anthropic: " + QUESTION
     runs = [
         client.messages.create(
             model=MODEL,
             max_tokens=100_000,
             system=SYSTEM,
-            temperature=0,
             messages=[{"role": "user", "content": question}],
         )  # fmt: skip
         for _ in range(2)
@@ -92,7 +91,7 @@ def test_anthropic_max_tokens_above_the_context_is_clamped_and_reports_cached_to
         total = run.usage.input_tokens + (run.usage.cache_read_input_tokens or 0) + run.usage.output_tokens
         assert total <= MAX_CONTEXT
         if run.stop_reason != "end_turn":
-            assert run.stop_reason == "max_tokens" and total == MAX_CONTEXT
+            assert run.stop_reason == "model_context_window_exceeded" and total == MAX_CONTEXT
 
 
 def test_chat_completions_max_tokens_above_the_context_is_clamped(oai: openai.OpenAI) -> None:
