@@ -36,6 +36,7 @@ from engine.flags import (
     nonneg_int,
     positive_int,
     sampling_params,
+    thinking_default,
 )
 from engine.request import SamplingParams
 from engine.testing.geometry import SYNTHETIC_NAMES, TINY_GEOMETRY, needs_cuda, synthetic_model_id
@@ -241,7 +242,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
         sampling=sampling,
         greedy=config.greedy,
         default_max_tokens=config.scheduler.default_max_tokens,
-        thinking=not args.no_thinking,
+        thinking=not args.no_thinking and thinking_default(args) is not False,
         preserve_thinking=args.preserve_thinking,
         tolerant_tool_calls=args.tolerant_tool_calls,
         metrics_vllm_aliases=args.metrics_vllm_aliases,

@@ -21,6 +21,9 @@ KVDtype = Literal["bf16", "int8"]
 KV_DTYPES: tuple[str, ...] = get_args(KVDtype)
 SPEC_METHODS = ("mtp", "dflash")  # --spec: speculative decoding methods (none is available in this build yet)
 MAX_CONCURRENCY_LIMIT = 8  # startup-fixed lanes 1..8 (upstream kMaximumConcurrency)
+# The served models' native context (max_position_embeddings of every registered Qwen3.5-family checkpoint).
+# Longer would need RoPE scaling (YaRN), which this build does not do: positions past it were never trained.
+NATIVE_CONTEXT = 262_144
 # Prefill tokens of a step that also carries decode rows, when `prefill_chunk_decoding` is unset (capped at
 # prefill_chunk). On the 27B a 2,048-token chunk still keeps the linears compute-bound, while a decoding lane
 # waits for ~a quarter of an 8,192-token chunk (measured on the H200 at 100k context: 0.7-0.8 s per 8,192).
@@ -131,6 +134,13 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         _require(_is_int(self.max_context) and self.max_context >= 2, "max_context", self.max_context, ">= 2")
+        _require(
+            self.max_context <= NATIVE_CONTEXT,
+            "max_context",
+            self.max_context,
+            f"must be <= {NATIVE_CONTEXT:,}, the models' native context: longer contexts need RoPE scaling, "
+            "which this build does not do",
+        )
         _require(
             _is_int(self.max_concurrency) and 1 <= self.max_concurrency <= MAX_CONCURRENCY_LIMIT,
             "max_concurrency",

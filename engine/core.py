@@ -11,7 +11,8 @@ family's preset for the thinking mode, then the server's flags, then the request
 
 Stop strings are matched here, on incrementally detokenized text (across token edges), and end the
 request through `Scheduler.stop_request` at the step boundary, so no token past the step that
-completed the match is generated.
+completed the match is generated. They cut only the answer: matching starts after the reasoning's
+`</think>` (a request whose prompt opened `<think>`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,16 @@ from engine.model.config import ModelConfig
 from engine.model.forward import kv_spec
 from engine.model.loader import load_model
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
-from engine.request import Event, FinishEvent, FinishKind, FinishReason, Request, SamplingParams, TokenEvent
+from engine.request import (
+    Event,
+    FinishEvent,
+    FinishKind,
+    FinishReason,
+    ReasoningTokens,
+    Request,
+    SamplingParams,
+    TokenEvent,
+)
 from engine.runner import ModelRunner, WarmupReport
 from engine.runner.host_copies import host_budget, host_stat_fields
 from engine.runner.sizing import measure_auto_pages
@@ -123,6 +133,17 @@ def tokenizer_from_artifact(artifact: Artifact) -> Tokenizer:
     )
 
 
+THINK_CLOSE = "\n</think>\n\n"  # how the chat template closes a reasoning before the answer
+
+
+def reasoning_tokens(tokenizer: Tokenizer) -> ReasoningTokens | None:
+    """The reasoning markers a thinking budget needs; None when the vocabulary has no `<think>` pair."""
+    ids = tokenizer.special_ids
+    if ids.think_start_id is None or ids.think_end_id is None:
+        return None
+    return ReasoningTokens(ids.think_start_id, ids.think_end_id, tuple(tokenizer.encode(THINK_CLOSE)))
+
+
 def load_artifact(
     path: str | os.PathLike[str],
     *,
@@ -152,6 +173,12 @@ class EngineCore:
         self.config = config
         self.tokenizer = tokenizer
         self.model_config: ModelConfig = model.config
+        native = self.model_config.max_position_embeddings
+        if config.scheduler.max_context > native:
+            raise ValueError(
+                f"max_context={config.scheduler.max_context}: must be <= {native:,}, this model's native context "
+                "(max_position_embeddings): longer contexts need RoPE scaling, which this build does not do"
+            )
         self.server_sampling = server_sampling
         param = next(model.parameters())
         spec = kv_spec(self.model_config, param.dtype, config.cache.kv_dtype)
@@ -189,7 +216,11 @@ class EngineCore:
                 config.cache, config.scheduler.max_context, spec, device=param.device
             )
         self.scheduler = Scheduler(
-            config.scheduler, config.cache, num_pages=num_pages, eos_token_ids=tokenizer.eos_token_ids
+            config.scheduler,
+            config.cache,
+            num_pages=num_pages,
+            eos_token_ids=tokenizer.eos_token_ids,
+            reasoning_tokens=reasoning_tokens(tokenizer),
         )
         self.runner = make_runner(num_pages)
         self.warmup: WarmupReport | None = None
@@ -204,6 +235,7 @@ class EngineCore:
             self.host = HostIndex(self.runner.host_copies.copier.geometry, budget)
             self.scheduler.attach_host(self.host)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._stops_after_reasoning: set[str] = set()  # stop matching waits for `</think>`
         self.num_requests_added = 0
         self.finished: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
@@ -246,6 +278,8 @@ class EngineCore:
             return rejection
         if resolved.stop:
             self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, stop=resolved.stop)
+            if request.in_reasoning:
+                self._stops_after_reasoning.add(request_id)
         return None
 
     def abort(self, request_id: str, message: str = "") -> FinishEvent | None:
@@ -292,15 +326,26 @@ class EngineCore:
             detok = self._detokenizers.get(event.request_id)
             if detok is None or not isinstance(event, TokenEvent) or detok.stop_matched is not None:
                 continue
-            detok.add_many(event.token_ids)
+            detok.add_many(self._answer_tokens(event))
             if detok.stop_matched is not None and event.request_id not in finished:
                 stop = self.scheduler.stop_request(event.request_id, detok.stop_matched)
                 if stop is not None:
                     out.append(stop)
         return out
 
+    def _answer_tokens(self, event: TokenEvent) -> Sequence[int]:
+        """The event's tokens that belong to the answer (after the reasoning's `</think>`)."""
+        if event.request_id not in self._stops_after_reasoning:
+            return event.token_ids
+        end = self.tokenizer.special_ids.think_end_id
+        if end not in event.token_ids:
+            return ()
+        self._stops_after_reasoning.discard(event.request_id)
+        return event.token_ids[event.token_ids.index(end) + 1 :]
+
     def _count(self, event: FinishEvent) -> None:
         self._detokenizers.pop(event.request_id, None)
+        self._stops_after_reasoning.discard(event.request_id)
         self.runner.release([event.request_id])  # now, not at the next step (it may be a while)
         self.finished[event.reason.kind.value] += 1
         if event.reason.code is not None:

@@ -36,6 +36,28 @@ SAMPLING_PRESETS: dict[tuple[str, bool], SamplingParams] = {
 }
 
 
+# Reasoning-effort tiers (OpenAI `reasoning_effort` / Responses `reasoning.effort` / `--reasoning-effort`) ->
+# thinking budgets: reasoning tokens before the engine closes the reasoning itself (README "Thinking"). `none`
+# turns thinking off; `max` sets no budget (-1). The tiers grow about 4x per step up to Qwen's recommended
+# 32,768-token output for hard problems.
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+EFFORT_THINKING_BUDGETS: dict[str, int] = {
+    "minimal": 512,
+    "low": 2048,
+    "medium": 8192,
+    "high": 16384,
+    "xhigh": 32768,
+    "max": -1,
+}
+
+
+def effort_thinking(effort: str) -> tuple[bool, int | None]:
+    """(thinking on, thinking budget) of a reasoning-effort tier; ValueError for an unknown tier."""
+    if effort not in REASONING_EFFORTS:
+        raise ValueError(f"reasoning effort {effort!r}: must be one of {', '.join(REASONING_EFFORTS)}")
+    return effort != "none", EFFORT_THINKING_BUDGETS.get(effort)
+
+
 def default_sampling(*, moe: bool, thinking: bool) -> SamplingParams:
     """The preset for a dense (27B) or MoE (35B-A3B) model in thinking or non-thinking mode."""
     return SAMPLING_PRESETS[("moe" if moe else "dense", thinking)]

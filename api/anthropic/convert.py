@@ -4,6 +4,13 @@ Input: system text (a first block starting `x-anthropic-billing-header:` is drop
 thinking history (signatures are opaque), tool_use / tool_result (results are put in call order and
 `is_error` is rendered), a final text-only assistant message as a prefill. Output: thinking, text and
 tool_use blocks; usage splits the prompt into `input_tokens` + `cache_read_input_tokens`.
+
+Thinking follows the Messages API: off unless the request enables it (`thinking` missing means off on this
+route, whatever the server's default), so `content[0]` is the answer. `enabled` carries `budget_tokens`,
+which the engine enforces (`SamplingParams.thinking_budget`); `adaptive` sets no budget of its own.
+Message threads (the `thread` field of the `message-threads` beta, which the SDK's tool runner sends) are
+not kept by this server: such a request gets the API's own `thread_unsupported_request` refusal, on which
+the SDK resends the whole conversation without a thread.
 """
 
 from __future__ import annotations
@@ -228,7 +235,7 @@ def output_spec(req: MessagesRequest, tools: list[dict[str, Any]] | None) -> Str
 
 def thinking_mode(thinking: dict[str, Any] | None, max_tokens: int, options: ServerOptions) -> bool:
     if thinking is None:
-        return options.thinking
+        return False  # the Messages API thinks only when asked
     kind = thinking.get("type")
     if thinking.get("display") == "omitted":
         raise invalid("thinking.display 'omitted' is not supported", param="thinking.display")
@@ -248,7 +255,20 @@ def thinking_mode(thinking: dict[str, Any] | None, max_tokens: int, options: Ser
     raise invalid("thinking.type must be 'enabled', 'disabled' or 'adaptive'", param="thinking.type")
 
 
+def refuse_thread(req: MessagesRequest | CountTokensRequest) -> None:
+    """A `thread` (message-threads beta) is refused the way the API refuses one it cannot keep."""
+    if (req.model_extra or {}).get("thread") is not None:
+        raise ApiError(
+            400,
+            "thread_unsupported_request",
+            "this server does not keep message threads; send the full conversation without `thread`",
+            param="thread",
+            details={"error_code": "thread_unsupported_request"},
+        )
+
+
 def messages_plan(req: MessagesRequest, options: ServerOptions) -> MessagesPlan:
+    refuse_thread(req)
     max_tokens = req.max_tokens or options.default_max_tokens
     messages, prefill = chat_messages(req.system, req.messages)
     tools = anthropic_tools(req.tools, req.tool_choice)

@@ -1,8 +1,10 @@
 """OpenAI Chat Completions <-> the chat template's messages and the parsed generation.
 
 Requests: roles system/developer/user/assistant/tool (and legacy `function`), text/refusal parts,
-assistant `reasoning_content`/`reasoning` history and `tool_calls`, function tools with tool_choice
-auto/none/allowed_tools. Everything the server cannot honour is a 400 naming the field.
+assistant `reasoning_content`/`reasoning` history and `tool_calls` (or a legacy `function_call`), function
+tools with tool_choice auto/none/allowed_tools; the legacy `functions` / `function_call` are the same tools
+and choice (`{"name": F}` is the named choice). `reasoning_effort` picks thinking on/off and the tier's
+thinking budget (engine.sampling). Everything the server cannot honour is a 400 naming the field.
 Responses: `reasoning_content` for reasoning, `tool_calls` with `call_…` ids, usage with cached tokens.
 """
 
@@ -22,6 +24,7 @@ from api.options import ServerOptions
 from api.sampling import sampling_params, stop_strings
 from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCall, ToolCallEvent
 from engine.request import MAX_LOGPROBS, SamplingParams
+from engine.sampling import effort_thinking
 from engine.structured import StructuredSpec, ToolDef
 
 MAX_CHOICES = 8  # Chat `n`
@@ -38,6 +41,7 @@ class ChatPlan:
     params: SamplingParams
     max_tokens: int
     n: int = 1
+    legacy_functions: bool = False  # the request used `functions`: answer with `function_call`
 
 
 def call_id() -> str:
@@ -98,6 +102,9 @@ def chat_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
             calls = message.get("tool_calls")
             if calls is not None and not isinstance(calls, list):
                 raise invalid("tool_calls must be a list", param=f"{where}.tool_calls")
+            legacy = message.get("function_call")
+            if not calls and isinstance(legacy, Mapping):
+                calls = [{"id": None, "type": "function", "function": legacy}]
             if calls:
                 item["tool_calls"] = [
                     _history_call(call, f"{where}.tool_calls[{k}]") for k, call in enumerate(calls)
@@ -134,6 +141,24 @@ def function_tools(tools: list[dict[str, Any]] | None, param: str = "tools") -> 
             raise invalid("a function tool needs a name", param=f"{where}.function.name")
         out.append({"type": "function", "function": {k: v for k, v in fn.items() if k != "strict"}})
     return out
+
+
+def with_legacy_functions(req: ChatCompletionRequest) -> ChatCompletionRequest:
+    """`req` with the legacy `functions` / `function_call` spelled as `tools` / `tool_choice`, so everything
+    after reads only the current fields (`{"name": F}` becomes the named choice)."""
+    if req.functions is None:
+        if req.function_call is not None:
+            raise invalid("function_call needs functions", param="function_call")
+        return req
+    if req.tools is not None:
+        raise invalid("give tools or the legacy functions, not both", param="functions")
+    tools = [{"type": "function", "function": fn} if isinstance(fn, Mapping) else fn for fn in req.functions]
+    choice = req.function_call
+    if isinstance(choice, Mapping):
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    return req.model_copy(
+        update={"tools": tools, "tool_choice": req.tool_choice if choice is None else choice}
+    )
 
 
 def tool_defs(tools: list[dict[str, Any]] | None, param: str = "tools") -> list[ToolDef]:
@@ -177,6 +202,16 @@ def forced_tool(choice: Any) -> str | None:
     return None
 
 
+def effort_budget(effort: str | None, param: str = "reasoning_effort") -> int | None:
+    """The thinking budget of a reasoning-effort tier (None: no tier given); unknown tiers are 400s."""
+    if effort is None:
+        return None
+    try:
+        return effort_thinking(effort)[1]
+    except ValueError as exc:
+        raise invalid(str(exc), param=param) from None
+
+
 def thinking_choice(
     options: ServerOptions,
     *,
@@ -212,12 +247,12 @@ def _refuse_unsupported(req: ChatCompletionRequest) -> None:
         raise invalid(f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs")
     if req.audio is not None or (req.modalities and req.modalities != ["text"]):
         raise invalid("audio output is not supported", param="audio")
-    if req.reasoning_effort not in (None, "none", "minimal", "low", "medium", "high", "xhigh", "max"):
-        raise invalid(f"unknown reasoning_effort {req.reasoning_effort!r}", param="reasoning_effort")
 
 
 def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
+    req = with_legacy_functions(req)
     _refuse_unsupported(req)
+    budget = effort_budget(req.reasoning_effort)
     messages = chat_messages(req.messages)
     tools = function_tools(req.tools)
     mode = tool_choice_mode(req.tool_choice)
@@ -232,10 +267,13 @@ def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
     limit = options.default_max_tokens if max_tokens is None else max_tokens
     names = {"max_tokens": "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"}
     params = sampling_params(req, max_tokens=limit or None, stop=stop_strings(req.stop), names=names)
+    if budget is not None:
+        params = replace(params, thinking_budget=budget)
     rendered = tools if tools and mode != "none" else None
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = replace(params, structured=output_spec(req, rendered, mode), logprobs=logprobs)
-    return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit, req.n or 1)
+    legacy = req.functions is not None
+    return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit, req.n or 1, legacy)
 
 
 def output_spec(
@@ -267,10 +305,17 @@ def usage(outcome: Outcome) -> dict[str, Any]:
     }
 
 
-def finish_reason(outcome: Outcome, has_calls: bool) -> str:
+def finish_reason(outcome: Outcome, has_calls: bool, *, legacy: bool = False) -> str:
     if outcome.finish in ("length", "context"):
         return "length"
-    return "tool_calls" if has_calls else "stop"
+    if has_calls:
+        return "function_call" if legacy else "tool_calls"
+    return "stop"
+
+
+def legacy_call_json(call: ToolCall) -> dict[str, Any]:
+    """A call in the legacy `function_call` shape (one per message: the first call when there are more)."""
+    return {"name": call.name, "arguments": call.arguments_json}
 
 
 def tool_call_json(call: ToolCall, cid: str) -> dict[str, Any]:
@@ -294,7 +339,7 @@ def chat_response_many(
 
 
 def chat_response(
-    completion_id: str, model: str, events: list[StreamEvent], outcome: Outcome
+    completion_id: str, model: str, events: list[StreamEvent], outcome: Outcome, *, legacy: bool = False
 ) -> dict[str, Any]:
     reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
     content = "".join(e.text for e in events if isinstance(e, ContentDelta))
@@ -302,7 +347,9 @@ def chat_response(
     message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
     if reasoning:
         message["reasoning_content"] = reasoning
-    if calls:
+    if calls and legacy:
+        message["function_call"] = legacy_call_json(calls[0])
+    elif calls:
         message["tool_calls"] = [tool_call_json(c, call_id()) for c in calls]
     return {
         "id": completion_id,
@@ -313,7 +360,7 @@ def chat_response(
             {
                 "index": 0,
                 "message": message,
-                "finish_reason": finish_reason(outcome, bool(calls)),
+                "finish_reason": finish_reason(outcome, bool(calls), legacy=legacy),
                 "logprobs": None
                 if outcome.logprobs is None
                 else {"content": outcome.logprobs, "refusal": None},
@@ -326,9 +373,10 @@ def chat_response(
 class ChunkWriter:
     """Builds `chat.completion.chunk` payloads for one streamed completion."""
 
-    def __init__(self, completion_id: str, model: str) -> None:
+    def __init__(self, completion_id: str, model: str, *, legacy: bool = False) -> None:
         self.completion_id = completion_id
         self.model = model
+        self.legacy = legacy  # calls as the legacy `function_call` delta (the first one only)
         self.created = int(time.time())
         self.num_calls = 0
         self.num_logprobs = 0  # entries of `Outcome.logprobs` already streamed
@@ -355,9 +403,11 @@ class ChunkWriter:
             return self.chunk({"reasoning_content": event.text})
         if isinstance(event, ContentDelta):
             return self.chunk({"content": event.text})
-        call = tool_call_json(event.call, call_id())
-        call["index"] = self.num_calls
         self.num_calls += 1
+        if self.legacy:
+            return self.chunk({"function_call": legacy_call_json(event.call)} if self.num_calls == 1 else {})
+        call = tool_call_json(event.call, call_id())
+        call["index"] = self.num_calls - 1
         return self.chunk({"tool_calls": [call]})
 
     def usage_chunk(self, outcome: Outcome) -> dict[str, Any]:

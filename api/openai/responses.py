@@ -22,7 +22,14 @@ from fastapi.responses import Response
 from api import pipeline, structured
 from api.errors import ApiError, invalid
 from api.generation import Outcome
-from api.openai.convert import forced_tool, text_of_parts, thinking_choice, tool_choice_mode, tool_defs
+from api.openai.convert import (
+    effort_budget,
+    forced_tool,
+    text_of_parts,
+    thinking_choice,
+    tool_choice_mode,
+    tool_defs,
+)
 from api.openai.schemas import InputTokensRequest, ResponsesRequest
 from api.openai.store import StoredResponse
 from api.pipeline import Turn
@@ -469,6 +476,7 @@ async def create(state: ServerState, request: Request, req: ResponsesRequest) ->
     params = sampling_params(
         req, max_tokens=max_tokens, stop=stop_strings(req.stop), names={"max_tokens": "max_output_tokens"}
     )
+    budget = effort_budget((req.reasoning or {}).get("effort"), "reasoning.effort")
     wants = "message.output_text.logprobs" in (req.include or ())
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
         raise invalid(f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs")
@@ -484,6 +492,7 @@ async def create(state: ServerState, request: Request, req: ResponsesRequest) ->
         max_tokens=max_tokens,
         stream=req.stream,
         prompt_param="input",
+        thinking_budget=budget,
         log_fields={"model": req.model, "continued": req.previous_response_id is not None},
     )
     return await pipeline.run(state, request, turn, ResponsesAdapter(state, req, plan))

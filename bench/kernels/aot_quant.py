@@ -15,14 +15,14 @@ from typing import Any
 _GROUP_PTRS = {"x_ptr": "bf16", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16"}
 _GROUP_ALIGNED = ("x_stride", "codes_stride", "high_stride", "scales_stride")
 # (label, format bits, group, K, split): one shape per code path (each BITS; split and unsplit), to keep the
-# compile short: the 27B's Q4 q/k & gate_up (K 5120), Q5 down (17408), Q6 head (5120); the 35B-A3B's W8
-# o_proj (K 4096, split in 2; its other W8 projections are the same code at K 2048). Other K values only
-# change the loop bound.
+# compile short, with gemv_tiles' split (K is split until the grid has MIN_PROGRAMS = 1024 programs): the
+# 27B's Q4 q/k [7168, 5120] (split 5), Q5 down [5120, 17408] (split 17), Q6 head [248320, 5120] (unsplit); the
+# 35B-A3B's W8 o_proj [2048, 4096] (split 8). Other K values only change the loop bound.
 _GROUP_SHAPES = (
-    ("27B Q4 K=5120", 4, 64, 5120, 1),
-    ("27B Q5 K=17408", 5, 64, 17408, 1),
-    ("27B Q6 K=5120", 6, 64, 5120, 1),
-    ("35B-A3B W8 2048x4096 split 2", 8, 32, 4096, 2),
+    ("27B Q4 7168x5120 split 5", 4, 64, 5120, 5),
+    ("27B Q5 5120x17408 split 17", 5, 64, 17408, 17),
+    ("27B Q6 head K=5120", 6, 64, 5120, 1),
+    ("35B-A3B W8 2048x4096 split 8", 8, 32, 4096, 8),
 )
 
 
@@ -66,12 +66,13 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 ("35B-A3B W8 K=2048", 8, 32, 2048),
             )
         ],
-        # NVFP4 (27B nvfp4 and Qwen3.8's MLP): 32 rows, 256 columns a step; the 128x4 scale tiles' row stride
+        # NVFP4 (27B nvfp4 and Qwen3.8's MLP): 32 rows, 256 columns a step; the 128x4 scale tiles' row stride;
+        # MLP down [5120, 17408] split in 17
         "_quant_gemv_nvfp4_kernel": [
             variant(
-                f"K={k}",
-                dict(x_ptr="bf16", codes_ptr="u8", scales_ptr="u8", out_ptr="bf16"),
-                dict(K_SPLIT=k, BLOCK_N=32, BLOCK_K=256, NUM_STAGES=4),
+                f"K={k} split 17",
+                dict(x_ptr="bf16", codes_ptr="u8", scales_ptr="u8", out_ptr="fp32"),
+                dict(K_SPLIT=k // 17, BLOCK_N=32, BLOCK_K=256, NUM_STAGES=4),
                 floats=("divisor",),
                 aligned=("x_stride", "codes_stride", "tile_stride"),
                 num_stages=4,
@@ -89,12 +90,13 @@ def variants(variant: Any) -> dict[str, list[Any]]:
             )
             for k in (5120,)
         ],
-        # FP8 rows (Qwen3.8 mixed: embedding/head, attention/GDN projections, late MLP): 512 columns a step
+        # FP8 rows (Qwen3.8 mixed: embedding/head, attention/GDN projections, late MLP): 512 columns a step;
+        # MLP down [5120, 17408] split in 17
         "_quant_gemv_fp8_kernel": [
             variant(
-                f"K={k}",
-                dict(x_ptr="bf16", codes_ptr="u8", scales_ptr="bf16", out_ptr="bf16"),
-                dict(K_SPLIT=k, BLOCK_N=32, BLOCK_K=512, NUM_STAGES=4),
+                f"K={k} split 17",
+                dict(x_ptr="bf16", codes_ptr="u8", scales_ptr="bf16", out_ptr="fp32"),
+                dict(K_SPLIT=k // 17, BLOCK_N=32, BLOCK_K=512, NUM_STAGES=4),
                 aligned=("x_stride", "codes_stride"),
                 num_stages=4,
             )

@@ -13,7 +13,14 @@ payload's bytes and GB/s (decode) or TFLOP/s (prefill), the fraction of the meas
 check that each row is bitwise the row run alone.
 
     python bench/kernels/quant.py --json bench/results/kernels_quant_h200_<date>.json
-    python bench/kernels/quant.py --json ... --only "MLP" --formats groupwise --no-prefill --no-moe --sweep
+    python bench/kernels/quant.py --json ... --only "MLP" --formats groupwise --no-prefill --no-moe --sweep all
+    python bench/kernels/quant.py --json ... --only "attn query_key,MLP down" --no-prefill --no-moe --rep 20 \
+        --sweep nosplit,p2048,n16,b2x
+
+``--sweep NAMES`` also times the GEMV with the named alternatives of ``SWEEP`` (``all``: every one); each is
+``gemv_tiles`` with other arguments (rows a program, code bytes a step, warps, stages, the program count that
+sets split K), so every candidate is a valid split of that shape. The JSON is rewritten after every row (a
+run cut off by a time limit keeps what it measured).
 
 Last, the 35B-A3B's quantized routed experts at decode (``quant_moe_experts`` vs bf16 ``moe_experts``).
 """
@@ -43,7 +50,6 @@ from kernels.quant import (  # noqa: E402
     Q4,
     Q5,
     Q6,
-    QuantTiles,
     QuantWeight,
     gemm_tiles,
     gemv_tiles,
@@ -61,6 +67,7 @@ PREFILL_TOKENS = 7680
 WORKING_SET = 2 << 30  # distinct weights per decode timing: at least this many payload bytes (HBM, not L2)
 MAX_COPIES = 64
 ROWS: list[dict] = []
+HEADER: dict = {}  # {"path": the --json file, "meta": its fields but the rows}
 
 # (projection, N, K, groupwise-int format, calls per 27B decode step): the upstream 27B inventory's fused parents
 SHAPES = [
@@ -108,8 +115,11 @@ def random_payload(fmt: str, n: int, k: int) -> torch.Tensor:
     return payload
 
 
+REP_MS = 100  # do_bench_cudagraph's replay length (--rep)
+
+
 def _us(fn: Callable[[], object]) -> float:
-    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
+    return triton.testing.do_bench_cudagraph(fn, rep=REP_MS, return_mode="median") * 1e3
 
 
 def _read_gbps() -> float:
@@ -126,6 +136,8 @@ def _err(actual: torch.Tensor, expected: torch.Tensor) -> dict:
 def _emit(row: dict) -> None:
     ROWS.append(row)
     print(json.dumps(row), flush=True)
+    if HEADER:
+        HEADER["path"].write_text(json.dumps({**HEADER["meta"], "rows": ROWS}, indent=1) + "\n")
 
 
 def _per_call(fn: Callable[[object], object], weights: list) -> float:
@@ -137,11 +149,24 @@ def _per_call(fn: Callable[[object], object], weights: list) -> float:
     return _us(layers) / len(weights)
 
 
-SWEEP = [QuantTiles(16, 256, 4, 1, 4), QuantTiles(64, 256, 4, 1, 4), QuantTiles(32, 512, 4, 1, 4),
-         QuantTiles(32, 128, 4, 1, 6), QuantTiles(64, 128, 8, 1, 4), QuantTiles(32, 256, 8, 1, 3)]  # fmt: skip
+# GEMV tile alternatives: gemv_tiles' keyword arguments (block_n, step_bytes: code bytes a row a step, the
+# default being 128 for Q4 / NVFP4 (256 weights) and 512 for FP8; num_warps; num_stages; min_programs: split K
+# until the grid has this many programs). "default" is gemv_tiles' choice; "nosplit" shows what split K gives.
+SWEEP: dict[str, dict] = {
+    "nosplit": dict(min_programs=1),
+    "p512": dict(min_programs=512),
+    "p2048": dict(min_programs=2048),
+    "st2": dict(num_stages=2),
+    "st1": dict(num_stages=1),
+    "n16": dict(block_n=16, min_programs=2048),
+    "n64w8": dict(block_n=64, num_warps=8, num_stages=3, min_programs=512),
+    "b2x": dict(step_bytes=256, num_stages=2),
+    "bhalf": dict(step_bytes=64, min_programs=2048),
+    "w2": dict(num_warps=2, num_stages=2, min_programs=2048),
+}
 
 
-def bench_decode(name: str, fmt: str, n: int, k: int, read_gbps: float, sweep: bool) -> dict[int, float]:
+def bench_decode(name: str, fmt: str, n: int, k: int, read_gbps: float, sweep: list[str]) -> dict[int, float]:
     """The GEMV rows of one projection and format; {T: us per call (default tiles)}."""
     nbytes = geometry(fmt, (n, k)).payload_bytes
     copies = max(1, min(MAX_COPIES, -(-WORKING_SET // nbytes)))
@@ -167,14 +192,12 @@ def bench_decode(name: str, fmt: str, n: int, k: int, read_gbps: float, sweep: b
                "bytes": nbytes, "kernel_GBps": round(gbps, 1), "fraction_of_read": round(gbps / read_gbps, 3),
                "cublas_bf16_us": round(t_cublas, 2), "cublas_bf16_GBps": round(2 * n * k / t_cublas / 1e3, 1),
                "speedup_vs_cublas_bf16": round(t_cublas / t, 3), **check})  # fmt: skip
-        for tiles in SWEEP if sweep else []:
-            if fmt in GROUP_FORMATS and geometry(fmt, (n, k)).k_pad % tiles.block_k:
-                continue
-            if fmt == NVFP4 and k % tiles.block_k:
-                continue
+        for label in sweep:
+            tiles = gemv_tiles(fmt, n, k, **SWEEP[label])
             t_s = _per_call(lambda w: quant_linear(x, w, route="gemv", tiles=tiles), weights)
             _emit({"op": f"quant GEMV {fmt} sweep", "shape": f"27B {name} T{tokens} N{n} K{k}",
-                   "kernel_us": round(t_s, 2), "bytes": nbytes, "kernel_GBps": round(nbytes / t_s / 1e3, 1),
+                   "sweep": label, "kernel_us": round(t_s, 2), "bytes": nbytes,
+                   "kernel_GBps": round(nbytes / t_s / 1e3, 1), "fraction_of_read": round(nbytes / t_s / 1e3 / read_gbps, 3),
                    "tiles": list(tiles), "vs_default": round(t / t_s, 3),
                    **_err(quant_linear(x, weights[0], route="gemv", tiles=tiles), out)})  # fmt: skip
     return times
@@ -236,29 +259,57 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument(
-        "--only", default="", metavar="SUBSTR", help="the projections whose name contains SUBSTR"
+        "--only", default="", metavar="SUBSTRS", help="comma list: the projections whose name contains one"
     )
     parser.add_argument("--formats", default="groupwise,NVFP4,FP8_E4M3FN_ROW_BF16S",
                         help="comma list: 'groupwise' (each role's Q4/Q5/Q6), format names")  # fmt: skip
     parser.add_argument("--no-prefill", action="store_true", help="decode rows only")
     parser.add_argument("--no-decode", action="store_true", help="prefill rows only")
-    parser.add_argument("--sweep", action="store_true", help="also try other GEMV tiles (SWEEP)")
+    parser.add_argument(
+        "--sweep",
+        default="",
+        metavar="NAMES",
+        help=f"comma list of GEMV tile alternatives to time too, or 'all': {', '.join(SWEEP)}",
+    )
+    parser.add_argument("--rep", type=int, default=REP_MS, help="ms of CUDA-graph replay a timing (default 100)")  # fmt: skip
     parser.add_argument("--no-moe", action="store_true", help="skip the 35B-A3B quantized MoE rows")
     args = parser.parse_args()
+    global REP_MS
+    REP_MS = args.rep
+    sweep = list(SWEEP) if args.sweep == "all" else [name for name in args.sweep.split(",") if name]
+    unknown = [name for name in sweep if name not in SWEEP]
+    if unknown:
+        parser.error(f"--sweep: unknown {unknown} (known: {', '.join(SWEEP)}, all)")
+    commit = (
+        os.environ.get("NINFER_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    )
+    HEADER["path"] = args.json
+    HEADER["meta"] = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(),
+        "commit": commit,
+        "software": {"torch": torch.__version__, "triton": triton.__version__},
+        "what": "quantized GEMV (T=1, 8) and GEMM (T=7680) vs cuBLAS bf16 at the Qwen3.6-27B shapes; times are "
+        f"median CUDA-graph replays ({REP_MS} ms); decode rows over distinct weights (HBM reads)",
+        "argv": sys.argv[1:],
+    }
     torch.manual_seed(0)
     wanted = args.formats.split(",")
     read_gbps = _read_gbps()
     _emit({"op": "read bandwidth (fp32 sum)", "shape": "2 GiB", "kernel_GBps": round(read_gbps, 1)})
     step: dict[tuple[str, int], float] = {}
     for name, n, k, group_fmt, calls in SHAPES:
-        if args.only not in name:
+        if args.only and not any(part in name for part in args.only.split(",")):
             continue
         formats = [
             f for f in (group_fmt, NVFP4, FP8) if f in wanted or (f == group_fmt and "groupwise" in wanted)
         ]
         for fmt in formats:
             if not args.no_decode:
-                times = bench_decode(name, fmt, n, k, read_gbps, args.sweep)
+                times = bench_decode(name, fmt, n, k, read_gbps, sweep)
                 for tokens, us in times.items():
                     key = ("groupwise-int" if fmt in GROUP_FORMATS else fmt, tokens)
                     step[key] = step.get(key, 0.0) + calls * us
@@ -270,22 +321,6 @@ def main() -> None:
     for (profile, tokens), us in step.items():
         _emit({"op": "decode step's dense linears (sum of calls x us)", "shape": f"27B {profile} T{tokens}",
                "kernel_us": round(us, 1)})  # fmt: skip
-    commit = (
-        os.environ.get("NINFER_COMMIT")
-        or subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    )
-    result = {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(),
-        "commit": commit,
-        "software": {"torch": torch.__version__, "triton": triton.__version__},
-        "what": "quantized GEMV (T=1, 8) and GEMM (T=7680) vs cuBLAS bf16 at the Qwen3.6-27B shapes; times are "
-        "median CUDA-graph replays; decode rows over distinct weights (HBM reads)",
-        "rows": ROWS,
-    }
-    args.json.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

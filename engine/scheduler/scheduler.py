@@ -33,6 +33,12 @@ its output is unchanged. A request that could not finish even alone in an empty 
 `add_request` with the numbers. A blocked admission scan is not retried every step: only after an
 arrival, a release (finish / abort / unpin / preemption) or a queue timeout.
 
+Thinking budget (`SamplingParams.thinking_budget`, given the tokenizer's `ReasoningTokens`): `commit` counts
+a request's reasoning tokens, and once the budget is spent inside the reasoning it appends the template's
+closing `\n</think>\n\n` instead of the sampled token. Those tokens are then fed like any others (a short
+row, as a prefill chunk is), so the model writes its answer after a closed reasoning; nothing below the
+scheduler knows. They count as output and are cut to the request's length limit.
+
 Host parking (`attach_host`, engine/scheduler/host.py): evicted checkpoints are parked in host RAM,
 and a request whose prompt matches a parked entry better than any device checkpoint restores it
 into its own pages and working slot at admission, then prefills only the rest. The lane is not
@@ -56,6 +62,7 @@ from engine.request import (
     FinishEvent,
     FinishKind,
     FinishReason,
+    ReasoningTokens,
     RejectCode,
     Request,
     RequestStatus,
@@ -83,9 +90,11 @@ class Scheduler:
         *,
         num_pages: int,
         eos_token_ids: Iterable[int] = (),
+        reasoning_tokens: ReasoningTokens | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
+        self.reasoning_tokens = reasoning_tokens  # None: thinking budgets are not enforced
         self.cache_config = cache_config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.clock = clock
@@ -137,6 +146,7 @@ class Scheduler:
         rejection = self._rejection(request)
         if rejection is not None:
             return self._end(request, rejection)
+        request.in_reasoning = self._opens_reasoning(request.prompt_token_ids)
         self.waiting.append(request)
         self.requests[request.request_id] = request
         self._admission_dirty = True
@@ -167,6 +177,16 @@ class Scheduler:
                 f"{self.config.max_concurrency} lanes + {self.config.max_pending_requests} pending places",
             )
         return None
+
+    def _opens_reasoning(self, prompt_token_ids: Sequence[int]) -> bool:
+        """The prompt's last reasoning marker is `<think>`: generation starts inside the reasoning."""
+        markers = self.reasoning_tokens
+        if markers is None:
+            return False
+        for token in reversed(prompt_token_ids):
+            if token == markers.start_id or token == markers.end_id:
+                return token == markers.start_id
+        return False
 
     def _limit(self, request: Request) -> tuple[int, FinishKind]:
         """The sequence length at which `request` must stop, and which limit that is."""
@@ -467,17 +487,46 @@ class Scheduler:
         if request.first_token_time is None:
             request.first_token_time = self.clock()
         committed: list[int] = []
+        kept: list[TokenLogprob] = []
         reason = None
-        for token in tokens:
-            request.token_ids.append(token)
-            committed.append(token)
-            reason = self._finish_reason(lane, token)
-            if reason is not None:
-                break
-        kept = None if logprobs is None else tuple(logprobs[: len(committed)])
-        events.append(TokenEvent(request.request_id, tuple(committed), request.num_output_tokens, kept))
+        for k, token in enumerate(tokens):
+            appended = self._reasoning_step(request, token)
+            forced = appended != (token,)  # the reasoning's forced close: fed next, like a prompt's tail
+            if forced:
+                request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens)
+            for appended_token in appended:
+                request.token_ids.append(appended_token)
+                committed.append(appended_token)
+                if logprobs is not None:  # a forced token has probability 1
+                    kept.append(TokenLogprob(appended_token, 0.0) if forced else logprobs[k])
+                reason = self._finish_reason(lane, appended_token)
+                if reason is not None:
+                    break
+            if reason is not None or forced:
+                break  # later tokens of the row followed the replaced one
+        logged = None if logprobs is None else tuple(kept)
+        events.append(TokenEvent(request.request_id, tuple(committed), request.num_output_tokens, logged))
         if reason is not None:
             events.append(self._release(lane, reason, retain=True))
+
+    def _reasoning_step(self, request: Request, token: int) -> tuple[int, ...]:
+        """The tokens to append for sampled `token`: itself, or the reasoning's forced close once the request's
+        thinking budget is spent. Tracks whether the request is inside its reasoning."""
+        markers = self.reasoning_tokens
+        if markers is None:
+            return (token,)
+        if not request.in_reasoning:
+            request.in_reasoning = token == markers.start_id and request.num_output_tokens == 0
+            return (token,)
+        budget = request.sampling_params.thinking_budget
+        if token == markers.end_id:
+            request.in_reasoning = False
+        elif budget is not None and budget >= 0 and request.num_reasoning_tokens >= budget:
+            request.in_reasoning = False
+            return markers.close_ids
+        else:
+            request.num_reasoning_tokens += 1
+        return (token,)
 
     def _restore_failed(self, lane: Lane) -> None:
         """Re-plan a lane whose host restore failed as a cold prefill (same pages and slot, no row ran)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.config import CacheConfig, SchedulerConfig
-from engine.request import Event, FinishEvent, Request, SamplingParams, TokenEvent
+from engine.request import Event, FinishEvent, ReasoningTokens, Request, SamplingParams, TokenEvent
 from engine.scheduler import Scheduler
 from engine.step import HostRestoreReport, StepPlan, StepResult
 
@@ -116,6 +116,7 @@ def make_scheduler(
     max_checkpoints: int = 4,
     max_boundary_saves: int = 4,
     eos: tuple[int, ...] = (),
+    reasoning_tokens: ReasoningTokens | None = None,
     clock: Callable[[], float] = lambda: 0.0,
 ) -> Scheduler:
     config = SchedulerConfig(
@@ -133,7 +134,9 @@ def make_scheduler(
         max_checkpoints=max_checkpoints,
         max_boundary_saves=max_boundary_saves,
     )
-    return Scheduler(config, cache, num_pages=num_pages, eos_token_ids=eos, clock=clock)
+    return Scheduler(
+        config, cache, num_pages=num_pages, eos_token_ids=eos, reasoning_tokens=reasoning_tokens, clock=clock
+    )
 
 
 def request(
