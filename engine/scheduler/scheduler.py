@@ -69,7 +69,7 @@ from engine.request import (
     TokenEvent,
     TokenLogprob,
 )
-from engine.scheduler import ondemand
+from engine.scheduler import limits, ondemand
 from engine.scheduler.host import HostPlanner
 from engine.scheduler.integrity import check_integrity
 from engine.scheduler.lane import Lane
@@ -153,30 +153,7 @@ class Scheduler:
         return None
 
     def _rejection(self, request: Request) -> FinishReason | None:
-        n, max_context = request.num_prompt_tokens, self.config.max_context
-        if n >= max_context:
-            return FinishReason.rejected(
-                RejectCode.CONTEXT_LENGTH,
-                f"prompt has {n} tokens; max_context is {max_context}, which leaves no room for output",
-            )
-        max_num_tokens, _ = self._limit(request)
-        need = self.pages.pages_for(max_num_tokens - 1)
-        if need > self.pages.num_pages:
-            return FinishReason.rejected(
-                RejectCode.TOO_LARGE,
-                f"needs {need} KV pages ({n} prompt + {max_num_tokens - n} output tokens at "
-                f"{self.pages.page_size} tokens per page) but the pool has {self.pages.num_pages} pages; "
-                "lower max_tokens",
-            )
-        # Every live request fits within max_concurrency + max_pending_requests (upstream's rule).
-        capacity = self.config.max_concurrency + self.config.max_pending_requests
-        if self.num_running + len(self.waiting) >= capacity:
-            return FinishReason.rejected(
-                RejectCode.OVERLOADED,
-                f"server is full: {self.num_running} running + {len(self.waiting)} waiting requests = "
-                f"{self.config.max_concurrency} lanes + {self.config.max_pending_requests} pending places",
-            )
-        return None
+        return limits.rejection(self, request)
 
     def _opens_reasoning(self, prompt_token_ids: Sequence[int]) -> bool:
         """The prompt's last reasoning marker is `<think>`: generation starts inside the reasoning."""
@@ -190,11 +167,7 @@ class Scheduler:
 
     def _limit(self, request: Request) -> tuple[int, FinishKind]:
         """The sequence length at which `request` must stop, and which limit that is."""
-        n = request.num_prompt_tokens
-        max_tokens = request.sampling_params.max_tokens or self.config.default_max_tokens
-        if n + max_tokens <= self.config.max_context:
-            return n + max_tokens, FinishKind.LENGTH
-        return self.config.max_context, FinishKind.CONTEXT
+        return limits.output_limit(self.config, request)
 
     def abort(self, request_id: str, message: str = "") -> FinishEvent | None:
         """End a waiting or running request now, freeing its lane, pages and slot. None if unknown."""
