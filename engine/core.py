@@ -46,6 +46,7 @@ from engine.request import (
 )
 from engine.runner import ModelRunner, WarmupReport
 from engine.runner.host_copies import host_budget, host_stat_fields
+from engine.runner.sizing import measure_auto_pages
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
 from engine.structured.compiler import GrammarCompiler
@@ -203,9 +204,38 @@ class EngineCore:
         param = next(model.parameters())
         spec = kv_spec(self.model_config, param.dtype, config.cache.kv_dtype)
         limit = apply_memory_limit(config, param.device)
-        num_pages = resolve_num_pages(
-            config.cache, config.scheduler.max_context, spec, device=param.device, memory_limit=limit
-        )
+        budget = host_budget(config.cache)
+        # Structured outputs: the API checks specs with it (400 before admission), the sampler enforces them.
+        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)
+
+        def make_runner(num_pages: int) -> ModelRunner:
+            return ModelRunner(
+                model,
+                num_pages=num_pages,
+                page_size=config.cache.page_size,
+                num_state_slots=Scheduler.num_state_slots(config.scheduler, config.cache),
+                kv_dtype=config.cache.kv_dtype,
+                seed=seed,
+                cuda_graph=config.cuda_graph,
+                max_context=config.scheduler.max_context,
+                host_budget=budget,
+                grammars=self.grammars,
+            )
+
+        warm = config.warmup if config.warmup is not None else param.device.type == "cuda"
+        # measured: engine/runner/sizing.py (under --gpu-memory-limit the pool is sized within the cap instead)
+        if config.cache.kv_capacity == "auto" and param.device.type == "cuda" and limit is None:
+            num_pages = measure_auto_pages(
+                make_runner,
+                lambda probe: probe.warm_up(config.scheduler.prefill_chunk) if warm else None,
+                min_pages=config.cache.num_pages(config.scheduler.max_context, auto_pages=0),
+                page_bytes=spec.page_bytes(config.cache.page_size),
+                device=param.device,
+            )
+        else:
+            num_pages = resolve_num_pages(
+                config.cache, config.scheduler.max_context, spec, device=param.device, memory_limit=limit
+            )
         if limit is not None:
             check_pool_fits(config, num_pages * spec.page_bytes(config.cache.page_size), param.device)
         self.scheduler = Scheduler(
@@ -215,21 +245,7 @@ class EngineCore:
             eos_token_ids=tokenizer.eos_token_ids,
             reasoning_tokens=reasoning_tokens(tokenizer),
         )
-        # Structured outputs: the API checks specs with it (400 before admission), the sampler enforces them.
-        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)
-        self.runner = ModelRunner(
-            model,
-            num_pages=num_pages,
-            page_size=config.cache.page_size,
-            num_state_slots=self.scheduler.slots.num_slots,
-            kv_dtype=config.cache.kv_dtype,
-            seed=seed,
-            cuda_graph=config.cuda_graph,
-            max_context=config.scheduler.max_context,
-            host_budget=(budget := host_budget(config.cache)),
-            grammars=self.grammars,
-        )
-        warm = config.warmup if config.warmup is not None else param.device.type == "cuda"
+        self.runner = make_runner(num_pages)
         self.warmup: WarmupReport | None = None
         if warm:  # before host parking attaches and before any request: its scratch pages are free after
             logger.info("warming up: running the first-use step shapes (kernel compilation, autotuning)")
