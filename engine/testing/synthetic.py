@@ -11,10 +11,9 @@ Geometries: ``qwen3.6-27b`` and ``qwen3.6-35b-a3b`` (the real sizes; a GPU is ne
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from engine.artifact.profiles import REAL_CONFIGS
 from engine.model.config import ModelConfig
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.testing.geometry import (
@@ -40,46 +39,9 @@ __all__ = [
 ]
 
 
-def _layer_types(num_layers: int, interval: int = 4) -> tuple[str, ...]:
-    return tuple(
-        "full_attention" if i % interval == interval - 1 else "linear_attention" for i in range(num_layers)
-    )
-
-
-_COMMON: dict[str, Any] = dict(
-    vocab_size=248320, head_dim=256, rms_norm_eps=1e-6, rope_theta=1e7, partial_rotary_factor=0.25,
-    mrope_section=(11, 11, 10), linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
-    linear_num_key_heads=16, max_position_embeddings=262144, mtp_num_hidden_layers=1,
-)  # fmt: skip
-
-# The real geometries (random weights of these sizes need a GPU: 27B is ~54 GB in bf16).
-GEOMETRIES: dict[str, ModelConfig] = {
-    "qwen3.6-27b": ModelConfig(
-        model_type="qwen3_5_text",
-        hidden_size=5120,
-        intermediate_size=17408,
-        num_hidden_layers=64,
-        layer_types=_layer_types(64),
-        num_attention_heads=24,
-        num_key_value_heads=4,
-        linear_num_value_heads=48,
-        **_COMMON,
-    ),  # fmt: skip
-    "qwen3.6-35b-a3b": ModelConfig(
-        model_type="qwen3_5_moe_text",
-        hidden_size=2048,
-        num_hidden_layers=40,
-        layer_types=_layer_types(40),
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        linear_num_value_heads=32,
-        num_experts=256,
-        num_experts_per_tok=8,
-        moe_intermediate_size=512,
-        shared_expert_intermediate_size=512,
-        **_COMMON,
-    ),  # fmt: skip
-}
+# The real geometries (random weights of these sizes need a GPU: 27B is ~54 GB in bf16): the published
+# profiles' own table, so the synthetic models and the artifacts' inventories share one definition.
+GEOMETRIES: dict[str, ModelConfig] = {name: REAL_CONFIGS[name] for name in REAL_GEOMETRIES}
 
 assert tuple(GEOMETRIES) == REAL_GEOMETRIES, "geometry.py names the geometries built here"
 
