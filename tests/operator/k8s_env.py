@@ -1,5 +1,5 @@
 """The `k8s` tests' world: admin API clients, the chart installed with `helm install`, the operator run by
-kopf's KopfRunner as the chart's ServiceAccount, and helpers that play the controllers this node-less
+`kopf run` in its own process as the chart's ServiceAccount, and helpers that play the controllers this node-less
 control plane lacks (the job controller, the kubelet).
 
 conftest.py turns `install_chart` and `run_operator` into session fixtures, so every k8s test module shares
@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
 from k8s_cluster import REPO, Cluster, wait_for
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -136,35 +138,54 @@ def install_chart(cluster: Cluster) -> Iterator[str]:
 
 
 @contextmanager
-def run_operator(cluster: Cluster, api: Api, state: Path) -> Iterator[Any]:
-    """operator/main.py in kopf's KopfRunner, as the chart's ServiceAccount; checks its log at the end."""
-    from kopf.testing import KopfRunner
+def run_operator(cluster: Cluster, api: Api, state: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`kopf run operator/main.py` in its own process, as the chart's ServiceAccount (as the pod runs it);
+    stops it with SIGTERM at the end and checks its exit status and log.
 
+    A process, not kopf's in-process KopfRunner: a thread inside pytest's process raced pytest's own
+    bookkeeping (os.environ, warnings, logging state) and once failed a test with "dictionary changed size
+    during iteration" in CI."""
     sa_config = cluster.service_account_kubeconfig(RELEASE_NS, SA_NAME, state / "config")
     # a GPU node for the placement index (Nodes can exist without a kubelet)
     api.core.create_node(
         {"metadata": {"name": "gpu-node-1", "labels": {GPU_LABEL: "NVIDIA-GeForce-RTX-5090"}}}
     )
     env = {
+        **os.environ,
         "KUBECONFIG": str(sa_config),
         "NINFER_OPERATOR_RETRY_DELAY": "1",
         "NINFER_OPERATOR_RESYNC_INTERVAL": str(RESYNC_S),
         "NINFER_SERVER_IMAGE": "ninfer/server:test",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONUNBUFFERED": "1",
     }
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        # NOTE: the client looks up proxies (iterating os.environ) on every call, from the operator's threads,
-        # while pytest sets and deletes PYTEST_CURRENT_TEST in the same process: a KeyError race that only
-        # this in-process harness has. The tests use no proxy.
-        mp.setattr("kubernetes.client.configuration.getproxies", dict)
-        args = ["run", "--standalone", "--all-namespaces", "--verbose", str(REPO / "operator" / "main.py")]
-        with KopfRunner(args, timeout=60) as runner:
-            yield runner
-    log = runner.output
-    Path(os.environ.get("NINFER_OPERATOR_TEST_LOG", "/tmp/ninfer-operator-test.log")).write_text(log)
-    assert runner.exit_code == 0, log[-4000:]
-    assert runner.exception is None, log[-4000:]
+    log_path = Path(os.environ.get("NINFER_OPERATOR_TEST_LOG", str(state / "operator.log")))
+    args = ["run", "--standalone", "--all-namespaces", "--verbose", str(REPO / "operator" / "main.py")]
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kopf", *args], env=env, stdout=log_file, stderr=subprocess.STDOUT
+        )
+        try:
+            wait_for(
+                lambda: (
+                    proc.poll() is not None
+                    or "Starting the watch-stream for ninferdeployments" in log_path.read_text()
+                ),
+                timeout=60,
+                what="the operator to start",
+            )
+            assert proc.poll() is None, "the operator exited at start:\n" + log_path.read_text()[-4000:]
+            yield proc
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise AssertionError("the operator did not stop within 60 s of SIGTERM") from None
+    log = log_path.read_text()
+    assert proc.returncode == 0, f"operator exit status {proc.returncode}:\n" + log[-4000:]
     assert "Traceback" not in log, log[max(0, log.index("Traceback") - 1000) : log.index("Traceback") + 3000]
     assert " 403 " not in log and "Forbidden" not in log, "RBAC denial:\n" + log[-4000:]
     errors = [line for line in log.splitlines() if "[ERROR" in line or " ERROR " in line]
