@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 KV_DTYPES = ("bf16", "int8")
-SPEC_METHODS = ("mtp", "dflash")  # --spec: speculative decoding methods (none is available in this build yet)
+SPEC_METHODS = ("mtp", "dflash")  # --spec: speculative decoding methods (dflash is refused in this build)
+MAX_DRAFT_TOKENS = {"mtp": 5, "dflash": 15}  # --draft-tokens range per method (upstream's)
+DEFAULT_DRAFT_TOKENS = 3  # --spec mtp without --draft-tokens (upstream's measured MTP3)
 MAX_CONCURRENCY_LIMIT = 8  # startup-fixed lanes 1..8 (upstream kMaximumConcurrency)
 # Prefill tokens of a step that also carries decode rows, when `prefill_chunk_decoding` is unset (capped at
 # prefill_chunk). On the 27B a 2,048-token chunk still keeps the linears compute-bound, while a decoding lane
@@ -212,7 +214,10 @@ class EngineConfig:
     # Run the first-use step shapes before serving (ModelRunner.warm_up): None = on a GPU only (where
     # kernels compile and autotune on first use), True = always, False (--no-warmup) = never.
     warmup: bool | None = None
-    spec: str | None = None  # --spec: speculative decoding method (SPEC_METHODS); refused in this build
+    spec: str | None = None  # --spec: speculative decoding method (SPEC_METHODS); "mtp" only in this build
+    draft_tokens: int | None = (
+        None  # --draft-tokens: drafts per round (None: DEFAULT_DRAFT_TOKENS with --spec)
+    )
 
     def __post_init__(self) -> None:
         _require(isinstance(self.greedy, bool), "greedy", self.greedy, "must be a bool")
@@ -235,7 +240,23 @@ class EngineConfig:
             f"cannot run with host_kv_cache_mib={host_mib}: host parking does not capture DFlash draft "
             "caches, so a restored session would continue with a stale draft",
         )
-        _require(spec is None, "spec", spec, "speculative decoding is not available in this build")
+        _require(spec != "dflash", "spec", spec, "DFlash is not available in this build (use 'mtp')")
+        k = self.draft_tokens
+        _require(k is None or spec is not None, "draft_tokens", k, "needs speculative decoding (--spec mtp)")
+        if spec is not None:
+            _require(
+                k is None or (_is_int(k) and 1 <= k <= MAX_DRAFT_TOKENS[spec]),
+                "draft_tokens",
+                k,
+                f"must be in 1..{MAX_DRAFT_TOKENS[spec]} with --spec {spec}",
+            )
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Drafts per speculative round (0 without --spec)."""
+        if self.spec is None:
+            return 0
+        return self.draft_tokens if self.draft_tokens is not None else DEFAULT_DRAFT_TOKENS
 
     @property
     def num_pages(self) -> int:

@@ -123,15 +123,19 @@ def load_artifact(
     *,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
+    with_mtp: bool = False,
 ) -> LoadedArtifact:
-    """Open `path` (None = the embedded demo model), load the text model and the tokenizer."""
+    """Open `path` (None = the embedded demo model), load the text model (with its MTP head when
+    `with_mtp`: `--spec mtp`) and the tokenizer."""
     if path is None:
         from engine.artifact.demo import demo_artifact_path
 
         path = demo_artifact_path()
     dev = torch.device(device) if device is not None else default_device()
     artifact = read_artifact(path)
-    model = load_model(artifact, device=dev, dtype=dtype if dtype is not None else default_dtype(dev))
+    model = load_model(
+        artifact, device=dev, dtype=dtype if dtype is not None else default_dtype(dev), with_mtp=with_mtp
+    )
     return LoadedArtifact(artifact, model, tokenizer_from_artifact(artifact), artifact.model_id)
 
 
@@ -160,7 +164,11 @@ class EngineCore:
             device=param.device,
         )
         self.scheduler = Scheduler(
-            config.scheduler, config.cache, num_pages=num_pages, eos_token_ids=tokenizer.eos_token_ids
+            config.scheduler,
+            config.cache,
+            num_pages=num_pages,
+            eos_token_ids=tokenizer.eos_token_ids,
+            num_draft_tokens=config.num_draft_tokens,
         )
         self.runner = ModelRunner(
             model,
@@ -171,6 +179,9 @@ class EngineCore:
             seed=seed,
             cuda_graph=config.cuda_graph,
             max_context=config.scheduler.max_context,
+            spec=config.spec,
+            num_draft_tokens=config.num_draft_tokens,
+            num_lanes=config.scheduler.max_concurrency,
         )
         warm = config.warmup if config.warmup is not None else param.device.type == "cuda"
         self.warmup: WarmupReport | None = None

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from engine.config import KV_DTYPES, SPEC_METHODS, EngineConfig
+from engine.config import DEFAULT_DRAFT_TOKENS, KV_DTYPES, SPEC_METHODS, EngineConfig
 from engine.request import SamplingParams
 
 TOP_K_DEFAULT_LIMIT = 20  # --top-k as a server / CLI default: 0..20 (upstream NInfer's range)
@@ -98,9 +98,16 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(
         "--spec",
         "spec",
-        "speculative decoding (not available in this build: refused at startup with the reason)",
+        "speculative decoding: 'mtp' drafts with the model's MTP head and verifies with the full model "
+        "(greedy output unchanged; sampling keeps the target distribution); 'dflash' is refused in this build",
         parse=str,
         metavar="{" + ",".join(SPEC_METHODS) + "}",
+    ),
+    EngineFlag(
+        "--draft-tokens",
+        "draft_tokens",
+        f"drafts per speculative round, 1..5 with --spec mtp (default {DEFAULT_DRAFT_TOKENS})",
+        metavar="K",
     ),
     EngineFlag("--max-concurrency", "max_concurrency", "lanes, 1..8", section="server"),
     EngineFlag("--max-pending-requests", "max_pending_requests", "queued requests", section="server"),

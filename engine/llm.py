@@ -82,7 +82,7 @@ class LLM:
         """Load `artifact` (None = the embedded demo model) with `EngineConfig.from_flags(**config)`, which
         is built (and may refuse) before anything loads."""
         self.config = EngineConfig.from_flags(None if artifact is None else str(artifact), **config)
-        loaded = load_artifact(artifact, device=device, dtype=dtype)
+        loaded = load_artifact(artifact, device=device, dtype=dtype, with_mtp=self.config.spec == "mtp")
         self._artifact = loaded.artifact  # keeps memory-mapped weights alive
         self.model_id = loaded.model_id
         self.tokenizer: Tokenizer = loaded.tokenizer

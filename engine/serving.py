@@ -89,7 +89,7 @@ class AsyncEngine:
         server_sampling: SamplingParams | None = None,
     ) -> AsyncEngine:
         """Load `path` (None = the embedded demo model). Not started: call `start()`."""
-        loaded = load_artifact(path, device=device, dtype=dtype)
+        loaded = load_artifact(path, device=device, dtype=dtype, with_mtp=config.spec == "mtp")
         engine = cls(
             loaded.model,
             loaded.tokenizer,

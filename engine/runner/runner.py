@@ -39,6 +39,7 @@ from engine.request import SamplingParams
 from engine.runner.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner
 from engine.runner.host_copies import HostCopies
 from engine.runner.inputs import DecodeRow, eager_batch, sample_indices
+from engine.runner.speculative import SpecExecutor, num_spec_slots
 from engine.runner.warmup import WarmupReport, warm_up
 from engine.sampling import Sampler, output_token_counts
 from engine.step import HostRestoreReport, RowPlan, StepPlan, StepResult
@@ -102,9 +103,13 @@ class ModelRunner:
         cuda_graph: bool = True,
         max_context: int | None = None,
         graph_sizes: Sequence[int] = DEFAULT_GRAPH_SIZES,
+        spec: str | None = None,
+        num_draft_tokens: int = 0,
+        num_lanes: int = 1,
     ) -> None:
         """max_context bounds a request's page-table row (the graphs' page-table width); None = the
-        whole pool. cuda_graph=False keeps every step eager."""
+        whole pool. cuda_graph=False keeps every step eager. spec="mtp": speculative decoding with
+        `num_draft_tokens` MTP drafts per row (engine/runner/speculative.py; lanes 0..num_lanes-1)."""
         if kv_dtype not in ("bf16", "int8"):
             raise ValueError(f"kv_dtype={kv_dtype!r}: must be 'bf16' or 'int8'")
         self.model = model
@@ -114,16 +119,27 @@ class ModelRunner:
         self.page_size = page_size
         self.kv_dtype = kv_dtype
         # NOTE: "bf16" KV means the model's compute dtype (bf16 on the GPU; float32 in CPU tests).
+        extra_slots = num_spec_slots(num_lanes, num_draft_tokens) if spec is not None else 0
         self.cache: ModelCache = allocate_model_cache(
             self.config,
             num_pages,
             page_size,
-            num_state_slots,
+            num_state_slots + extra_slots,
             dtype=self.dtype,
             device=self.device,
+            with_mtp=spec == "mtp",
             kv_dtype="int8" if kv_dtype == "int8" else "model",
         )
         self.sampler = Sampler(self.device, seed)
+        self.spec: SpecExecutor | None = None
+        if spec is not None:
+            if spec != "mtp":
+                raise ValueError(f"spec={spec!r}: this runner drafts with 'mtp' only")
+            self.spec = SpecExecutor(
+                model, self.cache, num_draft_tokens=num_draft_tokens, num_lanes=num_lanes,
+                snapshot_base=num_state_slots, generator=self.sampler.generator,
+            )  # fmt: skip
+            cuda_graph = False  # TODO(#21): graphs for the verify widths and the draft steps
         self.host_copies: HostCopies | None = None  # host KV parking's copies (`attach_host`), None when off
         self._host_reports: tuple[HostRestoreReport, ...] = ()
         self._output_token_ids: dict[str, list[int]] = {}  # for presence / frequency penalties
@@ -159,11 +175,33 @@ class ModelRunner:
         self.release(plan.released_request_ids)
         if self.host_copies is not None:  # parks, unparks: before anything writes the cache
             self.host_copies.run(self.cache, plan)
+        if self.spec is not None and not plan.is_empty:
+            return self._execute_spec(plan)
         sampled = self.run_rows(plan) if not plan.is_empty else []
         if self.host_copies is not None:
             self._host_reports += self.host_copies.finish(idle=plan.is_empty)
         reports, self._host_reports = self._host_reports, ()
         return StepResult.of_sampled(plan, sampled, reports)
+
+    def _execute_spec(self, plan: StepPlan) -> StepResult:
+        """Steps 1-5 with speculative decoding (engine/runner/speculative.py): verify, roll back, draft."""
+        assert self.spec is not None
+        self.num_steps += 1
+        for src, dst in plan.page_copies:
+            self._copy_page(src, dst)
+        for row in plan.rows:
+            if row.copy_state_from is not None:
+                self._copy_state(row.copy_state_from, row.state_slot)
+        out = self.spec.run(plan.rows, self._output_token_ids)
+        for row in plan.rows:
+            if row.save_state_to is not None:
+                self._copy_state(row.state_slot, row.save_state_to)
+        if self.host_copies is not None:
+            self._host_reports += self.host_copies.finish(idle=False)
+        reports, self._host_reports = self._host_reports, ()
+        return StepResult(
+            out.tokens, out.num_accepted, out.num_rolled_back, reports, draft_token_ids=out.drafts
+        )
 
     def run_rows(self, plan: StepPlan) -> list[list[int]]:
         """Steps 1-5 of a plan (no host copies): one token list per sampling row, in row order."""
@@ -208,6 +246,8 @@ class ModelRunner:
     def release(self, request_ids: Sequence[str]) -> None:
         """Drop the sampler state of requests that ended."""
         self.sampler.release(request_ids)
+        if self.spec is not None:
+            self.spec.release(request_ids)
         for request_id in request_ids:
             self._output_token_ids.pop(request_id, None)
 
@@ -243,3 +283,5 @@ class ModelRunner:
     def _copy_state(self, src: int, dst: int) -> None:
         for tensor in (*self.cache.conv_state, *self.cache.recurrent_state):
             tensor[dst].copy_(tensor[src])
+        if self.spec is not None:
+            self.spec.copy_slot(src, dst)

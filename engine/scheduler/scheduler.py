@@ -59,6 +59,7 @@ from engine.request import (
 from engine.scheduler.host import HostPlanner
 from engine.scheduler.integrity import check_integrity
 from engine.scheduler.lane import Lane
+from engine.scheduler.spec import SpecCounters, draft_budget, retains_exactly, spec_cow_match
 from engine.scheduler.stats import SchedulerStats
 from engine.step import RowPlan, StepPlan, StepResult
 
@@ -77,8 +78,12 @@ class Scheduler:
         num_pages: int,
         eos_token_ids: Iterable[int] = (),
         clock: Callable[[], float] = time.monotonic,
+        num_draft_tokens: int = 0,
     ) -> None:
+        """num_draft_tokens > 0: speculative decoding (engine/scheduler/spec.py says how rows carry drafts)."""
         self.config = config
+        self.num_draft_tokens = num_draft_tokens
+        self.spec_stats = SpecCounters(num_draft_tokens)
         self.cache_config = cache_config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.clock = clock
@@ -194,7 +199,7 @@ class Scheduler:
         running = [lane for lane in self.lanes if lane is not None and not lane.restoring]
         for lane in running:  # decode-ready first, compacted in lane order
             if lane.request.num_tokens - lane.request.num_computed_tokens == 1:
-                rows.append(self._row(lane, 1, copies))
+                rows.append(self._decode_row(lane, copies))
         # A step with decode rows bounds their latency: its prefill gets the smaller (>= 1) budget.
         budget = self.config.effective_prefill_chunk_decoding if rows else self.config.prefill_chunk
         for lane in sorted(running, key=lambda lane: lane.admitted_seq):
@@ -306,6 +311,8 @@ class Scheduler:
         match = self.prefix.lookup(request.token_ids, request.page_hashes, limit)
         if match is not None:
             self.prefix.pin(match.checkpoint)
+            if self.num_draft_tokens:
+                match = spec_cow_match(match, self.pages.page_size)
         return match
 
     def _host_lookup(self, request: Request, match: PrefixMatch | None) -> HostMatch | None:
@@ -329,7 +336,18 @@ class Scheduler:
             return self.pages.can_allocate(num_pages)
         return self.prefix.reclaim_pages(num_pages)
 
-    def _row(self, lane: Lane, n: int, copies: list[tuple[int, int]]) -> RowPlan:
+    def _decode_row(self, lane: Lane, copies: list[tuple[int, int]]) -> RowPlan:
+        """A decode-ready lane's row: its last token, plus its drafts when speculating (a verify row of
+        k + 1 positions, every one sampled; k = 0 near the length limit: one token per step)."""
+        if not self.num_draft_tokens:
+            return self._row(lane, 1, copies)
+        k = draft_budget(len(lane.drafts), lane.request.num_tokens, lane.max_num_tokens)
+        self.spec_stats.plan(k)
+        return self._row(lane, 1, copies, drafts=lane.drafts[:k])
+
+    def _row(
+        self, lane: Lane, n: int, copies: list[tuple[int, int]], drafts: tuple[int, ...] = ()
+    ) -> RowPlan:
         request = lane.request
         start = request.num_computed_tokens
         end = start + n
@@ -350,17 +368,19 @@ class Scheduler:
         num_prefill = max(0, min(end, request.num_prompt_tokens) - start)
         self.num_prefill_tokens += num_prefill
         self.num_decode_tokens += n - num_prefill
+        lane.drafts = ()  # consumed by this row (or dropped); the result brings the next ones
         return RowPlan(
             request_id=request.request_id,
             lane=lane.lane_id,
-            token_ids=tuple(request.token_ids[start:end]),
+            token_ids=tuple(request.token_ids[start:end]) + drafts,
             start_pos=start,
             page_ids=lane.page_ids,
             state_slot=lane.state_slot,
             reset_state=reset,
             copy_state_from=copy_from,
             save_state_to=save,
-            num_sample=1 if end == request.num_tokens else 0,  # the last known token: sample the next
+            # the last known token: sample the next (and one more per draft: a verify row)
+            num_sample=1 + len(drafts) if end == request.num_tokens else 0,
             sampling_params=request.sampling_params,
             num_output_tokens=request.num_output_tokens,
         )
@@ -386,8 +406,15 @@ class Scheduler:
             lane.restoring = False
             if not report.ok:
                 self._restore_failed(lane)
-        for row, tokens, rolled_back in zip(plan.rows, result.sampled_token_ids, result.num_rolled_back,
-                                            strict=True):  # fmt: skip
+        drafts = result.draft_token_ids or ((),) * len(plan.rows)
+        for row, tokens, rolled_back, next_drafts, accepted in zip(
+            plan.rows,
+            result.sampled_token_ids,
+            result.num_rolled_back,
+            drafts,
+            result.num_accepted,
+            strict=True,
+        ):
             lane = self.lanes[row.lane]
             assert lane is not None and lane.request.request_id == row.request_id, f"lane {row.lane} changed"
             request = lane.request
@@ -400,12 +427,18 @@ class Scheduler:
                 slot, position = lane.pending_save
                 lane.pending_save = None
                 self.prefix.insert(request.token_ids, request.page_hashes, position, lane.page_ids, slot)  # type: ignore[union-attr]
+            if row.num_sample > 1:
+                self.spec_stats.verified(request, row.num_sample - 1, accepted)
             if tokens:
-                self._commit_tokens(lane, tokens, events)
+                lane.drafts = next_drafts
+                self._commit_tokens(lane, tokens, events, exact=retains_exactly(row))
         return events
 
-    def _commit_tokens(self, lane: Lane, tokens: Sequence[int], events: list[Event]) -> None:
-        """Append `tokens` to the lane's request in order, up to the first that finishes it."""
+    def _commit_tokens(
+        self, lane: Lane, tokens: Sequence[int], events: list[Event], *, exact: bool = True
+    ) -> None:
+        """Append `tokens` to the lane's request in order, up to the first that finishes it. A verify row
+        (not `exact`) cut short by a finish is not retained: its state sits past the last kept token."""
         request = lane.request
         if request.first_token_time is None:
             request.first_token_time = self.clock()
@@ -419,7 +452,8 @@ class Scheduler:
                 break
         events.append(TokenEvent(request.request_id, tuple(committed), request.num_output_tokens))
         if reason is not None:
-            events.append(self._release(lane, reason, retain=True))
+            retain = exact or len(committed) == len(tokens)
+            events.append(self._release(lane, reason, retain=retain))
 
     def _restore_failed(self, lane: Lane) -> None:
         """Re-plan a lane whose host restore failed as a cold prefill (same pages and slot, no row ran)."""

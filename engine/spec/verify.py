@@ -103,10 +103,10 @@ def _rejection(
     the bonus token and the correction token are one draw."""
     num_rows, vocab = len(rows), rows[0][0].shape[-1]
     device = rows[0][0].device
-    k_max = max(len(d) for _, _, d in rows)
+    k_max = max(max(len(d) for _, _, d in rows), 1)  # at least one column: rows without drafts
     p = torch.zeros(num_rows, k_max + 1, vocab, device=device)
     q = torch.zeros(num_rows, k_max + 1, vocab, device=device)
-    index = torch.zeros(num_rows, max(k_max, 1), dtype=torch.long)
+    index = torch.zeros(num_rows, k_max, dtype=torch.long)
     num_drafts = torch.tensor([len(d) for _, _, d in rows])
     for r, (p_row, q_row, drafts) in enumerate(rows):
         k = len(drafts)
@@ -116,17 +116,17 @@ def _rejection(
             assert q_row is not None
             q[r, :k] = q_row[:k]
             index[r, :k] = torch.tensor(list(drafts))
-    u = torch.zeros(num_rows, max(k_max, 1), device=device)
+    u = torch.zeros(num_rows, k_max, device=device)
     noise = torch.empty(num_rows, vocab, device=device)
     for r, gen in enumerate(gens):  # each row's draws from its own request's generator
-        if k_max:
+        if num_drafts[r]:
             u[r].uniform_(generator=gen)
         noise[r].exponential_(generator=gen)
     index, num_drafts = index.to(device), num_drafts.to(device)
-    positions = torch.arange(max(k_max, 1), device=device)
-    p_d = p[:, :-1].gather(2, index[:, :k_max, None]).squeeze(2) if k_max else p[:, :0, 0]
-    q_d = q[:, :-1].gather(2, index[:, :k_max, None]).squeeze(2) if k_max else q[:, :0, 0]
-    reject = (u[:, :k_max] * q_d > p_d) & (positions[None, :k_max] < num_drafts[:, None])
+    positions = torch.arange(k_max, device=device)
+    p_d = p[:, :-1].gather(2, index[:, :, None]).squeeze(2)
+    q_d = q[:, :-1].gather(2, index[:, :, None]).squeeze(2)
+    reject = (u * q_d > p_d) & (positions[None, :] < num_drafts[:, None])
     first = torch.where(reject.any(dim=1), reject.int().argmax(dim=1), num_drafts)  # [R] accepted count
     pick = first[:, None, None].expand(-1, 1, vocab)
     p_a, q_a = p.gather(1, pick).squeeze(1), q.gather(1, pick).squeeze(1)
