@@ -62,8 +62,19 @@ def load_engine(path: str, config: EngineConfig, server_sampling: SamplingParams
 
 
 def load_synthetic_engine(name: str, config: EngineConfig, server_sampling: SamplingParams) -> EngineClient:
-    """The real engine over random weights of geometry `name` (engine/synthetic.py), built on the device."""
+    """The real engine over random weights of geometry `name` (engine/testing/synthetic.py), built on the
+    device, with the real Qwen3.5 tokenizer and chat template; model id `<name>-synthetic`."""
     from engine.serving import AsyncEngine
+    from engine.testing.synthetic import SYNTHETIC_WEIGHTS_ID, load_synthetic
 
-    engine: EngineClient = AsyncEngine.from_synthetic(name, config, server_sampling=server_sampling)
+    model, tokenizer, model_id = load_synthetic(name)
+    engine: EngineClient = AsyncEngine(
+        model,
+        tokenizer,
+        config,
+        model_id=model_id,
+        server_sampling=server_sampling,
+        synthetic=name,
+        weights_id=SYNTHETIC_WEIGHTS_ID,
+    )
     return engine

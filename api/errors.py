@@ -1,7 +1,8 @@
 """API errors: one exception type, rendered in the shape of the protocol that the request spoke.
 
 OpenAI:    {"error": {"message", "type", "param", "code"}}
-Anthropic: {"type": "error", "error": {"type", "message"}}
+Anthropic: {"type": "error", "error": {"type", "message"[, "details"]}}  (`details` carries an `error_code`
+the SDKs act on, e.g. `thread_unsupported_request`)
 The protocol is chosen by path (`/v1/messages...` is Anthropic, everything else OpenAI).
 Refusals a client should retry (429, 503, Anthropic's 529) carry a `Retry-After` header.
 """
@@ -44,12 +45,21 @@ _OPENAI_TYPES = {
 class ApiError(Exception):
     """A request the server answers with a 4xx/5xx: status, machine code, optional field, message."""
 
-    def __init__(self, status: int, code: str, message: str, *, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.param = param
+        self.details = details
 
     def __repr__(self) -> str:
         return f"ApiError({self.status}, {self.code!r}, {self.message!r}, param={self.param!r})"
@@ -78,10 +88,13 @@ def anthropic_body(error: ApiError) -> dict[str, Any]:
     """Anthropic has no `param` field: the message names the field, once."""
     param = error.param
     message = error.message if param is None or param in error.message else f"{param}: {error.message}"
-    return {
-        "type": "error",
-        "error": {"type": _ANTHROPIC_TYPES.get(anthropic_status(error), "api_error"), "message": message},
+    body: dict[str, Any] = {
+        "type": _ANTHROPIC_TYPES.get(anthropic_status(error), "api_error"),
+        "message": message,
     }
+    if error.details is not None:
+        body["details"] = error.details
+    return {"type": "error", "error": body}
 
 
 def anthropic_status(error: ApiError) -> int:

@@ -3,17 +3,13 @@
 `Generation.start()` submits the prompt and waits for the engine's first event, so a request the engine
 refuses (overloaded, queue timeout, context) becomes an HTTP error before any stream byte is sent.
 `Generation.events()` then yields `ReasoningDelta` / `ContentDelta` / `ToolCallEvent` from the streaming
-parser. Stop strings are matched on the detokenized text (reasoning and content alike); a match ends the
-request in the engine at once. Leaving the iteration early (client disconnect, cancellation) aborts the
-engine request, so no lane stays held (DESIGN invariant 5).
+parser. Stop strings are matched on the detokenized answer only (never on the reasoning: matching starts
+after `</think>`); a match ends the request in the engine at once. Leaving the iteration early (client
+disconnect, cancellation) aborts the engine request, so no lane stays held (DESIGN invariant 5).
 
-Thinking budget (Anthropic `thinking.budget_tokens`): once the reasoning holds `thinking_budget` tokens
-without having ended, the engine request is aborted and the turn continues in a second engine request
-whose prompt is the first prompt, the tokens generated so far and `\n</think>\n\n` (THINK_CLOSE): the
-model then writes its answer after a closed reasoning, exactly as the chat template renders such a turn.
-The injected tokens pass through the detokenizer and parser like generated ones and count as output. The
-engine needs no change; the cost is one prefill of the reasoning (the prompt's checkpoints are reused).
-Usage adds both parts; `max_tokens` bounds the whole turn.
+Thinking budget (Anthropic `thinking.budget_tokens`, effort tiers, `--thinking-budget`): a field of the
+engine request (`SamplingParams.thinking_budget`); the engine's scheduler closes the reasoning with the
+template's `\n</think>\n\n` once the budget is spent, and those tokens stream up like generated ones.
 """
 
 from __future__ import annotations
@@ -28,12 +24,10 @@ from api.engine_client import EngineClient
 from api.errors import ApiError
 from api.prompt import Prompt
 from engine.chat.parse import StreamEvent, StreamingParser
-from engine.request import FinishEvent, FinishKind, RejectCode, SamplingParams, TokenEvent
-from engine.tokenizer import IncrementalDetokenizer
+from engine.request import FinishEvent, FinishKind, RejectCode, SamplingParams, TokenEvent, TokenLogprob
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger("ninfer.api")
-
-THINK_CLOSE = "\n</think>\n\n"  # how the chat template closes a reasoning before the answer
 
 _REJECT_STATUS = {
     RejectCode.OVERLOADED: 429,
@@ -41,6 +35,18 @@ _REJECT_STATUS = {
     RejectCode.CONTEXT_LENGTH: 400,
     RejectCode.TOO_LARGE: 400,
 }
+
+
+def _token_entry(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict[str, Any]:
+    text = tokenizer.decode([token_id])
+    return {"token": text, "logprob": max(logprob, -9999.0), "bytes": list(text.encode("utf-8"))}
+
+
+def logprob_entry(tokenizer: Tokenizer, lp: TokenLogprob) -> dict[str, Any]:
+    """OpenAI's shape (Chat `logprobs.content[]`, Responses `output_text.logprobs[]`)."""
+    entry = _token_entry(tokenizer, lp.token_id, lp.logprob)
+    entry["top_logprobs"] = [_token_entry(tokenizer, t, v) for t, v in lp.top]
+    return entry
 
 
 def rejection_error(event: FinishEvent) -> ApiError:
@@ -64,6 +70,7 @@ class Outcome:
     host_cached_tokens: int = 0  # of cached_tokens, restored from host RAM (host KV parking)
     reasoning_tokens: int = 0
     tool_parse_fallbacks: tuple[str, ...] = ()
+    logprobs: list[dict[str, Any]] | None = None  # the answer's tokens (`logprob_entry`), when asked for
     queue_start: float = 0.0
     first_token_at: float | None = None
     end_at: float | None = None
@@ -97,10 +104,16 @@ class Generation:
         self.engine = engine
         self.request_id = request_id
         self.prompt = prompt
-        # Stop strings are the API's job (matched on text); the engine gets none.
+        # Stop strings are the API's job (matched on the answer's text); the engine gets none.
         self.params = replace(params, stop=())
+        if thinking_budget is not None:
+            self.params = replace(self.params, thinking_budget=thinking_budget)
         tokenizer = engine.tokenizer
-        self._detok = IncrementalDetokenizer(tokenizer, stop=params.stop)
+        self._stop = params.stop
+        # While in the reasoning, text comes through a detokenizer without stops; `</think>` (a whole token)
+        # switches to one that matches them.
+        self._stops_armed = not prompt.in_reasoning
+        self._detok = IncrementalDetokenizer(tokenizer, stop=params.stop if self._stops_armed else ())
         self._parser = StreamingParser(
             tools or None,
             in_reasoning=prompt.in_reasoning,
@@ -109,14 +122,12 @@ class Generation:
         )
         self._think_end_id = tokenizer.special_ids.think_end_id
         self._in_reasoning = prompt.in_reasoning
-        self._thinking_budget = thinking_budget
-        self._output_ids: list[int] = []  # kept only while a thinking budget may still cut the reasoning
-        self._budget_hit = False  # the reasoning reached the budget; the continuation is not started yet
-        self._continued = False  # the answer runs in the continuation request
         self._stream: AsyncIterator[Any] | None = None
         self._first: Any = None
         self._done = False
         self.outcome = Outcome(prompt_tokens=len(prompt.token_ids))
+        if params.logprobs is not None:
+            self.outcome.logprobs = []
 
     async def start(self) -> None:
         """Submit and wait for the first event; raise `ApiError` if the engine refused the request."""
@@ -146,38 +157,14 @@ class Generation:
             )
         )
 
-    async def _continue_after_budget(self) -> tuple[Any, list[StreamEvent]]:
-        """Close the reasoning (THINK_CLOSE) and start the answer as a second engine request."""
-        self._budget_hit, self._thinking_budget = False, None
-        close = self.engine.tokenizer.encode(THINK_CLOSE)
-        events = self._on_tokens(close)  # reasoning ends here, as if generated
-        token_ids = [*self.prompt.token_ids, *self._output_ids, *close]
-        self._output_ids, self._continued = [], True
-        limit = self.params.max_tokens
-        remaining = None if limit is None else max(limit - self.outcome.completion_tokens, 1)
-        params = replace(self.params, max_tokens=remaining)
-        aclose = getattr(self._stream, "aclose", None)
-        if aclose is not None:
-            await aclose()
-        self.request_id = f"{self.request_id}-answer"
-        self._stream = self._submit(self.request_id, token_ids, params)
-        return await anext(self._stream), events
-
     async def events(self) -> AsyncIterator[StreamEvent]:
         assert self._stream is not None, "call start() first"
         try:
             event = self._first
             while True:
                 if isinstance(event, TokenEvent):
-                    for out in self._on_tokens(event.token_ids):
+                    for out in self._on_tokens(event.token_ids, event.logprobs):
                         yield out
-                elif isinstance(event, FinishEvent) and self._budget_hit:  # the budget's abort
-                    self.outcome.cached_tokens = event.num_cached_tokens
-                    self.outcome.host_cached_tokens = event.num_host_cached_tokens
-                    event, closing = await self._continue_after_budget()
-                    for out in closing:
-                        yield out
-                    continue
                 elif isinstance(event, FinishEvent):
                     for out in self._on_finish(event):
                         yield out
@@ -198,32 +185,34 @@ class Generation:
             self._done = True
             self.engine.abort(self.request_id)
 
-    def _on_tokens(self, token_ids: Sequence[int]) -> list[StreamEvent]:
+    def _on_tokens(
+        self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob] | None = None
+    ) -> list[StreamEvent]:
         outcome = self.outcome
         if outcome.first_token_at is None:
             outcome.first_token_at = time.monotonic()
-        if self._detok.stop_matched is not None or self._budget_hit:
-            return []  # already stopped (or cut by the thinking budget); the engine's finish is on its way
+        if self._detok.stop_matched is not None:
+            return []  # already stopped; the engine's finish is on its way
         text = []
-        for tid in token_ids:
+        for k, tid in enumerate(token_ids):
             outcome.completion_tokens += 1
             if self._in_reasoning or (outcome.completion_tokens == 1 and tid == self._think_start_id()):
                 self._in_reasoning = tid != self._think_end_id
                 outcome.reasoning_tokens += 1
+            elif logprobs is not None and outcome.logprobs is not None and k < len(logprobs):
+                outcome.logprobs.append(
+                    logprob_entry(self.engine.tokenizer, logprobs[k])
+                )  # answer tokens only
             text.append(self._detok.add(tid))
-            if self._thinking_budget is not None:
-                self._output_ids.append(tid)
             if self._detok.stop_matched is not None:
                 outcome.stop_sequence = self._detok.stop_matched
                 self.engine.abort(self.request_id)
                 break
-            budget = self._thinking_budget
-            if budget is not None and (not self._in_reasoning or outcome.reasoning_tokens >= budget):
-                if self._in_reasoning:  # the budget is spent and the reasoning goes on: cut it here
-                    self._budget_hit = True
-                    self.engine.abort(self.request_id)
-                    break
-                self._thinking_budget, self._output_ids = None, []  # ended within the budget
+            if not self._in_reasoning and not self._stops_armed:
+                self._stops_armed = True
+                if self._stop:  # the reasoning ended: the answer is matched from here
+                    text.append(self._detok.finish())
+                    self._detok = IncrementalDetokenizer(self.engine.tokenizer, stop=self._stop)
         events = self._parser.feed("".join(text))
         if self._detok.stop_matched is not None:
             events += self._parser.finish()
@@ -236,11 +225,10 @@ class Generation:
         self._done = True
         outcome = self.outcome
         outcome.end_at = time.monotonic()
-        if not self._continued:  # a continuation's prompt and output are not the turn's
-            outcome.prompt_tokens = event.num_prompt_tokens or outcome.prompt_tokens
-            outcome.completion_tokens = max(outcome.completion_tokens, event.num_output_tokens)
-            outcome.cached_tokens = event.num_cached_tokens
-            outcome.host_cached_tokens = event.num_host_cached_tokens
+        outcome.prompt_tokens = event.num_prompt_tokens or outcome.prompt_tokens
+        outcome.completion_tokens = max(outcome.completion_tokens, event.num_output_tokens)
+        outcome.cached_tokens = event.num_cached_tokens
+        outcome.host_cached_tokens = event.num_host_cached_tokens
         outcome.queue, outcome.prefill = event.queue_seconds, event.prefill_seconds
         events: list[StreamEvent] = []
         if self._detok.stop_matched is None:

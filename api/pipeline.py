@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from api import structured
 from api.errors import ApiError
 from api.generation import Generation, Outcome
 from api.prompt import PromptTooLong, build_prompt, check_fits
@@ -49,6 +50,7 @@ class Turn:
     prompt_param: str = "messages"  # the field a prompt error names
     thinking_budget: int | None = None
     log_fields: Mapping[str, Any] = field(default_factory=dict)  # protocol-specific request_start fields
+    n: int = 1  # choices (Chat `n`, non-streamed): the others reuse the first one's prompt KV
 
 
 class Adapter(Protocol):
@@ -124,8 +126,12 @@ async def run(state: ServerState, request: Request, turn: Turn, adapter: Adapter
         _tracker(state, request_id, turn, exc.num_tokens).rejected(exc)
         raise
     tracker = _tracker(state, request_id, turn, len(prompt.token_ids))
+    params = turn.params
     try:
         check_fits(prompt, state.max_context)
+        if params.structured is not None:  # the grammar's reasoning phase follows the prompt
+            params = replace(params, structured=replace(params.structured, in_reasoning=prompt.in_reasoning))
+            await structured.check(state.engine, params.structured)
     except ApiError as exc:
         tracker.rejected(exc)
         raise
@@ -133,18 +139,66 @@ async def run(state: ServerState, request: Request, turn: Turn, adapter: Adapter
         state.engine,
         request_id,
         prompt,
-        turn.params,
+        params,
         tools=turn.parse_tools if turn.parse_tools is not None else turn.tools,
         calls_in_reasoning=state.options.tolerant_tool_calls,
         thinking_budget=turn.thinking_budget,
     )
     await _begin(tracker, generation, request)
+    if turn.n > 1:
+        return JSONResponse(await _many(state, request, turn, params, tracker, generation, adapter))
     if not turn.stream:
         events = await collect(tracker, generation, request)
         return JSONResponse(adapter.body(events, generation.outcome))
     frames = _frames(generation, adapter)
     body = with_keepalive(tracker.stream(generation, frames), state.options.keepalive_seconds)
     return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _many(
+    state: ServerState,
+    request: Request,
+    turn: Turn,
+    params: SamplingParams,
+    tracker: Tracker,
+    first: Generation,
+    adapter: Adapter,
+) -> dict[str, Any]:
+    """`turn.n` choices of one prompt. The others start once the first has its first token: its prompt is
+    then in the prefix index, so each of them prefills nothing but the prompt's partial last page. A seeded
+    request gives choice i the seed + i. The request log and metrics see the first choice."""
+    extras = [
+        Generation(
+            state.engine,
+            f"{first.request_id}-{i}",
+            first.prompt,
+            replace(params, seed=None if params.seed is None else (params.seed + i) % 2**63),
+            tools=turn.parse_tools if turn.parse_tools is not None else turn.tools,
+            calls_in_reasoning=state.options.tolerant_tool_calls,
+            thinking_budget=turn.thinking_budget,
+        )  # fmt: skip
+        for i in range(1, turn.n)
+    ]
+    try:
+        for generation in extras:
+            await generation.start()
+        results = await asyncio.gather(collect(tracker, first, request), *(_events(g) for g in extras))
+    finally:
+        for generation in extras:
+            generation.abort()
+    many = getattr(adapter, "body_many", None)
+    assert many is not None, "n > 1 needs an adapter with body_many"
+    body: dict[str, Any] = many(
+        [(events, g.outcome) for events, g in zip(results, [first, *extras], strict=True)]
+    )
+    return body
+
+
+async def _events(generation: Generation) -> list[StreamEvent]:
+    events = [event async for event in generation.events()]
+    if generation.outcome.finish == "aborted":
+        raise aborted_error()
+    return events
 
 
 async def _begin(tracker: Tracker, generation: Generation, request: Request) -> None:

@@ -8,6 +8,10 @@ Work is bounded by the context: given `max_context`, a prompt text far longer th
 is counted chunk by chunk first and refused (`PromptTooLong`) as soon as the count passes the context, so a
 multi-MiB body costs about one context's worth of tokenization, not the whole body's. The routes run this
 off the event loop (api.pipeline), so a large prompt never stalls other requests or the health probes.
+
+System text: the chat template takes one system turn, first. OpenAI clients may send several system or
+developer messages, anywhere; `build_prompt` joins their texts, in order and separated by a blank line, into
+that first turn (as Responses joins `instructions` with its system items).
 """
 
 from __future__ import annotations
@@ -73,6 +77,19 @@ def count_at_least(tokenizer: Tokenizer, text: str, limit: int) -> int | None:
     return None
 
 
+def merge_system_messages(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One leading system message holding every system / developer text, in order; the rest unchanged."""
+    system = [m for m in messages if m.get("role") in ("system", "developer")]
+    if len(system) < 2 and (not system or messages[0] is system[0]):
+        return list(messages)
+    texts = [m.get("content") for m in system]
+    if not all(isinstance(t, str) for t in texts):
+        return list(messages)  # structured content: leave it to the template's own check
+    joined = "\n\n".join(t for t in texts if t)
+    rest = [m for m in messages if m.get("role") not in ("system", "developer")]
+    return [{"role": "system", "content": joined}, *rest]
+
+
 def build_prompt(
     tokenizer: Tokenizer,
     messages: Sequence[Mapping[str, Any]],
@@ -87,6 +104,7 @@ def build_prompt(
     """Render and tokenize. `prefill`: the last message is an assistant turn to be continued. With
     `max_context`, a text much longer than the context is refused (`PromptTooLong`) before it is tokenized
     whole."""
+    messages = merge_system_messages(messages)
     try:
         text = tokenizer.apply_chat_template(
             messages,

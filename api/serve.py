@@ -5,7 +5,7 @@ The engine's flags are engine/flags.py's table and their rules engine/config.py'
 `LLM()`); the server's own flags (network, identity, logging, --synthetic) and their rules are here.
 
 No artifact = the embedded demo model (built once into the user cache). `--synthetic GEOMETRY` serves random
-weights of a real geometry built on the device (engine/synthetic.py; model id `<GEOMETRY>-synthetic`, and
+weights of a real geometry built on the device (engine/testing/synthetic.py; model id `<GEOMETRY>-synthetic`, and
 /v1/models, /stats and the request log's server_start say `synthetic`): for load tests and benchmarks at the
 real sizes without the checkpoints. A bad flag or flag combination exits with status 2 and the reason before
 anything is loaded; `--check-args` stops right after that validation (exit 0), which is how the operator's
@@ -36,9 +36,10 @@ from engine.flags import (
     nonneg_int,
     positive_int,
     sampling_params,
+    thinking_default,
 )
 from engine.request import SamplingParams
-from engine.synthetic import SYNTHETIC_NAMES, TINY_GEOMETRY, needs_cuda, synthetic_model_id
+from engine.testing.geometry import SYNTHETIC_NAMES, TINY_GEOMETRY, needs_cuda, synthetic_model_id
 
 logger = logging.getLogger("ninfer.serve")
 
@@ -241,7 +242,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
         sampling=sampling,
         greedy=config.greedy,
         default_max_tokens=config.scheduler.default_max_tokens,
-        thinking=not args.no_thinking,
+        thinking=not args.no_thinking and thinking_default(args) is not False,
         preserve_thinking=args.preserve_thinking,
         tolerant_tool_calls=args.tolerant_tool_calls,
         metrics_vllm_aliases=args.metrics_vllm_aliases,
@@ -299,7 +300,7 @@ def main(argv: Sequence[str] | None = None, *, engine_factory: EngineFactory | N
             synthetic_model_id(args.synthetic),
         )
     elif artifact is None:
-        from engine.artifact.demo import demo_artifact_path
+        from engine.testing.demo import demo_artifact_path
 
         artifact = str(demo_artifact_path())
     if args.expected_sha256 is not None and artifact is not None:

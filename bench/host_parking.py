@@ -23,10 +23,12 @@ from typing import Any
 
 import torch
 
-from engine.cache.host import HostParking
-from engine.cache.host_layout import CacheGeometry
+from engine.cache.host import HostIndex
+from engine.cache.host_blocks import HostBudget
 from engine.model import allocate_model_cache
 from engine.model.config import ModelConfig
+from engine.runner.host_copier import HostCopier
+from engine.runner.host_layout import cache_geometry
 
 
 def geometry_27b() -> ModelConfig:
@@ -63,11 +65,12 @@ def measure(pages: int, host_mib: int) -> dict[str, Any]:
     cache = allocate_model_cache(config, num_pages=pages + 64, page_size=64, num_state_slots=3, with_mtp=True, device="cuda")  # fmt: skip
     for t in (*cache.key_cache, *cache.value_cache, *cache.recurrent_state):
         t.normal_()
-    geometry = CacheGeometry.of(cache)
+    geometry = cache_geometry(cache)
     raw = raw_pinned_gbps(512 << 20)
     started = time.perf_counter()
-    parking = HostParking.from_mib(geometry, host_mib, device="cuda")
-    parking.blocks.allocate_slabs()
+    index = HostIndex(geometry, HostBudget.from_mib(host_mib))  # the scheduler's side: blocks, entries
+    copier = HostCopier(geometry, index.budget, device="cuda")  # the runner's side: slabs, copies
+    copier.slabs.allocate_all()
     pin_seconds = time.perf_counter() - started
     tokens = list(range(pages * 64))
     runs = []
@@ -80,13 +83,19 @@ def measure(pages: int, host_mib: int) -> dict[str, Any]:
             expected = (cache.key_cache[0][src].clone(), cache.value_cache[-1][src].clone(),
                         cache.recurrent_state[0][0].clone())  # fmt: skip
             torch.cuda.synchronize()
-            park = parking.park(label, cache, page_ids=src, token_ids=tokens, checkpoints=[(len(tokens), 0)])
-            assert park is not None, "park refused: raise --host-mib"
+            entry = index.add(label, page_ids=src, token_ids=tokens, checkpoints=[(len(tokens), 0)])
+            assert entry is not None, "park refused: raise --host-mib"
+            park = copier.park(
+                cache, block_ids=entry.block_ids, page_ids=src[: entry.num_pages], state_slots=[0]
+            )
             park.synchronize()
             for t in (cache.key_cache[0], cache.value_cache[-1], cache.recurrent_state[0][1]):
                 t.zero_()
-            restore = parking.unpark(label, cache, page_ids=dst, state_slot=1)
+            _, checkpoint, num_pages = index.plan_unpark(label, None, len(dst))
+            restore = copier.unpark(cache, block_ids=entry.block_ids, entry_num_pages=entry.num_pages,
+                                    checkpoint_index=checkpoint, page_ids=dst[:num_pages], state_slot=1)  # fmt: skip
             restore.synchronize()
+            index.finish_unpark(label, keep=False, num_bytes=restore.num_bytes)
             got = (cache.key_cache[0][dst], cache.value_cache[-1][dst], cache.recurrent_state[0][1])
             assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), "restored bytes differ"
             del expected, got
@@ -97,7 +106,7 @@ def measure(pages: int, host_mib: int) -> dict[str, Any]:
                 "park_copies": park.num_copies, "restore_copies": restore.num_copies,
             })  # fmt: skip
             print(json.dumps(runs[-1]), flush=True)
-    parking.check_integrity()
+    index.check_integrity()
     return {"raw_pinned_gbps_512mib": raw, "pin_seconds": pin_seconds, "host_mib": host_mib, "runs": runs}
 
 

@@ -28,7 +28,13 @@ from engine.chat.parse import (
     prompt_ends_in_reasoning,
 )
 from engine.config import EngineConfig
-from engine.flags import add_engine_flags, add_sampling_flags, engine_config, sampling_params
+from engine.flags import (
+    add_engine_flags,
+    add_sampling_flags,
+    engine_config,
+    sampling_params,
+    thinking_default,
+)
 from engine.request import FinishEvent, SamplingParams, TokenEvent
 from engine.tokenizer import IncrementalDetokenizer
 
@@ -80,7 +86,7 @@ def run(
     print(f"loaded {loaded.model_id} in {time.perf_counter() - start:.1f} s", file=err)
 
     tokenizer = loaded.tokenizer
-    thinking = not args.no_thinking
+    thinking = not args.no_thinking and thinking_default(args) is not False
     text = tokenizer.apply_chat_template(messages, tools=tools, enable_thinking=thinking)
     prompt_ids = tokenizer.encode(text)
     rejection = core.add_request("cli", prompt_ids, params, thinking=thinking)
@@ -88,8 +94,21 @@ def run(
         print(f"error: {rejection.reason.message}", file=err)
         return 2
     resolved = core.resolve(params, thinking=thinking)
-    detok = IncrementalDetokenizer(tokenizer, stop=resolved.stop)
-    parser = StreamingParser(tools, in_reasoning=prompt_ends_in_reasoning(text))
+    in_reasoning = prompt_ends_in_reasoning(text)
+    # Stop strings cut only the answer (as in the engine): the reasoning is shown through a detokenizer
+    # without them, and the answer after `</think>` through one with them.
+    detok = IncrementalDetokenizer(tokenizer, stop=() if in_reasoning else resolved.stop)
+    think_end = tokenizer.special_ids.think_end_id
+    parser = StreamingParser(tools, in_reasoning=in_reasoning)
+
+    def text_of(token_ids: Sequence[int]) -> str:
+        nonlocal detok, in_reasoning
+        if not in_reasoning or think_end is None or think_end not in token_ids:
+            return detok.add_many(token_ids)
+        cut = list(token_ids).index(think_end) + 1
+        shown = detok.add_many(token_ids[:cut]) + detok.finish()
+        in_reasoning, detok = False, IncrementalDetokenizer(tokenizer, stop=resolved.stop)
+        return shown + detok.add_many(token_ids[cut:])
 
     def show(events: Sequence[StreamEvent]) -> None:
         for event in events:
@@ -107,7 +126,7 @@ def run(
         for event in core.step():
             if isinstance(event, TokenEvent):
                 first_token_s = first_token_s or time.perf_counter() - start
-                show(parser.feed(detok.add_many(event.token_ids)))
+                show(parser.feed(text_of(event.token_ids)))
             elif event.request_id == "cli":
                 finish = event
     show(parser.feed(detok.finish()))

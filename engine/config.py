@@ -13,13 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-KV_DTYPES = ("bf16", "int8")
+# The one kv_dtype vocabulary (`--kv-dtype`), checked here only: "bf16" = K/V in the model's compute dtype
+# (bf16 on the GPU, float32 in CPU tests), "int8" = int8 codes plus fp16 group scales (engine/cache/kv.py).
+KVDtype = Literal["bf16", "int8"]
+KV_DTYPES: tuple[str, ...] = get_args(KVDtype)
 SPEC_METHODS = ("mtp", "dflash")  # --spec: speculative decoding methods (dflash is refused in this build)
 MAX_DRAFT_TOKENS = {"mtp": 5, "dflash": 15}  # --draft-tokens range per method (upstream's)
 DEFAULT_DRAFT_TOKENS = 3  # --spec mtp without --draft-tokens (upstream's measured MTP3)
 MAX_CONCURRENCY_LIMIT = 8  # startup-fixed lanes 1..8 (upstream kMaximumConcurrency)
+# The served models' native context (max_position_embeddings of every registered Qwen3.5-family checkpoint).
+# Longer would need RoPE scaling (YaRN), which this build does not do: positions past it were never trained.
+NATIVE_CONTEXT = 262_144
 # Prefill tokens of a step that also carries decode rows, when `prefill_chunk_decoding` is unset (capped at
 # prefill_chunk). On the 27B a 2,048-token chunk still keeps the linears compute-bound, while a decoding lane
 # waits for ~a quarter of an 8,192-token chunk (measured on the H200 at 100k context: 0.7-0.8 s per 8,192).
@@ -48,7 +54,7 @@ class CacheConfig:
     """
 
     page_size: int = 64
-    kv_dtype: str = "bf16"
+    kv_dtype: KVDtype = "bf16"
     kv_capacity: int | Literal["auto"] | None = None
     prefix_reuse: bool = True
     # Checkpoint budget: GDN state snapshots kept for reuse (one state slot each, LRU-evicted).
@@ -130,6 +136,13 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         _require(_is_int(self.max_context) and self.max_context >= 2, "max_context", self.max_context, ">= 2")
+        _require(
+            self.max_context <= NATIVE_CONTEXT,
+            "max_context",
+            self.max_context,
+            f"must be <= {NATIVE_CONTEXT:,}, the models' native context: longer contexts need RoPE scaling, "
+            "which this build does not do",
+        )
         _require(
             _is_int(self.max_concurrency) and 1 <= self.max_concurrency <= MAX_CONCURRENCY_LIMIT,
             "max_concurrency",

@@ -11,7 +11,8 @@ family's preset for the thinking mode, then the server's flags, then the request
 
 Stop strings are matched here, on incrementally detokenized text (across token edges), and end the
 request through `Scheduler.stop_request` at the step boundary, so no token past the step that
-completed the match is generated.
+completed the match is generated. They cut only the answer: matching starts after the reasoning's
+`</think>` (a request whose prompt opened `<think>`).
 """
 
 from __future__ import annotations
@@ -26,15 +27,28 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.artifact.container import Artifact, read_artifact
+from engine.cache.host import HostIndex
+from engine.cache.kv import resolve_num_pages
 from engine.config import EngineConfig
 from engine.model.config import ModelConfig
+from engine.model.forward import kv_spec
 from engine.model.loader import load_model
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
-from engine.request import Event, FinishEvent, FinishKind, FinishReason, Request, SamplingParams, TokenEvent
-from engine.runner import ModelRunner, WarmupReport, resolve_num_pages
-from engine.runner.host_copies import host_stat_fields, make_host_parking
+from engine.request import (
+    Event,
+    FinishEvent,
+    FinishKind,
+    FinishReason,
+    ReasoningTokens,
+    Request,
+    SamplingParams,
+    TokenEvent,
+)
+from engine.runner import ModelRunner, WarmupReport
+from engine.runner.host_copies import host_budget, host_stat_fields
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
+from engine.structured.compiler import GrammarCompiler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -118,19 +132,26 @@ def tokenizer_from_artifact(artifact: Artifact) -> Tokenizer:
     )
 
 
+THINK_CLOSE = "\n</think>\n\n"  # how the chat template closes a reasoning before the answer
+
+
+def reasoning_tokens(tokenizer: Tokenizer) -> ReasoningTokens | None:
+    """The reasoning markers a thinking budget needs; None when the vocabulary has no `<think>` pair."""
+    ids = tokenizer.special_ids
+    if ids.think_start_id is None or ids.think_end_id is None:
+        return None
+    return ReasoningTokens(ids.think_start_id, ids.think_end_id, tuple(tokenizer.encode(THINK_CLOSE)))
+
+
 def load_artifact(
-    path: str | os.PathLike[str] | None,
+    path: str | os.PathLike[str],
     *,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     with_mtp: bool = False,
 ) -> LoadedArtifact:
-    """Open `path` (None = the embedded demo model), load the text model (with its MTP head when
-    `with_mtp`: `--spec mtp`) and the tokenizer."""
-    if path is None:
-        from engine.artifact.demo import demo_artifact_path
-
-        path = demo_artifact_path()
+    """Open `path`, load the text model and the tokenizer. (The embedded demo model is the entry points'
+    default, engine/testing/demo.py: `LLM()`, `ninfer-serve`.)"""
     dev = torch.device(device) if device is not None else default_device()
     artifact = read_artifact(path)
     model = load_model(
@@ -154,22 +175,26 @@ class EngineCore:
         self.config = config
         self.tokenizer = tokenizer
         self.model_config: ModelConfig = model.config
+        native = self.model_config.max_position_embeddings
+        if config.scheduler.max_context > native:
+            raise ValueError(
+                f"max_context={config.scheduler.max_context}: must be <= {native:,}, this model's native context "
+                "(max_position_embeddings): longer contexts need RoPE scaling, which this build does not do"
+            )
         self.server_sampling = server_sampling
         param = next(model.parameters())
-        num_pages = resolve_num_pages(
-            config.cache,
-            config.scheduler.max_context,
-            self.model_config,
-            dtype=param.dtype,
-            device=param.device,
-        )
+        spec = kv_spec(self.model_config, param.dtype, config.cache.kv_dtype)
+        num_pages = resolve_num_pages(config.cache, config.scheduler.max_context, spec, device=param.device)
         self.scheduler = Scheduler(
             config.scheduler,
             config.cache,
             num_pages=num_pages,
             eos_token_ids=tokenizer.eos_token_ids,
             num_draft_tokens=config.num_draft_tokens,
+            reasoning_tokens=reasoning_tokens(tokenizer),
         )
+        # Structured outputs: the API checks specs with it (400 before admission), the sampler enforces them.
+        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)
         self.runner = ModelRunner(
             model,
             num_pages=num_pages,
@@ -182,6 +207,8 @@ class EngineCore:
             spec=config.spec,
             num_draft_tokens=config.num_draft_tokens,
             num_lanes=config.scheduler.max_concurrency,
+            host_budget=(budget := host_budget(config.cache)),
+            grammars=self.grammars,
         )
         warm = config.warmup if config.warmup is not None else param.device.type == "cuda"
         self.warmup: WarmupReport | None = None
@@ -190,11 +217,13 @@ class EngineCore:
             self.warmup = self.runner.warm_up(config.scheduler.prefill_chunk)
             logger.info("warm-up done: %d steps, %d tokens in %.1f s", self.warmup.steps, self.warmup.tokens,
                         self.warmup.seconds)  # fmt: skip
-        self.host = make_host_parking(config.cache, self.runner.cache)  # None when off
-        if self.host is not None:  # the scheduler decides what to park and restore, the runner copies
+        # Host parking: the scheduler's index decides what to park and restore, the runner copies (None: off).
+        self.host: HostIndex | None = None
+        if budget is not None and self.runner.host_copies is not None:
+            self.host = HostIndex(self.runner.host_copies.copier.geometry, budget)
             self.scheduler.attach_host(self.host)
-            self.runner.attach_host(self.host)
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._stops_after_reasoning: set[str] = set()  # stop matching waits for `</think>`
         self.num_requests_added = 0
         self.finished: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
@@ -237,6 +266,8 @@ class EngineCore:
             return rejection
         if resolved.stop:
             self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, stop=resolved.stop)
+            if request.in_reasoning:
+                self._stops_after_reasoning.add(request_id)
         return None
 
     def abort(self, request_id: str, message: str = "") -> FinishEvent | None:
@@ -283,15 +314,26 @@ class EngineCore:
             detok = self._detokenizers.get(event.request_id)
             if detok is None or not isinstance(event, TokenEvent) or detok.stop_matched is not None:
                 continue
-            detok.add_many(event.token_ids)
+            detok.add_many(self._answer_tokens(event))
             if detok.stop_matched is not None and event.request_id not in finished:
                 stop = self.scheduler.stop_request(event.request_id, detok.stop_matched)
                 if stop is not None:
                     out.append(stop)
         return out
 
+    def _answer_tokens(self, event: TokenEvent) -> Sequence[int]:
+        """The event's tokens that belong to the answer (after the reasoning's `</think>`)."""
+        if event.request_id not in self._stops_after_reasoning:
+            return event.token_ids
+        end = self.tokenizer.special_ids.think_end_id
+        if end not in event.token_ids:
+            return ()
+        self._stops_after_reasoning.discard(event.request_id)
+        return event.token_ids[event.token_ids.index(end) + 1 :]
+
     def _count(self, event: FinishEvent) -> None:
         self._detokenizers.pop(event.request_id, None)
+        self._stops_after_reasoning.discard(event.request_id)
         self.runner.release([event.request_id])  # now, not at the next step (it may be a while)
         self.finished[event.reason.kind.value] += 1
         if event.reason.code is not None:
@@ -331,7 +373,7 @@ class EngineCore:
             num_requests_added=self.num_requests_added,
             num_requests_finished=dict(self.finished),
             num_requests_rejected=dict(self.rejected),
-            **host_stat_fields(self.host),
+            **host_stat_fields(self.host, self.runner.host_copies),
             host_kv_park_skips=dict(planner.park_skips) if planner is not None else {},
         )
 

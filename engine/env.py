@@ -1,4 +1,8 @@
-"""Every environment variable NInfer reads: one prefix (`NINFER_`), typed, parsed in one place."""
+"""Every environment variable NInfer reads: one prefix (`NINFER_`), typed, parsed in one place.
+
+The kernel switches are parsed by `kernels/_dispatch.py` (kernels import nothing of ours, so they cannot read
+them here); the functions below report what it parsed, so there is one reading and one set of rules.
+"""
 
 from __future__ import annotations
 
@@ -14,17 +18,17 @@ def cache_dir() -> Path:
 
 
 def kernels_mode() -> str:
-    """`NINFER_KERNELS`: `auto` (Triton on CUDA, torch references elsewhere) or `ref` (references always)."""
-    value = os.environ.get("NINFER_KERNELS", "auto")
-    if value not in ("auto", "ref"):
-        raise ValueError(f"NINFER_KERNELS={value!r}: expected 'auto' or 'ref'")
-    return value
+    """`NINFER_KERNELS`: `auto` (Triton on CUDA, torch references elsewhere; `triton` is the same) or `ref`
+    (references always). Read once when `kernels` is imported (`kernels._dispatch.KERNELS_MODE`)."""
+    from kernels import _dispatch
+
+    return _dispatch.KERNELS_MODE
 
 
 def gemv_mode() -> str:
     """`NINFER_GEMV`: `off` (the default: `F.linear`, cuBLAS, always), `auto` (decode-sized linear layers, at
     most 8 rows, run the Triton GEMV on CUDA where it was measured faster than cuBLAS alone) or `on` (the GEMV
-    for every such layer). Parsed by `kernels._dispatch` at import (kernels may not import engine)."""
-    from kernels._dispatch import parse_gemv_mode
+    for every such layer). Read once when `kernels` is imported (`kernels._dispatch.GEMV_MODE`)."""
+    from kernels import _dispatch
 
-    return parse_gemv_mode(os.environ.get("NINFER_GEMV", "off"))
+    return _dispatch.GEMV_MODE

@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 
 from engine.config import DEFAULT_DRAFT_TOKENS, KV_DTYPES, SPEC_METHODS, EngineConfig
 from engine.request import SamplingParams
+from engine.sampling import EFFORT_THINKING_BUDGETS, REASONING_EFFORTS, effort_thinking
 
 TOP_K_DEFAULT_LIMIT = 20  # --top-k as a server / CLI default: 0..20 (upstream NInfer's range)
 
@@ -166,6 +167,25 @@ def add_sampling_flags(p: _Adder) -> None:
     p.add_argument("--presence-penalty", type=float)
     p.add_argument("--frequency-penalty", type=float)
     p.add_argument("--seed", type=int)
+    tiers = "/".join(str(EFFORT_THINKING_BUDGETS[t]) for t in REASONING_EFFORTS[1:-1])
+    p.add_argument(
+        "--reasoning-effort",
+        choices=REASONING_EFFORTS,
+        help=f"default thinking tier: none = thinking off; minimal/low/medium/high/xhigh = a thinking budget of "
+        f"{tiers} reasoning tokens; max = no budget (requests may choose their own)",
+    )
+    p.add_argument(
+        "--thinking-budget",
+        type=nonneg_int,
+        metavar="N",
+        help="default thinking budget: after N reasoning tokens the engine closes the reasoning (wins over "
+        "--reasoning-effort's budget)",
+    )
+
+
+def thinking_default(args: argparse.Namespace) -> bool | None:
+    """Thinking on/off as `--reasoning-effort` sets it (None: the flag is not given)."""
+    return None if args.reasoning_effort is None else effort_thinking(args.reasoning_effort)[0]
 
 
 def engine_config(args: argparse.Namespace, artifact: str | None) -> EngineConfig:
@@ -179,6 +199,9 @@ def sampling_params(args: argparse.Namespace, **more: Any) -> SamplingParams:
     top_k = args.top_k
     if top_k is not None and not 0 <= top_k <= TOP_K_DEFAULT_LIMIT:
         raise ValueError(f"top_k={top_k!r}: must be in 0..{TOP_K_DEFAULT_LIMIT}")
+    budget = args.thinking_budget
+    if budget is None and args.reasoning_effort is not None:
+        budget = effort_thinking(args.reasoning_effort)[1]
     return SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,
@@ -187,5 +210,6 @@ def sampling_params(args: argparse.Namespace, **more: Any) -> SamplingParams:
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         seed=args.seed,
+        thinking_budget=budget,
         **more,
     )

@@ -82,6 +82,10 @@ class LLM:
         """Load `artifact` (None = the embedded demo model) with `EngineConfig.from_flags(**config)`, which
         is built (and may refuse) before anything loads."""
         self.config = EngineConfig.from_flags(None if artifact is None else str(artifact), **config)
+        if artifact is None:
+            from engine.testing.demo import demo_artifact_path  # an entry point: it may import engine.testing
+
+            artifact = demo_artifact_path()
         loaded = load_artifact(artifact, device=device, dtype=dtype, with_mtp=self.config.spec == "mtp")
         self._artifact = loaded.artifact  # keeps memory-mapped weights alive
         self.model_id = loaded.model_id
@@ -172,13 +176,28 @@ class LLM:
         finish: FinishEvent,
         params: SamplingParams,
     ) -> RequestOutput:
-        detok = IncrementalDetokenizer(self.tokenizer, stop=params.stop)
-        text = detok.add_many(token_ids) + detok.finish()
+        text = self._text(prompt[1], token_ids, params.stop)
         reason = finish.reason
         completion = CompletionOutput(
             0, text, token_ids, _FINISH_REASONS.get(reason.kind, reason.kind.value), reason.stop_match
         )
         return RequestOutput(request_id, prompt[0], prompt[1], [completion], finish.num_cached_tokens)
+
+    def _text(self, prompt_ids: list[int], token_ids: list[int], stop: tuple[str, ...]) -> str:
+        """The output's text, cut at a stop string in the answer only (never in the reasoning, as the engine)."""
+        ids = self.tokenizer.special_ids
+        start, end = ids.think_start_id, ids.think_end_id
+        markers = [t for t in prompt_ids if t in (start, end)]
+        reasoning = bool(markers) and markers[-1] == start and start is not None
+        cut = (
+            token_ids.index(end) + 1
+            if reasoning and end in token_ids
+            else (len(token_ids) if reasoning else 0)
+        )
+        free = IncrementalDetokenizer(self.tokenizer)
+        text = free.add_many(token_ids[:cut]) + free.finish()
+        answer = IncrementalDetokenizer(self.tokenizer, stop=stop)
+        return text + answer.add_many(token_ids[cut:]) + answer.finish()
 
     def _new_id(self) -> str:
         self._next_id += 1

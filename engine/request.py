@@ -14,10 +14,15 @@ import time
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 
+from engine.structured.spec import StructuredSpec
+
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:
     if not ok:
         raise ValueError(f"{name}={value!r}: {rule}")
+
+
+MAX_LOGPROBS = 20  # alternatives per step (OpenAI's top_logprobs bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +32,10 @@ class SamplingParams:
     neutral default (temperature 1, top_p 1, top_k off, min_p 0, penalties 0).
 
     temperature 0 = greedy. top_k 0 or -1 = off. max_tokens None = the server's default output budget.
+    `structured`: the output grammar (engine/structured); None = free text. `logprobs`: None = off; N =
+    the sampled token's log-probability and the N most likely alternatives at each step (0..20).
+    `thinking_budget` (ours): reasoning tokens after which the engine closes the reasoning itself (it forces
+    the chat template's `\n</think>\n\n` in place of the next token); -1 = no budget, None = not set.
     """
 
     max_tokens: int | None = None
@@ -40,6 +49,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    thinking_budget: int | None = None
+    structured: StructuredSpec | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Accept the vLLM spellings `stop="x"` and lists, store tuples (hashable, immutable).
@@ -54,7 +66,9 @@ class SamplingParams:
         tp = self.top_p
         _check(tp is None or (_num(tp) and 0.0 < tp <= 1.0), "top_p", tp, "must be in (0, 1]")
         tk = self.top_k
-        _check(tk is None or (_int(tk) and tk >= -1), "top_k", tk, "must be -1, 0 (off) or >= 1")
+        _check(
+            tk is None or (_int(tk) and -1 <= tk < 2**31), "top_k", tk, "must be -1, 0 (off) or in 1..2**31-1"
+        )
         _check(_opt_range(self.min_p, 0.0, 1.0), "min_p", self.min_p, "must be in [0, 1]")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
@@ -67,6 +81,15 @@ class SamplingParams:
         ids = self.stop_token_ids
         _check(all(_int(t) and t >= 0 for t in ids), "stop_token_ids", ids, "must be token ids >= 0")
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "must be a bool")
+        tb = self.thinking_budget
+        _check(tb is None or (_int(tb) and tb >= -1), "thinking_budget", tb, "must be -1 (none) or >= 0")
+        lp = self.logprobs
+        _check(
+            lp is None or (_int(lp) and 0 <= lp <= MAX_LOGPROBS),
+            "logprobs",
+            lp,
+            f"must be in [0, {MAX_LOGPROBS}]",
+        )
 
     @property
     def greedy(self) -> bool:
@@ -148,6 +171,15 @@ class FinishReason:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ReasoningTokens:
+    """The tokenizer's reasoning markers, as the scheduler needs them to enforce a thinking budget."""
+
+    start_id: int  # `<think>`
+    end_id: int  # `</think>`
+    close_ids: tuple[int, ...]  # the chat template's `\n</think>\n\n`, forced when a budget is spent
+
+
 @dataclass(slots=True, eq=False)
 class Request:
     """One generation request. `token_ids` is prompt + output; the scheduler feeds
@@ -173,6 +205,10 @@ class Request:
     admitted_time: float | None = field(default=None, init=False)  # scheduler clock when given a lane
     first_token_time: float | None = field(default=None, init=False)  # ... when its first token was sampled
     finish_reason: FinishReason | None = field(default=None, init=False)
+    # Inside the reasoning (the prompt opened `<think>`, or the output did, and no `</think>` came yet) and
+    # how many reasoning tokens were generated: the thinking budget's count (Scheduler.commit).
+    in_reasoning: bool = field(default=False, init=False)
+    num_reasoning_tokens: int = field(default=0, init=False)
     # Chained page hashes of token_ids' full pages, extended lazily (engine.cache.prefix).
     page_hashes: list[bytes] = field(default_factory=list, init=False)
 
@@ -209,12 +245,23 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A sampled token's log-probability under the model (the raw logits' log-softmax, before penalties,
+    grammar masks and temperature) and the `SamplingParams.logprobs` most likely tokens, best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TokenEvent:
     """New tokens of one request from one step (more than one once speculative decoding lands)."""
 
     request_id: str
     token_ids: tuple[int, ...]
     num_output_tokens: int  # after these tokens
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token when the request asked for them
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,10 @@ seeded generators. Must not touch requests or the scheduler: the runner passes l
 
 Order of the warpers follows HF transformers (the reference oracle): penalties on the raw logits,
 then temperature, top-k, top-p, min-p. temperature 0 is greedy: argmax of the penalized logits.
+A structured-output row's grammar bitmask sets the logits of the tokens it forbids to -inf right after
+the penalties, so greedy and sampled rows alike pick an allowed token. The mask is computed on the host
+before anything in `sample` waits for the device, so it overlaps the forward (and the CUDA-graph replay,
+which it leaves untouched: it applies to the logits the graph produced).
 Sampling uses the exponential race (argmax of probs / Exp(1) noise), drawn per row from that row's
 generator: a request with a `seed` owns a generator seeded once, so its tokens depend only on its own
 logits and seed, never on which other requests share the batch.
@@ -18,7 +22,9 @@ from dataclasses import replace
 
 import torch
 
-from engine.request import SamplingParams
+from engine.request import SamplingParams, TokenLogprob
+from engine.structured.compiler import GrammarCompiler
+from engine.structured.matchers import GrammarRows
 
 # Default sampling by model family and thinking mode (issue 4; Qwen's model cards).
 _NON_THINKING = SamplingParams(temperature=0.7, top_p=0.8, top_k=20, min_p=0.0, presence_penalty=1.5)
@@ -28,6 +34,28 @@ SAMPLING_PRESETS: dict[tuple[str, bool], SamplingParams] = {
     ("moe", True): SamplingParams(temperature=1.0, top_p=0.95, top_k=20, min_p=0.0, presence_penalty=1.5),
     ("moe", False): _NON_THINKING,
 }
+
+
+# Reasoning-effort tiers (OpenAI `reasoning_effort` / Responses `reasoning.effort` / `--reasoning-effort`) ->
+# thinking budgets: reasoning tokens before the engine closes the reasoning itself (README "Thinking"). `none`
+# turns thinking off; `max` sets no budget (-1). The tiers grow about 4x per step up to Qwen's recommended
+# 32,768-token output for hard problems.
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+EFFORT_THINKING_BUDGETS: dict[str, int] = {
+    "minimal": 512,
+    "low": 2048,
+    "medium": 8192,
+    "high": 16384,
+    "xhigh": 32768,
+    "max": -1,
+}
+
+
+def effort_thinking(effort: str) -> tuple[bool, int | None]:
+    """(thinking on, thinking budget) of a reasoning-effort tier; ValueError for an unknown tier."""
+    if effort not in REASONING_EFFORTS:
+        raise ValueError(f"reasoning effort {effort!r}: must be one of {', '.join(REASONING_EFFORTS)}")
+    return effort != "none", EFFORT_THINKING_BUDGETS.get(effort)
 
 
 def default_sampling(*, moe: bool, thinking: bool) -> SamplingParams:
@@ -78,6 +106,37 @@ def apply_penalties(
     return logits
 
 
+_BYTE_BITS: dict[torch.device, torch.Tensor] = {}
+
+
+def _byte_bits(device: torch.device) -> torch.Tensor:
+    """[256, 8] bool: bit j of byte value v (the lookup that unpacks a bitmask in one gather)."""
+    table = _BYTE_BITS.get(device)
+    if table is None:
+        values = torch.arange(256, dtype=torch.int32, device=device)
+        table = ((values[:, None] >> torch.arange(8, dtype=torch.int32, device=device)) & 1).bool()
+        _BYTE_BITS[device] = table
+    return table
+
+
+def apply_token_bitmask_(
+    logits: torch.Tensor,  # [B, V] float, modified in place
+    bitmask: torch.Tensor,  # [B, ceil(V / 32)] int32; bit b of word w allows token 32 * w + b
+) -> torch.Tensor:
+    """Set the logits of the tokens each row's bitmask forbids to -inf.
+
+    The int32 words are read as little-endian bytes (x86 and CUDA devices), so byte k of the row holds
+    tokens 8k..8k+7 and one table gather unpacks every bit.
+    """
+    vocab_size = logits.shape[-1]
+    assert bitmask.dtype == torch.int32 and bitmask.shape == (logits.shape[0], -(-vocab_size // 32)), (
+        f"bitmask {tuple(bitmask.shape)} {bitmask.dtype} does not fit logits {tuple(logits.shape)}"
+    )
+    table = _byte_bits(logits.device)
+    allowed = table[bitmask.view(torch.uint8).long()].flatten(1)[:, :vocab_size]
+    return logits.masked_fill_(~allowed, float("-inf"))
+
+
 TOP_K_CANDIDATES = 1024  # rows all with 0 < top_k <= this filter their top-k candidates, not a full sort
 
 
@@ -112,11 +171,41 @@ def filter_logits(
     return torch.full_like(logits, float("-inf")).scatter_(1, sorted_idx, sorted_logits)
 
 
+def token_logprobs(
+    logits: torch.Tensor,  # [B, V] the raw logits
+    token_ids: Sequence[int],  # [B] the sampled tokens
+    num_top: Sequence[int | None],  # [B] alternatives wanted per row; None: the row wants none
+) -> list[TokenLogprob | None]:
+    """Each row's sampled-token log-probability and its `num_top` best tokens (one host copy)."""
+    want = [i for i, n in enumerate(num_top) if n is not None]
+    out: list[TokenLogprob | None] = [None] * len(num_top)
+    if not want:
+        return out
+    index = torch.tensor(want, device=logits.device)
+    lp = logits[index].float().log_softmax(dim=-1)
+    chosen = lp.gather(1, torch.tensor([[token_ids[i]] for i in want], device=logits.device))[:, 0]
+    k = max(int(num_top[i] or 0) for i in want)
+    top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    chosen_h, top_vh, top_ih = chosen.tolist(), top_v.tolist(), top_i.tolist()
+    for j, row in enumerate(want):
+        n = int(num_top[row] or 0)
+        top = tuple(zip(top_ih[j][:n], top_vh[j][:n], strict=True))
+        out[row] = TokenLogprob(token_ids[row], chosen_h[j], top)
+    return out
+
+
 class Sampler:
     """Batched sampling with one generator per seeded request (kept until `release`)."""
 
-    def __init__(self, device: torch.device | str = "cpu", seed: int | None = None) -> None:
+    def __init__(
+        self,
+        device: torch.device | str = "cpu",
+        seed: int | None = None,
+        grammars: GrammarCompiler | None = None,
+    ) -> None:
+        """grammars: compiles `SamplingParams.structured`; None = structured outputs are not served."""
         self.device = torch.device(device)
+        self.grammars = None if grammars is None else GrammarRows(grammars, self.device)
         self._default = torch.Generator(device=self.device)
         if seed is not None:
             self._default.manual_seed(seed)
@@ -136,8 +225,21 @@ class Sampler:
         return gen
 
     def release(self, request_ids: Iterable[str]) -> None:
-        for request_id in request_ids:
+        ids = list(request_ids)
+        for request_id in ids:
             self._generators.pop(request_id, None)
+        if self.grammars is not None:
+            self.grammars.release(ids)
+
+    @staticmethod
+    def constrains(params: Sequence[SamplingParams]) -> bool:
+        """Some row has an output grammar (the runner's greedy fast path must not skip `sample`)."""
+        return any(p.structured is not None for p in params)
+
+    def commit(self, request_ids: Sequence[str], token_ids: Sequence[int]) -> None:
+        """The tokens `sample` chose, on the host: advance the rows' grammar matchers past them."""
+        if self.grammars is not None:
+            self.grammars.commit(request_ids, token_ids)
 
     def sample(
         self,
@@ -149,7 +251,12 @@ class Sampler:
         """Next token of each row."""
         assert logits.dim() == 2 and logits.shape[0] == len(params) == len(request_ids), "one row per request"
         dev = logits.device
-        greedy_tokens, probs = processed_distribution(logits, params, counts)
+        mask = None
+        if self.constrains(params):  # host work first: it overlaps the forward still running
+            if self.grammars is None:
+                raise ValueError("structured outputs need a Sampler built with a GrammarCompiler")
+            mask = self.grammars.bitmask([p.structured for p in params], request_ids)  # (rows, [R, W])
+        greedy_tokens, probs = processed_distribution(logits, params, counts, mask)
         if probs is None:
             return greedy_tokens
         greedy = [p.temperature == 0.0 for p in params]
@@ -167,17 +274,25 @@ def processed_distribution(
     logits: torch.Tensor,  # [B, V]
     params: Sequence[SamplingParams],
     counts: torch.Tensor | None = None,  # [B, V] output-token occurrences, for penalties
+    mask: tuple[Sequence[int], torch.Tensor] | None = None,  # (constrained rows, their packed token bitmask)
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The distribution each row samples from, after every warper: (greedy tokens [B] = argmax of the
-    penalized logits, probs [B, V] fp32 or None when every row is greedy). A greedy row's probs row is
-    the filtered softmax at temperature 1 (unused: greedy rows take the argmax). `Sampler.sample` and
-    speculative verification (engine/spec/verify.py) both draw from exactly this."""
+    penalized (and grammar-masked) logits, probs [B, V] fp32 or None when every row is greedy). A greedy
+    row's probs row is the filtered softmax at temperature 1 (unused: greedy rows take the argmax).
+    `Sampler.sample` and speculative verification (engine/spec/verify.py) both draw from exactly this."""
     dev = logits.device
     logits = logits.float().clone()
     presence = _column(params, "presence_penalty", 0.0, dev)
     frequency = _column(params, "frequency_penalty", 0.0, dev)
     if counts is not None and bool((presence != 0).any() or (frequency != 0).any()):
         apply_penalties(logits, counts.to(dev, torch.float32), presence, frequency)
+    if mask is not None:
+        rows, bits = mask
+        if len(rows) == logits.shape[0]:
+            apply_token_bitmask_(logits, bits)
+        else:  # only the constrained rows pay for the unpacking
+            index = torch.tensor(list(rows), device=dev)
+            logits[index] = apply_token_bitmask_(logits[index], bits)
     greedy_tokens = logits.argmax(dim=-1)
     greedy = [p.temperature == 0.0 for p in params]
     if all(greedy):

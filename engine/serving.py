@@ -57,12 +57,17 @@ class AsyncEngine:
         model_id: str,
         seed: int | None = None,
         server_sampling: SamplingParams | None = None,
+        synthetic: str | None = None,
+        weights_id: str | None = None,
     ) -> None:
+        """`synthetic`: the geometry name when the weights are random (engine/testing/synthetic.py: servers
+        must say so); `weights_id`: what the metrics' model-info labels name ("" when None)."""
         self.config = config
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.model_config: ModelConfig = model.config
         self._core = EngineCore(model, tokenizer, config, seed=seed, server_sampling=server_sampling)
+        self.grammars = self._core.grammars  # structured outputs: `grammars.check(spec)` before `generate`
         self._cv = threading.Condition()
         self._commands: list[_Add | _Abort] = []
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event | ValueError]]] = {}
@@ -73,14 +78,13 @@ class AsyncEngine:
         self._stats = self._core.stats()
         self.error: BaseException | None = None
         self._keep: object = None  # keeps the artifact (and its memory map) alive
-        # The geometry name when the weights are random (engine/synthetic.py), else None; servers must say so.
-        self.synthetic: str | None = None
-        self.weights_id: str | None = None  # what the metrics' model-info labels name ("" when None)
+        self.synthetic = synthetic
+        self.weights_id = weights_id
 
     @classmethod
     def from_artifact(
         cls,
-        path: str | Path | None,
+        path: str | Path,
         config: EngineConfig,
         *,
         device: torch.device | str | None = None,
@@ -88,7 +92,7 @@ class AsyncEngine:
         seed: int | None = None,
         server_sampling: SamplingParams | None = None,
     ) -> AsyncEngine:
-        """Load `path` (None = the embedded demo model). Not started: call `start()`."""
+        """Load `path`. Not started: call `start()`."""
         loaded = load_artifact(path, device=device, dtype=dtype, with_mtp=config.spec == "mtp")
         engine = cls(
             loaded.model,
@@ -99,27 +103,6 @@ class AsyncEngine:
             server_sampling=server_sampling,
         )
         engine._keep = loaded.artifact
-        return engine
-
-    @classmethod
-    def from_synthetic(
-        cls,
-        name: str,
-        config: EngineConfig,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        seed: int | None = None,
-        server_sampling: SamplingParams | None = None,
-    ) -> AsyncEngine:
-        """Random weights of geometry `name` built on the device, the real Qwen3.5 tokenizer and chat
-        template, model id `<name>-synthetic` (engine/synthetic.py). Not started: call `start()`."""
-        from engine.synthetic import SYNTHETIC_WEIGHTS_ID, load_synthetic
-
-        model, tokenizer, model_id = load_synthetic(name, device=device, dtype=dtype)
-        engine = cls(model, tokenizer, config, model_id=model_id, seed=seed, server_sampling=server_sampling)
-        engine.synthetic = name
-        engine.weights_id = SYNTHETIC_WEIGHTS_ID
         return engine
 
     # ---- lifecycle ------------------------------------------------------------------------------

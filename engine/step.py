@@ -88,36 +88,45 @@ class RowPlan:
 
 @dataclass(frozen=True, slots=True)
 class HostPark:
-    """Copy a retained sequence to host RAM as entry `key` (`HostParking.park`)."""
+    """Copy a retained sequence into host blocks `block_ids` as entry `key` (the scheduler chose the blocks).
+
+    Entry bytes, layer-major (engine/cache/host_layout.py): pages 0..len(page_ids)-1 of every paged
+    tensor, then one state snapshot per `state_slots` entry, in order.
+    """
 
     key: int
     page_ids: tuple[int, ...]  # pages covering [0, max L)
-    token_ids: tuple[int, ...]  # [0, max L)
-    checkpoints: tuple[tuple[int, int], ...]  # (L, state slot holding the state after token L-1)
+    state_slots: tuple[int, ...]  # one per checkpoint, ascending L: the slot holding the state after L-1
+    block_ids: tuple[int, ...]  # host blocks the entry's bytes go to, in order
 
 
 @dataclass(frozen=True, slots=True)
 class HostUnpark:
-    """Copy checkpoint `num_tokens` of parked entry `key` into a lane (`HostParking.unpark`)."""
+    """Copy checkpoint `checkpoint_index` of parked entry `key` (in `block_ids`) into a lane's pages and slot."""
 
     key: int
     page_ids: tuple[int, ...]  # the lane's first ceil(num_tokens / page_size) pages
     state_slot: int  # the lane's working slot
-    num_tokens: int
-    keep: bool  # keep the entry parked (it holds later checkpoints than the one restored)
+    num_tokens: int  # the restored checkpoint L
+    block_ids: tuple[int, ...]  # the entry's host blocks
+    entry_num_pages: int  # the entry's page count (the stride between paged tensors in its bytes)
+    checkpoint_index: int  # which of the entry's state snapshots
     request_id: str = ""  # the restoring request (its lane is not runnable until the report)
     lane: int = -1
 
 
 @dataclass(frozen=True, slots=True)
 class HostRestoreReport:
-    """Runner -> scheduler: a `HostUnpark` finished. `ok=False`: the entry was corrupt or did not match
-    the cache; it has been dropped and the lane must prefill cold."""
+    """Runner -> scheduler: a `HostUnpark` finished (or its lane was released and its copies are queued
+    before anything that reuses the pages). `ok=False`: the copy could not run; `drop_reason` says why
+    ("mismatch": the entry does not fit the cache, "corrupt": it cannot be restored). The scheduler then
+    drops the entry (only it changes the host index) and re-plans the lane as a cold prefill."""
 
     request_id: str
     lane: int
     ok: bool
     error: str = ""
+    drop_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,6 +129,10 @@ class Tokenizer:
                 self._hf_literal = literal
             return self._hf_literal
 
+    def to_json(self) -> str:
+        """The HF `tokenizer.json` text (grammar engines build their own vocabulary from it)."""
+        return self._json
+
     def token_to_id(self, token: str) -> int | None:
         value = self._hf.token_to_id(token)
         return None if value is None else int(value)

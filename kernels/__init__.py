@@ -49,7 +49,7 @@ from kernels.norm import (
     rms_norm,
     rms_norm_ref,
 )
-from kernels.quant import quant_linear, quant_linear_ref
+from kernels.quant import quant_linear, quant_linear_ref, quant_moe_experts, quant_moe_experts_ref
 from kernels.rope import (
     apply_rope_qk,
     apply_rope_qk_ref,
@@ -99,6 +99,8 @@ __all__ = [
     "paged_prefill_attention_ref",
     "quant_linear",
     "quant_linear_ref",
+    "quant_moe_experts",
+    "quant_moe_experts_ref",
     "recurrent_gated_delta_rule_ref",
     "rms_norm",
     "rms_norm_ref",

@@ -11,8 +11,8 @@ Triton GEMV for at most 8 rows on the weight shapes where it was measured faster
 ``kernels.linear.GEMV_FASTER``; ``F.linear`` for everything else) or ``on`` (the Triton GEMV for every linear
 of at most 8 rows wherever the kernels run Triton).
 
-``kernels`` may not import ``engine``, so this is the one place in the package that reads the
-environment; it is read once, at import.
+``kernels`` may not import ``engine``, so this is the one place that reads these two variables, once, at
+import; ``engine/env.py`` (every variable NInfer reads) reports the values parsed here.
 """
 
 from __future__ import annotations
@@ -28,20 +28,27 @@ try:  # NOTE: Triton is an optional (GPU) dependency; the references never need 
 except ImportError:
     HAS_TRITON = False
 
-KERNELS_MODE = os.environ.get("NINFER_KERNELS", "auto").strip().lower()
-if KERNELS_MODE not in ("auto", "ref", "triton"):
-    raise ValueError(f"NINFER_KERNELS={KERNELS_MODE!r}: expected 'auto', 'ref' or 'triton'")
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def _parse(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    mode = value.strip().lower()
+    if mode not in allowed:
+        raise ValueError(f"{name}={value!r}: expected {', '.join(repr(a) for a in allowed)}")
+    return mode
+
+
+def parse_kernels_mode(value: str) -> str:
+    """``NINFER_KERNELS``'s value, normalised: ``auto`` (``triton`` is the same), or ``ref``."""
+    return _parse("NINFER_KERNELS", value, ("auto", "ref", "triton"))
 
 
 def parse_gemv_mode(value: str) -> str:
     """``NINFER_GEMV``'s value, normalised: ``auto``, ``on`` or ``off``; ValueError for anything else."""
-    mode = value.strip().lower()
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(f"NINFER_GEMV={value!r}: expected 'auto', 'on' or 'off'")
-    return mode
+    return _parse("NINFER_GEMV", value, ("auto", "on", "off"))
 
 
+KERNELS_MODE = parse_kernels_mode(os.environ.get("NINFER_KERNELS", "auto"))
 GEMV_MODE = parse_gemv_mode(os.environ.get("NINFER_GEMV", "off"))
 
 

@@ -4,6 +4,13 @@ Input: system text (a first block starting `x-anthropic-billing-header:` is drop
 thinking history (signatures are opaque), tool_use / tool_result (results are put in call order and
 `is_error` is rendered), a final text-only assistant message as a prefill. Output: thinking, text and
 tool_use blocks; usage splits the prompt into `input_tokens` + `cache_read_input_tokens`.
+
+Thinking follows the Messages API: off unless the request enables it (`thinking` missing means off on this
+route, whatever the server's default), so `content[0]` is the answer. `enabled` carries `budget_tokens`,
+which the engine enforces (`SamplingParams.thinking_budget`); `adaptive` sets no budget of its own.
+Message threads (the `thread` field of the `message-threads` beta, which the SDK's tool runner sends) are
+not kept by this server: such a request gets the API's own `thread_unsupported_request` refusal, on which
+the SDK resends the whole conversation without a thread.
 """
 
 from __future__ import annotations
@@ -11,9 +18,10 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from api import structured
 from api.anthropic.schemas import CountTokensRequest, MessagesRequest
 from api.errors import ApiError, invalid
 from api.generation import Outcome
@@ -21,6 +29,7 @@ from api.options import ServerOptions
 from api.sampling import sampling_params, stop_strings
 from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCallEvent
 from engine.request import SamplingParams
+from engine.structured import StructuredSpec
 
 BILLING_HEADER = "x-anthropic-billing-header:"
 MEDIA_BLOCKS = ("image", "document", "search_result", "container_upload")
@@ -178,16 +187,14 @@ def anthropic_tools(
     tools: list[dict[str, Any]] | None, choice: dict[str, Any] | None
 ) -> list[dict[str, Any]] | None:
     kind = (choice or {}).get("type", "auto")
-    if kind not in ("auto", "none"):
-        raise invalid("only tool_choice auto and none are supported", param="tool_choice.type")
+    if kind not in ("auto", "none", "any", "tool"):
+        raise invalid("tool_choice.type must be auto, any, tool or none", param="tool_choice.type")
     out = []
     for i, tool in enumerate(tools or ()):
         if tool.get("type") not in (None, "custom"):
             raise invalid(f"server tool {tool.get('type')!r} is not supported", param=f"tools[{i}].type")
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise invalid("a tool needs a name", param=f"tools[{i}].name")
-        if tool.get("strict"):
-            raise invalid("strict tools are not supported", param=f"tools[{i}].strict")
         fn = {
             "name": tool["name"],
             "description": tool.get("description", ""),
@@ -197,9 +204,38 @@ def anthropic_tools(
     return out if out and kind != "none" else None
 
 
+def output_spec(req: MessagesRequest, tools: list[dict[str, Any]] | None) -> StructuredSpec | None:
+    """The grammar for `output_config.format` (or the beta `output_format`), strict tools and the forcing
+    tool choices (`any`, `tool`), `disable_parallel_tool_use`."""
+    choice = req.tool_choice or {}
+    kind = choice.get("type", "auto")
+    calls = None
+    if tools:
+        forced = "" if kind == "any" else choice.get("name") if kind == "tool" else None
+        if kind == "tool" and not isinstance(forced, str):
+            raise invalid("tool_choice of type tool needs a name", param="tool_choice.name")
+        defs = [
+            structured.tool_def(t.get("name"), t.get("input_schema"), bool(t.get("strict")), f"tools[{i}]")
+            for i, t in enumerate(req.tools or ())
+        ]
+        parallel = not choice.get("disable_parallel_tool_use", False)
+        calls = structured.tools_spec(defs, forced=forced, parallel=parallel)
+    elif kind in ("any", "tool"):
+        raise invalid(f"tool_choice {kind!r} requires tools", param="tool_choice.type")
+    extra = req.model_extra or {}
+    config = extra.get("output_config")
+    fmt, where = (config.get("format"), "output_config.format") if isinstance(config, dict) else (None, "")
+    if fmt is None and extra.get("output_format") is not None:
+        fmt, where = extra["output_format"], "output_format"
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        fmt = {**fmt, "strict": True}  # Anthropic's structured outputs always hold the schema
+    spec = structured.json_format(fmt, where) if fmt is not None else None
+    return structured.pick(calls if calls is not None and calls.trigger is None else None, spec, calls)
+
+
 def thinking_mode(thinking: dict[str, Any] | None, max_tokens: int, options: ServerOptions) -> bool:
     if thinking is None:
-        return options.thinking
+        return False  # the Messages API thinks only when asked
     kind = thinking.get("type")
     if thinking.get("display") == "omitted":
         raise invalid("thinking.display 'omitted' is not supported", param="thinking.display")
@@ -219,13 +255,27 @@ def thinking_mode(thinking: dict[str, Any] | None, max_tokens: int, options: Ser
     raise invalid("thinking.type must be 'enabled', 'disabled' or 'adaptive'", param="thinking.type")
 
 
+def refuse_thread(req: MessagesRequest | CountTokensRequest) -> None:
+    """A `thread` (message-threads beta) is refused the way the API refuses one it cannot keep."""
+    if (req.model_extra or {}).get("thread") is not None:
+        raise ApiError(
+            400,
+            "thread_unsupported_request",
+            "this server does not keep message threads; send the full conversation without `thread`",
+            param="thread",
+            details={"error_code": "thread_unsupported_request"},
+        )
+
+
 def messages_plan(req: MessagesRequest, options: ServerOptions) -> MessagesPlan:
+    refuse_thread(req)
     max_tokens = req.max_tokens or options.default_max_tokens
     messages, prefill = chat_messages(req.system, req.messages)
     tools = anthropic_tools(req.tools, req.tool_choice)
     thinking = thinking_mode(req.thinking, max_tokens, options)
     stops = stop_strings(req.stop_sequences, param="stop_sequences")
     params = sampling_params(req, max_tokens=max_tokens, stop=stops)
+    params = replace(params, structured=output_spec(req, tools))
     budget = (req.thinking or {}).get("budget_tokens") if thinking else None
     enabled = (req.thinking or {}).get("type") == "enabled"
     return MessagesPlan(

@@ -18,7 +18,7 @@ class MessagesRequest(BaseModel):
     stream: bool = False
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = Field(default=None, ge=-1, le=20)
+    top_k: int | None = Field(default=None, ge=-1)
     thinking: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None

@@ -1,8 +1,10 @@
 """OpenAI Chat Completions <-> the chat template's messages and the parsed generation.
 
 Requests: roles system/developer/user/assistant/tool (and legacy `function`), text/refusal parts,
-assistant `reasoning_content`/`reasoning` history and `tool_calls`, function tools with tool_choice
-auto/none/allowed_tools. Everything the server cannot honour is a 400 naming the field.
+assistant `reasoning_content`/`reasoning` history and `tool_calls` (or a legacy `function_call`), function
+tools with tool_choice auto/none/allowed_tools; the legacy `functions` / `function_call` are the same tools
+and choice (`{"name": F}` is the named choice). `reasoning_effort` picks thinking on/off and the tier's
+thinking budget (engine.sampling). Everything the server cannot honour is a 400 naming the field.
 Responses: `reasoning_content` for reasoning, `tool_calls` with `call_…` ids, usage with cached tokens.
 """
 
@@ -11,17 +13,21 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from api import structured
 from api.errors import ApiError, invalid
 from api.generation import Outcome
 from api.openai.schemas import ChatCompletionRequest
 from api.options import ServerOptions
 from api.sampling import sampling_params, stop_strings
 from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCall, ToolCallEvent
-from engine.request import SamplingParams
+from engine.request import MAX_LOGPROBS, SamplingParams
+from engine.sampling import effort_thinking
+from engine.structured import StructuredSpec, ToolDef
 
+MAX_CHOICES = 8  # Chat `n`
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
@@ -34,6 +40,8 @@ class ChatPlan:
     preserve_thinking: bool
     params: SamplingParams
     max_tokens: int
+    n: int = 1
+    legacy_functions: bool = False  # the request used `functions`: answer with `function_call`
 
 
 def call_id() -> str:
@@ -94,6 +102,9 @@ def chat_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
             calls = message.get("tool_calls")
             if calls is not None and not isinstance(calls, list):
                 raise invalid("tool_calls must be a list", param=f"{where}.tool_calls")
+            legacy = message.get("function_call")
+            if not calls and isinstance(legacy, Mapping):
+                calls = [{"id": None, "type": "function", "function": legacy}]
             if calls:
                 item["tool_calls"] = [
                     _history_call(call, f"{where}.tool_calls[{k}]") for k, call in enumerate(calls)
@@ -128,21 +139,77 @@ def function_tools(tools: list[dict[str, Any]] | None, param: str = "tools") -> 
         fn = tool["function"]
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise invalid("a function tool needs a name", param=f"{where}.function.name")
-        if fn.get("strict"):
-            raise invalid("strict function tools are not supported", param=f"{where}.function.strict")
         out.append({"type": "function", "function": {k: v for k, v in fn.items() if k != "strict"}})
     return out
 
 
-def tool_choice_mode(choice: str | dict[str, Any] | None, param: str = "tool_choice") -> str:
-    """auto | none; `allowed_tools` is accepted as auto. required / a named function are refused."""
-    if choice is None or choice == "auto":
-        return "auto"
-    if choice == "none":
-        return "none"
+def with_legacy_functions(req: ChatCompletionRequest) -> ChatCompletionRequest:
+    """`req` with the legacy `functions` / `function_call` spelled as `tools` / `tool_choice`, so everything
+    after reads only the current fields (`{"name": F}` becomes the named choice)."""
+    if req.functions is None:
+        if req.function_call is not None:
+            raise invalid("function_call needs functions", param="function_call")
+        return req
+    if req.tools is not None:
+        raise invalid("give tools or the legacy functions, not both", param="functions")
+    tools = [{"type": "function", "function": fn} if isinstance(fn, Mapping) else fn for fn in req.functions]
+    choice = req.function_call
+    if isinstance(choice, Mapping):
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    return req.model_copy(
+        update={"tools": tools, "tool_choice": req.tool_choice if choice is None else choice}
+    )
+
+
+def tool_defs(tools: list[dict[str, Any]] | None, param: str = "tools") -> list[ToolDef]:
+    """The grammar's view of Chat (`{type, function: {...}}`) or Responses (flat) function tools."""
+    defs = []
+    for i, tool in enumerate(tools or ()):
+        nested = tool.get("function")
+        fn: Mapping[str, Any] = nested if isinstance(nested, Mapping) else tool
+        where = f"{param}[{i}]" + (".function" if fn is not tool else "")
+        defs.append(structured.tool_def(fn.get("name"), fn.get("parameters"), bool(fn.get("strict")), where))
+    return defs
+
+
+def tool_choice_mode(choice: Any, param: str = "tool_choice") -> str:
+    """auto | none | required | function (a named function: `forced_tool` gives its name);
+    `allowed_tools` is accepted as its mode (auto or required)."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return str(choice or "auto")
     if isinstance(choice, Mapping) and choice.get("type") == "allowed_tools":
-        return "auto"
-    raise invalid("only tool_choice 'auto', 'none' and allowed_tools are supported", param=param)
+        mode = choice.get("mode", (choice.get("allowed_tools") or {}).get("mode", "auto"))
+        return "required" if mode == "required" else "auto"
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        if not isinstance(forced_tool(choice), str):
+            raise invalid("a named tool_choice needs the function's name", param=param)
+        return "function"
+    raise invalid("tool_choice must be auto, none, required or a named function", param=param)
+
+
+def forced_tool(choice: Any) -> str | None:
+    """None (auto), "" (required: some tool) or the name a `{"type": "function", ...}` choice names."""
+    if choice == "required" or (
+        isinstance(choice, Mapping)
+        and choice.get("type") == "allowed_tools"
+        and tool_choice_mode(choice) == "required"
+    ):
+        return ""
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, Mapping) else choice.get("name")
+        return name if isinstance(name, str) else None
+    return None
+
+
+def effort_budget(effort: str | None, param: str = "reasoning_effort") -> int | None:
+    """The thinking budget of a reasoning-effort tier (None: no tier given); unknown tiers are 400s."""
+    if effort is None:
+        return None
+    try:
+        return effort_thinking(effort)[1]
+    except ValueError as exc:
+        raise invalid(str(exc), param=param) from None
 
 
 def thinking_choice(
@@ -168,24 +235,24 @@ def thinking_choice(
 
 
 def _refuse_unsupported(req: ChatCompletionRequest) -> None:
-    if req.n not in (None, 1):
-        raise invalid("only n=1 is supported", param="n")
-    if req.response_format is not None and req.response_format.get("type") not in (None, "text"):
-        raise invalid("structured output (response_format) is not supported", param="response_format")
+    if req.n is not None and not 1 <= req.n <= MAX_CHOICES:
+        raise invalid(f"n must be in [1, {MAX_CHOICES}]", param="n")
+    if req.n not in (None, 1) and req.stream:
+        raise invalid("n > 1 is supported without streaming only", param="n")
     if req.logit_bias and any(v != 0 for v in req.logit_bias.values()):
         raise invalid("logit_bias is not supported", param="logit_bias")
-    if req.logprobs or req.top_logprobs:
-        raise invalid("logprobs are not supported", param="logprobs")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid("top_logprobs needs logprobs: true", param="top_logprobs")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+        raise invalid(f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs")
     if req.audio is not None or (req.modalities and req.modalities != ["text"]):
         raise invalid("audio output is not supported", param="audio")
-    if req.parallel_tool_calls is False and req.tools:
-        raise invalid("parallel_tool_calls=false is not supported", param="parallel_tool_calls")
-    if req.reasoning_effort not in (None, "none", "minimal", "low", "medium", "high", "xhigh", "max"):
-        raise invalid(f"unknown reasoning_effort {req.reasoning_effort!r}", param="reasoning_effort")
 
 
 def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
+    req = with_legacy_functions(req)
     _refuse_unsupported(req)
+    budget = effort_budget(req.reasoning_effort)
     messages = chat_messages(req.messages)
     tools = function_tools(req.tools)
     mode = tool_choice_mode(req.tool_choice)
@@ -200,8 +267,29 @@ def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
     limit = options.default_max_tokens if max_tokens is None else max_tokens
     names = {"max_tokens": "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"}
     params = sampling_params(req, max_tokens=limit or None, stop=stop_strings(req.stop), names=names)
+    if budget is not None:
+        params = replace(params, thinking_budget=budget)
     rendered = tools if tools and mode != "none" else None
-    return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = replace(params, structured=output_spec(req, rendered, mode), logprobs=logprobs)
+    legacy = req.functions is not None
+    return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit, req.n or 1, legacy)
+
+
+def output_spec(
+    req: ChatCompletionRequest, tools: list[dict[str, Any]] | None, mode: str
+) -> StructuredSpec | None:
+    """The grammar for `response_format`, strict tools, a forced tool_choice, `parallel_tool_calls=false`."""
+    calls = None
+    if tools:
+        forced = forced_tool(req.tool_choice) if mode in ("required", "function") else None
+        parallel = req.parallel_tool_calls is not False
+        calls = structured.tools_spec(tool_defs(req.tools), forced=forced, parallel=parallel)
+    elif mode in ("required", "function"):
+        raise invalid("tool_choice requires tools", param="tool_choice")
+    fmt = structured.json_format(req.response_format, "response_format", schema_key="json_schema")
+    forcing = calls if calls is not None and calls.trigger is None else None
+    return structured.pick(forcing, fmt, calls)
 
 
 # ------------------------------------------------------------------------------------------- output
@@ -217,18 +305,41 @@ def usage(outcome: Outcome) -> dict[str, Any]:
     }
 
 
-def finish_reason(outcome: Outcome, has_calls: bool) -> str:
+def finish_reason(outcome: Outcome, has_calls: bool, *, legacy: bool = False) -> str:
     if outcome.finish in ("length", "context"):
         return "length"
-    return "tool_calls" if has_calls else "stop"
+    if has_calls:
+        return "function_call" if legacy else "tool_calls"
+    return "stop"
+
+
+def legacy_call_json(call: ToolCall) -> dict[str, Any]:
+    """A call in the legacy `function_call` shape (one per message: the first call when there are more)."""
+    return {"name": call.name, "arguments": call.arguments_json}
 
 
 def tool_call_json(call: ToolCall, cid: str) -> dict[str, Any]:
     return {"id": cid, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
 
 
+def chat_response_many(
+    completion_id: str, model: str, choices: list[tuple[list[StreamEvent], Outcome]]
+) -> dict[str, Any]:
+    """n choices of one prompt: usage counts the prompt once and every choice's completion."""
+    bodies = [chat_response(completion_id, model, events, outcome) for events, outcome in choices]
+    body = bodies[0]
+    body["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
+    for key in ("completion_tokens", "total_tokens"):
+        body["usage"][key] += sum(b["usage"]["completion_tokens"] for b in bodies[1:])
+    details = body["usage"]["completion_tokens_details"]
+    details["reasoning_tokens"] = sum(
+        b["usage"]["completion_tokens_details"]["reasoning_tokens"] for b in bodies
+    )
+    return body
+
+
 def chat_response(
-    completion_id: str, model: str, events: list[StreamEvent], outcome: Outcome
+    completion_id: str, model: str, events: list[StreamEvent], outcome: Outcome, *, legacy: bool = False
 ) -> dict[str, Any]:
     reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
     content = "".join(e.text for e in events if isinstance(e, ContentDelta))
@@ -236,7 +347,9 @@ def chat_response(
     message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
     if reasoning:
         message["reasoning_content"] = reasoning
-    if calls:
+    if calls and legacy:
+        message["function_call"] = legacy_call_json(calls[0])
+    elif calls:
         message["tool_calls"] = [tool_call_json(c, call_id()) for c in calls]
     return {
         "id": completion_id,
@@ -247,8 +360,10 @@ def chat_response(
             {
                 "index": 0,
                 "message": message,
-                "finish_reason": finish_reason(outcome, bool(calls)),
-                "logprobs": None,
+                "finish_reason": finish_reason(outcome, bool(calls), legacy=legacy),
+                "logprobs": None
+                if outcome.logprobs is None
+                else {"content": outcome.logprobs, "refusal": None},
             }
         ],
         "usage": usage(outcome),
@@ -258,11 +373,21 @@ def chat_response(
 class ChunkWriter:
     """Builds `chat.completion.chunk` payloads for one streamed completion."""
 
-    def __init__(self, completion_id: str, model: str) -> None:
+    def __init__(self, completion_id: str, model: str, *, legacy: bool = False) -> None:
         self.completion_id = completion_id
         self.model = model
+        self.legacy = legacy  # calls as the legacy `function_call` delta (the first one only)
         self.created = int(time.time())
         self.num_calls = 0
+        self.num_logprobs = 0  # entries of `Outcome.logprobs` already streamed
+
+    def with_logprobs(self, chunk: dict[str, Any], outcome: Outcome | None) -> dict[str, Any]:
+        """Attach the answer tokens' logprobs not yet sent (when the request asked for them)."""
+        if outcome is not None and outcome.logprobs is not None and len(outcome.logprobs) > self.num_logprobs:
+            new = outcome.logprobs[self.num_logprobs :]
+            self.num_logprobs = len(outcome.logprobs)
+            chunk["choices"][0]["logprobs"] = {"content": new, "refusal": None}
+        return chunk
 
     def chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {
@@ -278,9 +403,11 @@ class ChunkWriter:
             return self.chunk({"reasoning_content": event.text})
         if isinstance(event, ContentDelta):
             return self.chunk({"content": event.text})
-        call = tool_call_json(event.call, call_id())
-        call["index"] = self.num_calls
         self.num_calls += 1
+        if self.legacy:
+            return self.chunk({"function_call": legacy_call_json(event.call)} if self.num_calls == 1 else {})
+        call = tool_call_json(event.call, call_id())
+        call["index"] = self.num_calls - 1
         return self.chunk({"tool_calls": [call]})
 
     def usage_chunk(self, outcome: Outcome) -> dict[str, Any]:

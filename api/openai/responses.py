@@ -13,16 +13,23 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from api import pipeline
+from api import pipeline, structured
 from api.errors import ApiError, invalid
 from api.generation import Outcome
-from api.openai.convert import text_of_parts, thinking_choice, tool_choice_mode
+from api.openai.convert import (
+    effort_budget,
+    forced_tool,
+    text_of_parts,
+    thinking_choice,
+    tool_choice_mode,
+    tool_defs,
+)
 from api.openai.schemas import InputTokensRequest, ResponsesRequest
 from api.openai.store import StoredResponse
 from api.pipeline import Turn
@@ -31,6 +38,8 @@ from api.sampling import sampling_params, stop_strings
 from api.sse import sse_event
 from api.state import ServerState
 from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCallEvent
+from engine.request import MAX_LOGPROBS
+from engine.structured import StructuredSpec
 
 
 def _id(prefix: str) -> str:
@@ -162,8 +171,6 @@ def function_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
             )
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise invalid("a function tool needs a name", param=f"tools[{i}].name")
-        if tool.get("strict"):
-            raise invalid("strict function tools are not supported", param=f"tools[{i}].strict")
         fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
@@ -227,13 +234,27 @@ def count_input_tokens(state: ServerState, req: InputTokensRequest) -> int:
 def _refuse_unsupported(req: ResponsesRequest) -> None:
     if req.background:
         raise invalid("background responses are not supported", param="background")
-    fmt = (req.text or {}).get("format") or {}
-    if not isinstance(fmt, Mapping):
-        raise invalid('text.format must be an object such as {"type": "text"}', param="text.format")
-    if fmt.get("type") not in (None, "text"):
-        raise invalid("structured output (text.format) is not supported", param="text.format")
-    if req.parallel_tool_calls is False and req.tools:
-        raise invalid("parallel_tool_calls=false is not supported", param="parallel_tool_calls")
+
+
+def _flat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for tool in tools or ():
+        out.extend(_flat_tools(list(tool.get("tools") or ())) if tool.get("type") == "namespace" else [tool])
+    return out
+
+
+def output_spec(req: ResponsesRequest, plan: ResponsesPlan) -> StructuredSpec | None:
+    """The grammar for `text.format`, strict tools, a forced tool_choice, `parallel_tool_calls=false`."""
+    mode = tool_choice_mode(req.tool_choice)
+    calls = None
+    if plan.tools:
+        forced = forced_tool(req.tool_choice) if mode in ("required", "function") else None
+        parallel = req.parallel_tool_calls is not False
+        calls = structured.tools_spec(tool_defs(_flat_tools(req.tools)), forced=forced, parallel=parallel)
+    elif mode in ("required", "function"):
+        raise invalid("tool_choice requires tools", param="tool_choice")
+    fmt = structured.json_format((req.text or {}).get("format"), "text.format")
+    return structured.pick(calls if calls is not None and calls.trigger is None else None, fmt, calls)
 
 
 # ------------------------------------------------------------------------------------------ output
@@ -285,6 +306,7 @@ class ResponseBuilder:
             "tool_choice": req.tool_choice or "auto",
             "tools": req.tools or [],
             "top_p": req.top_p,
+            "top_logprobs": req.top_logprobs,
             "truncation": req.truncation or "disabled",
             "usage": None if outcome is None else usage(outcome),
             "user": req.user,
@@ -431,6 +453,9 @@ class ResponseBuilder:
     def finish(self, outcome: Outcome) -> tuple[str, dict[str, Any]]:
         """All open items closed; then exactly one terminal event (`response.completed` / `.incomplete`)."""
         status = "incomplete" if outcome.finish in ("length", "context") else "completed"
+        messages = [item for item in self.output if item.get("type") == "message"]
+        if outcome.logprobs is not None and messages:  # `include: ["message.output_text.logprobs"]`
+            messages[-1]["content"][0]["logprobs"] = outcome.logprobs
         final = self.snapshot(status, outcome)
         return self._event(f"response.{status}", response=final)
 
@@ -451,6 +476,12 @@ async def create(state: ServerState, request: Request, req: ResponsesRequest) ->
     params = sampling_params(
         req, max_tokens=max_tokens, stop=stop_strings(req.stop), names={"max_tokens": "max_output_tokens"}
     )
+    budget = effort_budget((req.reasoning or {}).get("effort"), "reasoning.effort")
+    wants = "message.output_text.logprobs" in (req.include or ())
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+        raise invalid(f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs")
+    logprobs = (req.top_logprobs or 0) if wants else None
+    params = replace(params, structured=output_spec(req, plan), logprobs=logprobs)
     turn = Turn(
         protocol="openai.responses",
         messages=plan.messages,
@@ -461,6 +492,7 @@ async def create(state: ServerState, request: Request, req: ResponsesRequest) ->
         max_tokens=max_tokens,
         stream=req.stream,
         prompt_param="input",
+        thinking_budget=budget,
         log_fields={"model": req.model, "continued": req.previous_response_id is not None},
     )
     return await pipeline.run(state, request, turn, ResponsesAdapter(state, req, plan))

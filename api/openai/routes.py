@@ -70,35 +70,44 @@ async def chat_completions(request: Request) -> Any:
         max_tokens=plan.max_tokens,
         stream=req.stream,
         log_fields={"model": model},
+        n=plan.n,
     )
     include_usage = bool((req.stream_options or {}).get("include_usage"))
-    return await pipeline.run(state, request, turn, ChatAdapter(new_id("chatcmpl-"), model, include_usage))
+    adapter = ChatAdapter(new_id("chatcmpl-"), model, include_usage, legacy=plan.legacy_functions)
+    return await pipeline.run(state, request, turn, adapter)
 
 
 class ChatAdapter:
     """Chat Completions output: one `chat.completion`, or `chat.completion.chunk` frames ending `[DONE]`."""
 
-    def __init__(self, completion_id: str, model: str, include_usage: bool) -> None:
+    def __init__(self, completion_id: str, model: str, include_usage: bool, *, legacy: bool = False) -> None:
         self.completion_id = completion_id
         self.model = model
         self.include_usage = include_usage
-        self.writer = convert.ChunkWriter(completion_id, model)
+        self.legacy = legacy  # the request used the legacy `functions`
+        self.writer = convert.ChunkWriter(completion_id, model, legacy=legacy)
+        self.outcome: Outcome | None = None  # the generation's (filled as it runs): streamed logprobs
 
     def body(self, events: list[StreamEvent], outcome: Outcome) -> dict[str, Any]:
-        return convert.chat_response(self.completion_id, self.model, events, outcome)
+        return convert.chat_response(self.completion_id, self.model, events, outcome, legacy=self.legacy)
+
+    def body_many(self, choices: list[tuple[list[StreamEvent], Outcome]]) -> dict[str, Any]:
+        return convert.chat_response_many(self.completion_id, self.model, choices)
 
     def opening(self, outcome: Outcome) -> list[str]:
+        self.outcome = outcome
         return [sse_data(self.writer.chunk({"role": "assistant", "content": ""}))]
 
     def frames(self, event: StreamEvent) -> list[str]:
-        return [sse_data(self.writer.event(event))]
+        return [sse_data(self.writer.with_logprobs(self.writer.event(event), self.outcome))]
 
     def failed(self, error: ApiError) -> list[str]:
         return [sse_data(openai_body(error)), "data: [DONE]\n\n"]
 
     def closing(self, outcome: Outcome) -> list[str]:
         writer = self.writer
-        out = [sse_data(writer.chunk({}, convert.finish_reason(outcome, writer.num_calls > 0)))]
+        last = writer.chunk({}, convert.finish_reason(outcome, writer.num_calls > 0, legacy=self.legacy))
+        out = [sse_data(writer.with_logprobs(last, outcome))]
         if self.include_usage:
             out.append(sse_data(writer.usage_chunk(outcome)))
         return [*out, "data: [DONE]\n\n"]

@@ -13,7 +13,7 @@ Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 class SamplingFields(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = Field(default=None, ge=-1, le=20)
+    top_k: int | None = Field(default=None, ge=-1)  # honoured as given (the presets use 20)
     min_p: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -29,6 +29,8 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None  # legacy spelling of `tools`
+    function_call: str | dict[str, Any] | None = None  # legacy spelling of `tool_choice`
     reasoning_effort: str | None = None
     enable_thinking: bool | None = None
     preserve_thinking: bool | None = None
@@ -71,6 +73,7 @@ class ResponsesRequest(SamplingFields):
     truncation: str | None = None
     user: str | None = None
     include: list[str] | None = None
+    top_logprobs: int | None = None
     background: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None

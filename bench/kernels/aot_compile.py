@@ -109,7 +109,7 @@ def discover(kernels_dir: Path = KERNELS_DIR) -> list[KernelSource]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# What the launchers pass at the Qwen3.6-27B geometry (engine/bench.py GEOMETRIES["qwen3.6-27b"]):
+# What the launchers pass at the Qwen3.6-27B geometry (engine/testing/synthetic.py GEOMETRIES["qwen3.6-27b"]):
 # hidden 5120, attention 24 q / 4 kv heads x 256, GDN 16 k / 48 v heads x 128, conv kernel 4, page size 64,
 # bf16 activations, weights and caches, fp32 GDN state, int64 slots, bool flags, int32 page tables.
 
@@ -268,7 +268,7 @@ VARIANTS: dict[str, list[Variant]] = {
             dict(HALF=32, BLOCK_T=2, BLOCK_HQ=32, BLOCK_HK=4, BLOCK_HALF=32),
         ),
     ],
-    # kernels/attention.py store_kv: BLOCK_D = next_pow2(head_dim); the float cache's scale pointers are the
+    # kernels/attention/store.py store_kv: BLOCK_D = next_pow2(head_dim); the float cache's scale pointers are the
     # caches themselves (placeholders) and its group constexprs are one group of HEAD_DIM
     "_store_kv_kernel": [
         Variant(
@@ -310,7 +310,7 @@ VARIANTS: dict[str, list[Variant]] = {
             ),
         ),
     ],
-    # kernels/attention.py paged_attention_decode: BLOCK_N = 32 for head_dim > 128, BLOCK_G = max(16, group)
+    # kernels/attention/decode.py paged_attention_decode: BLOCK_N = 32 for head_dim > 128, BLOCK_G = max(16, group)
     "_paged_attention_decode_kernel": [
         Variant(
             "Hq=24 Hkv=4 D=256 page 64 bf16",
@@ -352,7 +352,7 @@ VARIANTS: dict[str, list[Variant]] = {
             ),
         ),
     ],
-    # kernels/attention.py paged_prefill_attention (prefill_tiles): GROUP = 24 / 4, BLOCK_D = 256; on sm_90 bf16
+    # kernels/attention/prefill.py paged_prefill_attention (prefill_tiles): GROUP = 24 / 4, BLOCK_D = 256; on sm_90 bf16
     # 128 rows x 64 keys, 8 warps, 2 stages, int8 128 x 32, 3 stages; on other GPUs (sm_120) 64 x 32, 4 warps
     "_paged_prefill_attention_kernel": [
         Variant(
@@ -489,14 +489,18 @@ def signature(kernel: KernelSource, variant: Variant) -> tuple[dict[str, str], d
 
 
 def _torch_free_module(path: Path, out_dir: Path) -> ModuleType:
-    """The jit functions of one kernels/ module, copied into a module that imports only triton."""
-    source = path.read_text()
-    lines = source.splitlines()
+    """The jit functions of one kernels/ module, copied into a module that imports only triton. A module of a
+    kernel package (kernels/attention/decode.py) brings its siblings' jit functions too: its kernels call the
+    helpers they share (kernels/attention/int8.py's ``_dequantize_tile``)."""
+    siblings = [] if path.parent.name == KERNELS_DIR.name else sorted(set(path.parent.glob("*.py")) - {path})
     chunks = ["import triton\nimport triton.language as tl\n"]
-    for fn in _jit_functions(ast.parse(source)):
-        first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
-        assert fn.end_lineno is not None
-        chunks.append(textwrap.dedent("\n".join(lines[first - 1 : fn.end_lineno])))
+    for file in (path, *siblings):
+        source = file.read_text()
+        lines = source.splitlines()
+        for fn in _jit_functions(ast.parse(source)):
+            first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+            assert fn.end_lineno is not None
+            chunks.append(textwrap.dedent("\n".join(lines[first - 1 : fn.end_lineno])))
     name = "aot_" + "_".join(path.with_suffix("").parts[-2:])
     out = out_dir / f"{name}.py"
     out.write_text("\n\n".join(chunks) + "\n")

@@ -14,15 +14,15 @@ from typing import Any
 
 _GROUP_PTRS = {"x_ptr": "bf16", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16"}
 _GROUP_ALIGNED = ("x_stride", "codes_stride", "high_stride", "scales_stride")
-# (label, format bits, group, K, split): the 27B's Q4 q/k & gate_up (K 5120), Q5 o_proj (6144) and down
-# (17408), Q6 head (5120); the 35B-A3B's W8 (K 2048, and its o_proj 4096 split in 2)
+# (label, format bits, group, K, split): one shape per code path (each BITS; split and unsplit), to keep the
+# compile short, with gemv_tiles' split (K is split until the grid has MIN_PROGRAMS = 1024 programs): the
+# 27B's Q4 q/k [7168, 5120] (split 5), Q5 down [5120, 17408] (split 17), Q6 head [248320, 5120] (unsplit); the
+# 35B-A3B's W8 o_proj [2048, 4096] (split 8). Other K values only change the loop bound.
 _GROUP_SHAPES = (
-    ("27B Q4 K=5120", 4, 64, 5120, 1),
-    ("27B Q5 K=6144", 5, 64, 6144, 1),
-    ("27B Q5 K=17408", 5, 64, 17408, 1),
-    ("27B Q6 K=5120", 6, 64, 5120, 1),
-    ("35B-A3B W8 K=2048", 8, 32, 2048, 1),
-    ("35B-A3B W8 2048x4096 split 2", 8, 32, 4096, 2),
+    ("27B Q4 7168x5120 split 5", 4, 64, 5120, 5),
+    ("27B Q5 5120x17408 split 17", 5, 64, 17408, 17),
+    ("27B Q6 head K=5120", 6, 64, 5120, 1),
+    ("35B-A3B W8 2048x4096 split 8", 8, 32, 4096, 8),
 )
 
 
@@ -60,20 +60,24 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 aligned=_GROUP_ALIGNED,
                 num_warps=8,
             )
-            for label, bits, group, k, split in _GROUP_SHAPES
-            if split == 1
+            for label, bits, group, k in (
+                ("27B Q4 K=5120", 4, 64, 5120),
+                ("27B Q5 K=17408", 5, 64, 17408),
+                ("35B-A3B W8 K=2048", 8, 32, 2048),
+            )
         ],
-        # NVFP4 (27B nvfp4 and Qwen3.8's MLP): 32 rows, 256 columns a step; the 128x4 scale tiles' row stride
+        # NVFP4 (27B nvfp4 and Qwen3.8's MLP): 32 rows, 256 columns a step; the 128x4 scale tiles' row stride;
+        # MLP down [5120, 17408] split in 17
         "_quant_gemv_nvfp4_kernel": [
             variant(
-                f"K={k}",
-                dict(x_ptr="bf16", codes_ptr="u8", scales_ptr="u8", out_ptr="bf16"),
-                dict(K_SPLIT=k, BLOCK_N=32, BLOCK_K=256, NUM_STAGES=4),
+                f"K={k} split 17",
+                dict(x_ptr="bf16", codes_ptr="u8", scales_ptr="u8", out_ptr="fp32"),
+                dict(K_SPLIT=k // 17, BLOCK_N=32, BLOCK_K=256, NUM_STAGES=4),
                 floats=("divisor",),
                 aligned=("x_stride", "codes_stride", "tile_stride"),
                 num_stages=4,
             )
-            for k in (5120, 17408)
+            for k in (17408,)
         ],
         "_quant_gemm_nvfp4_kernel": [
             variant(
@@ -84,18 +88,19 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 aligned=("x_stride", "codes_stride", "tile_stride"),
                 num_warps=8,
             )
-            for k in (5120, 17408)
+            for k in (5120,)
         ],
-        # FP8 rows (Qwen3.8 mixed: embedding/head, attention/GDN projections, late MLP): 512 columns a step
+        # FP8 rows (Qwen3.8 mixed: embedding/head, attention/GDN projections, late MLP): 512 columns a step;
+        # MLP down [5120, 17408] split in 17
         "_quant_gemv_fp8_kernel": [
             variant(
-                f"K={k}",
-                dict(x_ptr="bf16", codes_ptr="u8", scales_ptr="bf16", out_ptr="bf16"),
-                dict(K_SPLIT=k, BLOCK_N=32, BLOCK_K=512, NUM_STAGES=4),
+                f"K={k} split 17",
+                dict(x_ptr="bf16", codes_ptr="u8", scales_ptr="bf16", out_ptr="fp32"),
+                dict(K_SPLIT=k // 17, BLOCK_N=32, BLOCK_K=512, NUM_STAGES=4),
                 aligned=("x_stride", "codes_stride"),
                 num_stages=4,
             )
-            for k in (5120, 6144, 17408)
+            for k in (17408,)
         ],
         "_quant_gemm_fp8_kernel": [
             variant(
@@ -105,6 +110,63 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 aligned=("x_stride", "codes_stride"),
                 num_warps=8,
             )
-            for k in (5120, 6144, 17408)
+            for k in (6144,)
+        ],
+        # quant_moe_experts at the 35B-A3B geometry: E 256, H 2048, I 512, top_k 8; gate_up Q4 (K 2048: 32
+        # groups), down Q5 and Q6 (K 512: 8 groups); quant_moe_tiles: BLOCK_N 32, BLOCK_H 16, 4 warps
+        "_quant_moe_gate_up_kernel": [
+            variant(
+                "35B-A3B gate_up Q4",
+                dict(
+                    x_ptr="bf16",
+                    codes_ptr="u8",
+                    high_ptr="u8",
+                    scales_ptr="fp16",
+                    ids_ptr="i64",
+                    weights_ptr="fp32",
+                    act_ptr="fp32",
+                ),
+                dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=4, GROUP=64, GROUPS=32, BLOCK_N=32, NUM_STAGES=3),
+                aligned=("x_stride", "codes_stride", "high_stride", "scales_stride"),
+            )  # fmt: skip
+        ],
+        "_quant_moe_down_kernel": [
+            variant(
+                f"35B-A3B down Q{bits}",
+                dict(
+                    act_ptr="fp32",
+                    codes_ptr="u8",
+                    high_ptr="u8",
+                    scales_ptr="fp16",
+                    ids_ptr="i64",
+                    out_ptr="bf16",
+                ),
+                dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=bits, GROUP=64, GROUPS=8, BLOCK_H=16),
+                aligned=("codes_stride", "high_stride"),
+            )  # fmt: skip
+            for bits in (5,)
+        ],
+        # dequantize_to (the "dequant" prefill route): 32 rows x 128 columns a program (NVFP4: 64), 4 warps
+        "_quant_dequant_group_kernel": [
+            variant(
+                f"Q{bits}" if bits < 8 else "W8",
+                {p: t for p, t in group_ptrs(bits, "bf16").items() if p != "x_ptr"},
+                dict(BITS=bits, GROUP=group, BLOCK_N=32, BLOCK_K=128),
+                aligned=(*_GROUP_ALIGNED[1:], "out_stride"),
+            )
+            for label, bits, group, k, split in _GROUP_SHAPES
+            if bits != 4
+        ],
+        "_quant_dequant_fp_kernel": [
+            variant(
+                "NVFP4" if nvfp4 else "FP8 rows",
+                dict(codes_ptr="u8", scales_ptr="u8" if nvfp4 else "bf16", out_ptr="bf16"),
+                dict(NVFP4=nvfp4, BLOCK_N=32, BLOCK_K=64 if nvfp4 else 128),
+                floats=("divisor",),
+                aligned=("codes_stride", "tile_stride", "out_stride")
+                if nvfp4
+                else ("codes_stride", "out_stride"),
+            )
+            for nvfp4 in (True, False)
         ],
     }

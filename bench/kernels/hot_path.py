@@ -26,7 +26,7 @@ import triton.testing
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from engine.model.mlp import SparseMoeBlock, _expert_groups, _experts_gathered, _experts_grouped  # noqa: E402
-from engine.synthetic import GEOMETRIES  # noqa: E402
+from engine.testing.synthetic import GEOMETRIES  # noqa: E402
 from kernels.activation import (  # noqa: E402
     SigmoidGateMulTiles,
     SiluMulTiles,
@@ -860,7 +860,7 @@ LINEAR_TILE_SWEEP = ((32, 256, 4, 4), (16, 256, 4, 4), (32, 128, 4, 6), (32, 512
 
 def _linear_shapes() -> list[tuple[str, str, int, int, int]]:
     """(geometry, projection, N, K, calls per decode step) for every dense linear of a decode step of the two
-    geometries (engine/synthetic.py GEOMETRIES, fused as the loader fuses them; the MTP head not counted);
+    geometries (engine/testing/synthetic.py GEOMETRIES, fused as the loader fuses them; the MTP head not counted);
     shapes that coincide (35B-A3B o_proj and GDN out_proj) are one entry with their calls summed."""
     shapes: dict[tuple[str, int, int], list] = {}
     for geometry in ("qwen3.6-27b", "qwen3.6-35b-a3b"):

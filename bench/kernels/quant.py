@@ -6,13 +6,23 @@ Every dense projection of the 27B as the published profiles fuse it (attention q
 gate_up [34816, 5120] and down [5120, 17408], the head [248320, 5120]) in each format a profile stores it in
 (groupwise-int: the role's Q4/Q5/Q6; nvfp4; Qwen3.8's FP8 rows), at decode T = 1 and 8 (the Triton GEMV,
 CUDA-graph replays over enough distinct weights that each call reads its weight from HBM) and prefill
-T = 7,680 (the Triton GEMM; FP8 also through ``torch._scaled_mm``, W8A8). Each row: time per call, the
+T = 7,680 (the Triton GEMM; the "dequant" route: bf16 slabs of rows + cuBLAS; FP8 also through
+``torch._scaled_mm``, W8A8). Each row: time per call, the
 payload's bytes and GB/s (decode) or TFLOP/s (prefill), the fraction of the measured read bandwidth, cuBLAS
 ``F.linear`` on a bf16 weight of the same shape, and the error against ``quant_linear_ref``; T = 8 rows also
 check that each row is bitwise the row run alone.
 
     python bench/kernels/quant.py --json bench/results/kernels_quant_h200_<date>.json
-    python bench/kernels/quant.py --json ... --only "MLP" --formats Q4G64_F16S --no-prefill --sweep
+    python bench/kernels/quant.py --json ... --only "MLP" --formats groupwise --no-prefill --no-moe --sweep all
+    python bench/kernels/quant.py --json ... --only "attn query_key,MLP down" --no-prefill --no-moe --rep 20 \
+        --sweep nosplit,p2048,n16,b2x
+
+``--sweep NAMES`` also times the GEMV with the named alternatives of ``SWEEP`` (``all``: every one); each is
+``gemv_tiles`` with other arguments (rows a program, code bytes a step, warps, stages, the program count that
+sets split K), so every candidate is a valid split of that shape. The JSON is rewritten after every row (a
+run cut off by a time limit keeps what it measured).
+
+Last, the 35B-A3B's quantized routed experts at decode (``quant_moe_experts`` vs bf16 ``moe_experts``).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from kernels.moe import moe_experts, moe_route_ref  # noqa: E402
 from kernels.quant import (  # noqa: E402
     FP8,
     GROUP_FORMATS,
@@ -39,13 +50,14 @@ from kernels.quant import (  # noqa: E402
     Q4,
     Q5,
     Q6,
-    QuantTiles,
     QuantWeight,
     gemm_tiles,
     gemv_tiles,
     geometry,
     quant_linear,
     quant_linear_ref,
+    quant_moe_experts,
+    quant_moe_experts_ref,
     view_planes,
 )
 
@@ -55,6 +67,7 @@ PREFILL_TOKENS = 7680
 WORKING_SET = 2 << 30  # distinct weights per decode timing: at least this many payload bytes (HBM, not L2)
 MAX_COPIES = 64
 ROWS: list[dict] = []
+HEADER: dict = {}  # {"path": the --json file, "meta": its fields but the rows}
 
 # (projection, N, K, groupwise-int format, calls per 27B decode step): the upstream 27B inventory's fused parents
 SHAPES = [
@@ -102,8 +115,11 @@ def random_payload(fmt: str, n: int, k: int) -> torch.Tensor:
     return payload
 
 
+REP_MS = 100  # do_bench_cudagraph's replay length (--rep)
+
+
 def _us(fn: Callable[[], object]) -> float:
-    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
+    return triton.testing.do_bench_cudagraph(fn, rep=REP_MS, return_mode="median") * 1e3
 
 
 def _read_gbps() -> float:
@@ -120,6 +136,8 @@ def _err(actual: torch.Tensor, expected: torch.Tensor) -> dict:
 def _emit(row: dict) -> None:
     ROWS.append(row)
     print(json.dumps(row), flush=True)
+    if HEADER:
+        HEADER["path"].write_text(json.dumps({**HEADER["meta"], "rows": ROWS}, indent=1) + "\n")
 
 
 def _per_call(fn: Callable[[object], object], weights: list) -> float:
@@ -131,11 +149,24 @@ def _per_call(fn: Callable[[object], object], weights: list) -> float:
     return _us(layers) / len(weights)
 
 
-SWEEP = [QuantTiles(16, 256, 4, 1, 4), QuantTiles(64, 256, 4, 1, 4), QuantTiles(32, 512, 4, 1, 4),
-         QuantTiles(32, 128, 4, 1, 6), QuantTiles(64, 128, 8, 1, 4), QuantTiles(32, 256, 8, 1, 3)]  # fmt: skip
+# GEMV tile alternatives: gemv_tiles' keyword arguments (block_n, step_bytes: code bytes a row a step, the
+# default being 128 for Q4 / NVFP4 (256 weights) and 512 for FP8; num_warps; num_stages; min_programs: split K
+# until the grid has this many programs). "default" is gemv_tiles' choice; "nosplit" shows what split K gives.
+SWEEP: dict[str, dict] = {
+    "nosplit": dict(min_programs=1),
+    "p512": dict(min_programs=512),
+    "p2048": dict(min_programs=2048),
+    "st2": dict(num_stages=2),
+    "st1": dict(num_stages=1),
+    "n16": dict(block_n=16, min_programs=2048),
+    "n64w8": dict(block_n=64, num_warps=8, num_stages=3, min_programs=512),
+    "b2x": dict(step_bytes=256, num_stages=2),
+    "bhalf": dict(step_bytes=64, min_programs=2048),
+    "w2": dict(num_warps=2, num_stages=2, min_programs=2048),
+}
 
 
-def bench_decode(name: str, fmt: str, n: int, k: int, read_gbps: float, sweep: bool) -> dict[int, float]:
+def bench_decode(name: str, fmt: str, n: int, k: int, read_gbps: float, sweep: list[str]) -> dict[int, float]:
     """The GEMV rows of one projection and format; {T: us per call (default tiles)}."""
     nbytes = geometry(fmt, (n, k)).payload_bytes
     copies = max(1, min(MAX_COPIES, -(-WORKING_SET // nbytes)))
@@ -161,14 +192,12 @@ def bench_decode(name: str, fmt: str, n: int, k: int, read_gbps: float, sweep: b
                "bytes": nbytes, "kernel_GBps": round(gbps, 1), "fraction_of_read": round(gbps / read_gbps, 3),
                "cublas_bf16_us": round(t_cublas, 2), "cublas_bf16_GBps": round(2 * n * k / t_cublas / 1e3, 1),
                "speedup_vs_cublas_bf16": round(t_cublas / t, 3), **check})  # fmt: skip
-        for tiles in SWEEP if sweep else []:
-            if fmt in GROUP_FORMATS and geometry(fmt, (n, k)).k_pad % tiles.block_k:
-                continue
-            if fmt == NVFP4 and k % tiles.block_k:
-                continue
+        for label in sweep:
+            tiles = gemv_tiles(fmt, n, k, **SWEEP[label])
             t_s = _per_call(lambda w: quant_linear(x, w, route="gemv", tiles=tiles), weights)
             _emit({"op": f"quant GEMV {fmt} sweep", "shape": f"27B {name} T{tokens} N{n} K{k}",
-                   "kernel_us": round(t_s, 2), "bytes": nbytes, "kernel_GBps": round(nbytes / t_s / 1e3, 1),
+                   "sweep": label, "kernel_us": round(t_s, 2), "bytes": nbytes,
+                   "kernel_GBps": round(nbytes / t_s / 1e3, 1), "fraction_of_read": round(nbytes / t_s / 1e3 / read_gbps, 3),
                    "tiles": list(tiles), "vs_default": round(t / t_s, 3),
                    **_err(quant_linear(x, weights[0], route="gemv", tiles=tiles), out)})  # fmt: skip
     return times
@@ -180,7 +209,7 @@ def bench_prefill(name: str, fmt: str, n: int, k: int) -> None:
     flops = 2.0 * PREFILL_TOKENS * n * k
     w = torch.randn(n, k, device=DEV, dtype=BF16) * k**-0.5
     t_cublas = _us(lambda: F.linear(x, w))
-    routes = ["gemm", "scaled_mm"] if fmt == FP8 else ["gemm"]
+    routes = ["gemm", "dequant", "scaled_mm"] if fmt == FP8 else ["gemm", "dequant"]
     for route in routes:
         out = quant_linear(x, qw, route=route)
         check = _err(out[:256], quant_linear_ref(x[:256], qw))
@@ -193,57 +222,105 @@ def bench_prefill(name: str, fmt: str, n: int, k: int) -> None:
         del out
 
 
+def bench_moe(read_gbps: float) -> None:
+    """The 35B-A3B routed experts at decode (T = 1, 8; E 256, H 2048, I 512, top_k 8): ``quant_moe_experts`` on
+    the profile's Q4 gate_up / Q5 down stacks against ``kernels.moe.moe_experts`` on bf16 experts, over distinct
+    layers; bytes = the chosen experts' payload (the distinct ones of the step)."""
+    experts, hidden, inter, top_k = 256, 2048, 512, 8
+    layers = 4
+    stacks = [
+        (
+            view_planes(Q4, random_payload(Q4, experts * 2 * inter, hidden), (experts * 2 * inter, hidden)),
+            view_planes(Q5, random_payload(Q5, experts * hidden, inter), (experts * hidden, inter)),
+        )
+        for _ in range(layers)
+    ]
+    dense = [
+        (torch.randn(experts, 2 * inter, hidden, device=DEV, dtype=BF16) * hidden**-0.5,
+         torch.randn(experts, hidden, inter, device=DEV, dtype=BF16) * inter**-0.5)
+        for _ in range(2)
+    ]  # fmt: skip
+    per_expert = geometry(Q4, (2 * inter, hidden)).payload_bytes + geometry(Q5, (hidden, inter)).payload_bytes
+    for tokens in (1, 8):
+        x = torch.randn(tokens, hidden, device=DEV, dtype=BF16)
+        weights, ids = moe_route_ref(torch.randn(tokens, experts, device=DEV), top_k)
+        out = quant_moe_experts(x, *stacks[0], weights, ids)
+        check = _err(out, quant_moe_experts_ref(x, *stacks[0], weights, ids))
+        t = _per_call(lambda st: quant_moe_experts(x, *st, weights, ids), stacks)
+        t_bf16 = _per_call(lambda d: moe_experts(x, *d, weights, ids), dense)
+        nbytes = per_expert * ids.unique().numel()
+        _emit({"op": "quant MoE experts Q4/Q5", "shape": f"35B-A3B T{tokens} E256 H2048 I512 top8",
+               "kernel_us": round(t, 2), "bytes": nbytes, "kernel_GBps": round(nbytes / t / 1e3, 1),
+               "fraction_of_read": round(nbytes / t / 1e3 / read_gbps, 3), "bf16_moe_experts_us": round(t_bf16, 2),
+               "speedup_vs_bf16": round(t_bf16 / t, 3), **check})  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument(
-        "--only", default="", metavar="SUBSTR", help="the projections whose name contains SUBSTR"
+        "--only", default="", metavar="SUBSTRS", help="comma list: the projections whose name contains one"
     )
     parser.add_argument("--formats", default="groupwise,NVFP4,FP8_E4M3FN_ROW_BF16S",
                         help="comma list: 'groupwise' (each role's Q4/Q5/Q6), format names")  # fmt: skip
     parser.add_argument("--no-prefill", action="store_true", help="decode rows only")
     parser.add_argument("--no-decode", action="store_true", help="prefill rows only")
-    parser.add_argument("--sweep", action="store_true", help="also try other GEMV tiles (SWEEP)")
+    parser.add_argument(
+        "--sweep",
+        default="",
+        metavar="NAMES",
+        help=f"comma list of GEMV tile alternatives to time too, or 'all': {', '.join(SWEEP)}",
+    )
+    parser.add_argument("--rep", type=int, default=REP_MS, help="ms of CUDA-graph replay a timing (default 100)")  # fmt: skip
+    parser.add_argument("--no-moe", action="store_true", help="skip the 35B-A3B quantized MoE rows")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    wanted = args.formats.split(",")
-    read_gbps = _read_gbps()
-    _emit({"op": "read bandwidth (fp32 sum)", "shape": "2 GiB", "kernel_GBps": round(read_gbps, 1)})
-    step: dict[tuple[str, int], float] = {}
-    for name, n, k, group_fmt, calls in SHAPES:
-        if args.only not in name:
-            continue
-        formats = [
-            f for f in (group_fmt, NVFP4, FP8) if f in wanted or (f == group_fmt and "groupwise" in wanted)
-        ]
-        for fmt in formats:
-            if not args.no_decode:
-                times = bench_decode(name, fmt, n, k, read_gbps, args.sweep)
-                for tokens, us in times.items():
-                    key = ("groupwise-int" if fmt in GROUP_FORMATS else fmt, tokens)
-                    step[key] = step.get(key, 0.0) + calls * us
-            if not args.no_prefill:
-                bench_prefill(name, fmt, n, k)
-            torch.cuda.empty_cache()
-    for (profile, tokens), us in step.items():
-        _emit({"op": "decode step's dense linears (sum of calls x us)", "shape": f"27B {profile} T{tokens}",
-               "kernel_us": round(us, 1)})  # fmt: skip
+    global REP_MS
+    REP_MS = args.rep
+    sweep = list(SWEEP) if args.sweep == "all" else [name for name in args.sweep.split(",") if name]
+    unknown = [name for name in sweep if name not in SWEEP]
+    if unknown:
+        parser.error(f"--sweep: unknown {unknown} (known: {', '.join(SWEEP)}, all)")
     commit = (
         os.environ.get("NINFER_COMMIT")
         or subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
         ).stdout.strip()
     )
-    result = {
+    HEADER["path"] = args.json
+    HEADER["meta"] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(),
         "commit": commit,
         "software": {"torch": torch.__version__, "triton": triton.__version__},
         "what": "quantized GEMV (T=1, 8) and GEMM (T=7680) vs cuBLAS bf16 at the Qwen3.6-27B shapes; times are "
-        "median CUDA-graph replays; decode rows over distinct weights (HBM reads)",
-        "rows": ROWS,
+        f"median CUDA-graph replays ({REP_MS} ms); decode rows over distinct weights (HBM reads)",
+        "argv": sys.argv[1:],
     }
-    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    torch.manual_seed(0)
+    wanted = args.formats.split(",")
+    read_gbps = _read_gbps()
+    _emit({"op": "read bandwidth (fp32 sum)", "shape": "2 GiB", "kernel_GBps": round(read_gbps, 1)})
+    step: dict[tuple[str, int], float] = {}
+    for name, n, k, group_fmt, calls in SHAPES:
+        if args.only and not any(part in name for part in args.only.split(",")):
+            continue
+        formats = [
+            f for f in (group_fmt, NVFP4, FP8) if f in wanted or (f == group_fmt and "groupwise" in wanted)
+        ]
+        for fmt in formats:
+            if not args.no_decode:
+                times = bench_decode(name, fmt, n, k, read_gbps, sweep)
+                for tokens, us in times.items():
+                    key = ("groupwise-int" if fmt in GROUP_FORMATS else fmt, tokens)
+                    step[key] = step.get(key, 0.0) + calls * us
+            if not args.no_prefill:
+                bench_prefill(name, fmt, n, k)
+            torch.cuda.empty_cache()
+    if not args.no_moe and not args.no_decode:
+        bench_moe(read_gbps)
+    for (profile, tokens), us in step.items():
+        _emit({"op": "decode step's dense linears (sum of calls x us)", "shape": f"27B {profile} T{tokens}",
+               "kernel_us": round(us, 1)})  # fmt: skip
 
 
 if __name__ == "__main__":

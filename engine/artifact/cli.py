@@ -164,7 +164,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_build_tiny(args: argparse.Namespace) -> int:
     if args.script is not None:
         return _build_scripted(args)
-    from engine.artifact.tiny import build_tiny
+    from engine.testing.tiny import build_tiny  # an entry point: it may import engine.testing
 
     out = build_tiny(args.out, arch=args.arch, seed=args.seed)
     print(f"wrote {out} ({out.stat().st_size:,} bytes): tiny {args.arch} model, seed {args.seed}")
@@ -172,7 +172,7 @@ def _cmd_build_tiny(args: argparse.Namespace) -> int:
 
 
 def _build_scripted(args: argparse.Namespace) -> int:
-    from engine.artifact.script import Script, ScriptError, build_scripted
+    from engine.testing.script import Script, ScriptError, build_scripted
 
     if args.arch != "dense":
         print("build-tiny: --script builds the dense layout only (drop --arch moe)", file=sys.stderr)
@@ -216,7 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("hf_dir")
     p.add_argument("out")
     p.add_argument("--model-id", required=True)
-    p.add_argument("--weights-id", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument(
+        "--weights-id", default="bf16", choices=["bf16", "fp32", "groupwise-int", "nvfp4", "nvfp4-mixed"],
+        help="plain dtypes (bf16, fp32) or a weight profile, encoded by our encoder",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_convert)
     p = sub.add_parser("plan", help="a weight profile's full inventory (offsets, formats) and file size")
     p.add_argument("--profile", required=True, metavar="MODEL/WEIGHTS", help="e.g. qwen3.6-27b/groupwise-int")

@@ -32,7 +32,9 @@ from typing import Any
 import torch
 
 from engine.artifact import formats
+from engine.artifact.errors import ArtifactError
 from engine.artifact.formats import PAGE_ALIGN, RAW_BYTES, align_up
+from engine.artifact.registry import check_identity
 from engine.progress import progress
 
 MAGIC_V1 = b"NINFER\x00\x01"
@@ -42,10 +44,6 @@ MAX_JSON_BYTES = 256 * 1024 * 1024
 
 _TENSOR_MEMBERS = frozenset({"name", "kind", "shape", "format", "layout", "offset", "bytes"})
 _RESOURCE_MEMBERS = frozenset({"name", "kind", "encoding", "offset", "bytes"})
-
-
-class ArtifactError(ValueError):
-    """A `.ninfer` file that is malformed, unregistered or otherwise unusable; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,10 +344,14 @@ class Artifact:
 def read_artifact(path: str | os.PathLike[str], *, check_registry: bool = True) -> Artifact:
     """Open and validate `path`; by default refuse an identity that is not registered, before any weight."""
     if check_registry:
-        from engine.artifact.registry import check_identity
-
         directory = read_directory(path)
-        check_identity(directory, Path(path).stat().st_size, source=str(path))
+        check_identity(
+            directory.version,
+            directory.model_id,
+            directory.weights_id,
+            Path(path).stat().st_size,
+            source=str(path),
+        )
     return Artifact(path)
 
 

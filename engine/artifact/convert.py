@@ -1,9 +1,17 @@
 """`convert`: a Hugging Face Qwen3.5 / Qwen3.5-MoE checkpoint directory to a `.ninfer` artifact.
 
-Tensor names and shapes are kept exactly as in the checkpoint (a mapping, not a transformation); the weight
-profile decides only the storage dtype:
+Plain weights ids keep tensor names and shapes exactly as in the checkpoint (a mapping, not a
+transformation); the weights id decides only the storage dtype:
 - `fp32`: floating tensors stored as FP32 (bit-exact for float32 checkpoints; used by the parity tests);
 - `bf16`: floating tensors stored as BF16, except `A_log`, which the model reads in float32.
+
+A weights id that names a weight profile (`groupwise-int`, `nvfp4`, `nvfp4-mixed`: `engine.artifact.profiles`)
+writes that profile's inventory instead: every object built from the checkpoint (`profiles.hf_source`), the
+quantized ones encoded by `kernels.quant.encode` (groupwise: upstream's canonical max-abs encoder; NVFP4 and
+FP8 rows: ours). An NVFP4 site's input divisor is calibration this converter does not run: it writes 1.0
+(the A16 paths never read it). A development identity (`ninfer-tiny-*`) gets the text tower and MTP block; a
+published identity needs a complete checkpoint (vision tower, draft head), which this converter does not build
+yet, and is refused with the object it cannot source.
 Frontend files (tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json) are taken
 from the directory when present; missing ones are filled with NInfer's Qwen3.5 defaults, and the command says
 which. Tensors are streamed one at a time, so converting a 55 GB checkpoint does not hold it in memory.
@@ -88,9 +96,28 @@ def _lazy_tensors(files: list[Path], profile: torch.dtype) -> list[tuple[str, La
     return sorted(out.items())
 
 
-def _frontend_resources(hf_dir: Path, config: dict[str, Any]) -> tuple[list[tuple[str, bytes]], list[str]]:
-    from engine.artifact.tiny import frontend_resources
+def frontend_resources(config: dict[str, Any], *, moe: bool) -> list[tuple[str, bytes]]:
+    """config.json plus the Qwen3.5 tokenizer, tokenizer config, chat template and generation defaults."""
+    from engine.chat.qwen35 import (
+        build_qwen35_tokenizer_json,
+        qwen35_chat_template,
+        qwen35_generation_config,
+        qwen35_tokenizer_config,
+    )
 
+    def as_json(obj: Any) -> bytes:
+        return json.dumps(obj, indent=2, sort_keys=True).encode("utf-8")
+
+    return [
+        ("config.json", as_json(config)),
+        ("tokenizer.json", build_qwen35_tokenizer_json()),
+        ("tokenizer_config.json", as_json(qwen35_tokenizer_config())),
+        ("chat_template.jinja", qwen35_chat_template().encode("utf-8")),
+        ("generation_config.json", as_json(qwen35_generation_config(moe=moe))),
+    ]
+
+
+def _frontend_resources(hf_dir: Path, config: dict[str, Any]) -> tuple[list[tuple[str, bytes]], list[str]]:
     moe = "moe" in str(config.get("model_type", ""))
     defaults = dict(frontend_resources(config, moe=moe))
     resources: list[tuple[str, bytes]] = [("config.json", defaults.pop("config.json"))]
@@ -105,12 +132,67 @@ def _frontend_resources(hf_dir: Path, config: dict[str, Any]) -> tuple[list[tupl
     return resources, filled
 
 
+QUANTIZED_WEIGHTS_IDS = ("groupwise-int", "nvfp4", "nvfp4-mixed")
+
+
+def _profile_tensors(
+    files: list[Path], config: dict[str, Any], model_id: str, weights_id: str
+) -> list[tuple[str, Any]]:
+    """The objects of ``weights_id``'s profile, built from the checkpoint and encoded (see the module docstring)."""
+    from engine.artifact.container import EncodedTensor
+    from engine.artifact.profiles import TensorSpec, profile_for
+    from engine.artifact.profiles.hf_source import source_tensor
+    from engine.model.config import ModelConfig
+    from engine.model.weights import collect_weights, normalize_name
+    from kernels.quant import encode
+
+    model_config = ModelConfig.from_hf(config)
+    profile = profile_for(model_id, weights_id, moe=model_config.is_moe)
+    if profile is None:
+        raise ArtifactError(f"{model_id}/{weights_id}: no weight profile for this identity")
+    handles = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            handles.update({name: file for name in f.keys()})  # noqa: SIM118 (safe_open is not a mapping)
+
+    def get_tensor(name: str) -> torch.Tensor:
+        with safe_open(handles[name], framework="pt") as f:
+            return f.get_tensor(name)
+
+    has_mtp = any(normalize_name(name).startswith("mtp.") for name in handles)
+    tensors = collect_weights(handles, get_tensor, model_config, with_mtp=has_mtp)
+    out: list[tuple[str, Any]] = []
+    for spec in profile.objects(model_config):
+        if not isinstance(spec, TensorSpec) or (spec.name.startswith("mtp/") and not has_mtp):
+            continue
+        if spec.name.endswith("/input_scale_divisor"):
+            out.append((spec.name, torch.tensor(1.0, dtype=torch.float32)))
+            continue
+        try:
+            value = source_tensor(spec, tensors.__getitem__, model_config)
+        except KeyError as exc:
+            raise ArtifactError(f"{model_id}/{weights_id}: {exc.args[0]}") from None
+        if spec.quantized:
+            data = encode(spec.format, value.float()).numpy().tobytes()
+            out.append((spec.name, EncodedTensor(spec.shape, spec.format, spec.layout, data)))
+        else:
+            out.append(
+                (
+                    spec.name,
+                    value.to({"BF16": torch.bfloat16, "FP32": torch.float32}.get(spec.format, value.dtype)),
+                )
+            )
+    return out
+
+
 def convert(
     hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, model_id: str, weights_id: str
 ) -> Path:
     hf_dir = Path(hf_dir)
-    if weights_id not in WEIGHT_PROFILES:
-        raise ArtifactError(f"weights_id {weights_id!r}: convert supports {sorted(WEIGHT_PROFILES)}")
+    if weights_id not in WEIGHT_PROFILES and weights_id not in QUANTIZED_WEIGHTS_IDS:
+        raise ArtifactError(
+            f"weights_id {weights_id!r}: convert supports {sorted(WEIGHT_PROFILES) + list(QUANTIZED_WEIGHTS_IDS)}"
+        )
     from engine.artifact.registry import lookup
 
     entry = lookup(model_id, weights_id)
@@ -119,7 +201,14 @@ def convert(
             f"identity {model_id}/{weights_id} is not registered; the server would refuse the file"
         )
     config = _load_config(hf_dir)
-    tensors = _lazy_tensors(_safetensors_files(hf_dir), WEIGHT_PROFILES[weights_id])
+    tensors: list[tuple[str, Any]]
+    if weights_id in WEIGHT_PROFILES:
+        tensors = list(_lazy_tensors(_safetensors_files(hf_dir), WEIGHT_PROFILES[weights_id]))
+    else:
+        tensors = _profile_tensors(_safetensors_files(hf_dir), config, model_id, weights_id)
+        if not any(name.startswith("mtp/") for name, _ in tensors):  # a checkpoint without the MTP head
+            text = config.get("text_config", config)
+            text["mtp_num_hidden_layers"] = 0  # the stored config says so: its inventory has no mtp/ objects
     resources, filled = _frontend_resources(hf_dir, config)
     if filled:
         print(

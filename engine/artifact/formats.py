@@ -1,7 +1,8 @@
 """Tensor formats and layouts of the `.ninfer` container: names, alignment and encoded sizes.
 
-This module owns the closed registries of formats and layouts and the one function that says how many
-bytes a tensor of a given shape, format and layout occupies. The container reader refuses any object whose
+This module owns the closed registries of formats and layouts and the function that says how many bytes a
+tensor of a given shape, format and layout occupies (the quantized layouts' rule is
+``kernels.quant.formats.payload_bytes``, the one copy of it). The container reader refuses any object whose
 `bytes` member disagrees with it.
 
 Layouts:
@@ -25,9 +26,9 @@ published file's byte size from them (tests/artifact/test_profiles.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+
+from kernels.quant import formats as quant_formats
 
 PAGE_ALIGN = 4096  # payload offset alignment
 TENSOR_ALIGN = 256  # tensor object alignment inside the payload
@@ -40,37 +41,18 @@ ROW_SCALE = "row-scale-v1"
 RAW_BYTES = "raw-bytes-v1"
 
 
-@dataclass(frozen=True, slots=True)
-class GroupFormat:
-    """A groupwise-quantised weight format: `bits` per code, one FP16 scale per `group_size` weights."""
-
-    bits: int
-    group_size: int
-
-
 PLAIN_FORMATS: dict[str, torch.dtype] = {
     "BF16": torch.bfloat16,
     "F16": torch.float16,
     "FP32": torch.float32,
     "I32": torch.int32,
 }
-GROUP_FORMATS: dict[str, GroupFormat] = {
-    "Q4G64_F16S": GroupFormat(4, 64),
-    "Q5G64_F16S": GroupFormat(5, 64),
-    "Q6G64_F16S": GroupFormat(6, 64),
-    "W8G32_F16S": GroupFormat(8, 32),
-}
-NVFP4 = "NVFP4"
-FP8_ROW = "FP8_E4M3FN_ROW_BF16S"
-FORMATS: frozenset[str] = frozenset(PLAIN_FORMATS) | frozenset(GROUP_FORMATS) | {NVFP4, FP8_ROW}
+NVFP4 = quant_formats.NVFP4
+FP8_ROW = quant_formats.FP8
+FORMATS: frozenset[str] = frozenset(PLAIN_FORMATS) | quant_formats.QUANT_FORMATS
 LAYOUTS: frozenset[str] = frozenset({CONTIGUOUS, ROW_SPLIT, BLOCKSCALE, ROW_SCALE})
 # the one layout each format is stored in
-LAYOUT_OF: dict[str, str] = {
-    **{name: CONTIGUOUS for name in PLAIN_FORMATS},
-    **{name: ROW_SPLIT for name in GROUP_FORMATS},
-    NVFP4: BLOCKSCALE,
-    FP8_ROW: ROW_SCALE,
-}
+LAYOUT_OF: dict[str, str] = {**{name: CONTIGUOUS for name in PLAIN_FORMATS}, **quant_formats.LAYOUT_OF}
 FORMAT_FOR_DTYPE: dict[torch.dtype, str] = {dtype: name for name, dtype in PLAIN_FORMATS.items()}
 
 
@@ -85,29 +67,6 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def _row_split_bytes(shape: list[int], fmt: GroupFormat) -> int:
-    rows, k = shape
-    k_pad = align_up(k, 128)
-    num_groups = rows * (k_pad // fmt.group_size)
-    base_bits = 8 if fmt.bits == 8 else 4
-    high_bits = fmt.bits - base_bits
-    codes = rows * k_pad * base_bits // 8
-    total = align_up(codes, TENSOR_ALIGN)
-    if high_bits:
-        total += align_up(rows * k_pad * high_bits // 8, TENSOR_ALIGN)
-    return total + num_groups * 2
-
-
-def _blockscale_bytes(shape: list[int]) -> int:
-    rows, k = shape
-    return align_up(rows * k // 2, TENSOR_ALIGN) + rows * k // 16 + 4
-
-
-def _row_scale_bytes(shape: list[int]) -> int:
-    rows, k = shape
-    return align_up(rows * k, TENSOR_ALIGN) + rows * 2
-
-
 def tensor_alignment(layout: str) -> int:
     return TENSOR_ALIGN
 
@@ -120,24 +79,8 @@ def encoded_bytes(shape: list[int], fmt: str, layout: str) -> int:
         if len(shape) > 16:
             raise ValueError(f"layout {CONTIGUOUS!r} allows rank 0..16, got rank {len(shape)}")
         return _numel(shape) * PLAIN_FORMATS[fmt].itemsize
-    if layout == ROW_SPLIT:
-        if fmt not in GROUP_FORMATS:
-            raise ValueError(f"format {fmt!r} cannot use layout {ROW_SPLIT!r}")
-        if len(shape) != 2:
-            raise ValueError(f"layout {ROW_SPLIT!r} needs rank 2, got shape {shape}")
-        return _row_split_bytes(shape, GROUP_FORMATS[fmt])
-    if layout == BLOCKSCALE:
-        if fmt != NVFP4:
-            raise ValueError(f"format {fmt!r} cannot use layout {BLOCKSCALE!r}")
-        if len(shape) != 2 or shape[0] % 128 or shape[1] % 64:
-            raise ValueError(
-                f"layout {BLOCKSCALE!r} needs rank 2 with N a multiple of 128 and K of 64, got {shape}"
-            )
-        return _blockscale_bytes(shape)
-    if layout == ROW_SCALE:
-        if fmt != FP8_ROW:
-            raise ValueError(f"format {fmt!r} cannot use layout {ROW_SCALE!r}")
-        if len(shape) != 2:
-            raise ValueError(f"layout {ROW_SCALE!r} needs rank 2, got shape {shape}")
-        return _row_scale_bytes(shape)
+    if layout in (ROW_SPLIT, BLOCKSCALE, ROW_SCALE):
+        if LAYOUT_OF.get(fmt) != layout:
+            raise ValueError(f"format {fmt!r} cannot use layout {layout!r}")
+        return quant_formats.payload_bytes(fmt, shape)  # the one size rule of the quantized layouts
     raise ValueError(f"unknown layout {layout!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.artifact.container import ArtifactError, Directory
+from engine.artifact.errors import ArtifactError
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,16 +86,19 @@ def accepted_identities() -> list[str]:
     return [e.key for e in (*PUBLISHED, *DEVELOPMENT)]
 
 
-def check_identity(directory: Directory, file_size: int, *, source: str) -> RegistryEntry:
-    """Refuse a directory whose identity is not registered, or a published one of the wrong size."""
-    if directory.version != 2:
+def check_identity(
+    version: int, model_id: str, weights_id: str | None, file_size: int, *, source: str
+) -> RegistryEntry:
+    """Refuse a container (its directory's version and identity) that is not registered, or a published one
+    of the wrong size. Takes plain values: container.py calls it, and this module imports no container."""
+    if version != 2:
         raise ArtifactError(
-            f"{source}: container version {directory.version} is not served; run `ninfer-artifact migrate {source}`"
+            f"{source}: container version {version} is not served; run `ninfer-artifact migrate {source}`"
         )
-    entry = lookup(directory.model_id, directory.weights_id)
+    entry = lookup(model_id, weights_id)
     if entry is None:
         raise ArtifactError(
-            f"{source}: identity {directory.model_id}/{directory.weights_id} is not registered;"
+            f"{source}: identity {model_id}/{weights_id} is not registered;"
             f" accepted: {', '.join(accepted_identities())}"
         )
     if entry.size_bytes is not None and entry.size_bytes != file_size:

@@ -1,7 +1,14 @@
-"""Device KV page accounting, GDN state slots and hybrid prefix reuse (pure Python, no torch).
+"""The caches' bookkeeping and tensors: device KV pages, GDN state slots, hybrid prefix reuse, host parking.
 
-The tensors themselves (KV pool, GDN conv/recurrent state) belong to the runner's cache owner; this
-package only decides which page ids and slot ids hold what. It imports nothing from the scheduler.
+Pure Python (no torch; the scheduler's side): pages.py (`PagePool`: page ids, ref counts, free list),
+prefix.py (`PrefixIndex`: checkpoints, LRU), state.py (`StateSlotPool`), and host parking's index:
+host.py (`HostIndex`: parked entries, LRU, pins, decisions), host_blocks.py (`HostBudget`,
+`HostBlockPool`: which host blocks are free), host_layout.py (`CacheGeometry`: what an entry's bytes
+are). They decide which page, slot and block ids hold what and never touch a tensor.
+Torch: kv.py only (`ModelCache`: the device KV pool and GDN state tensors, built from a `KVSpec`; the
+page-bytes formula and the `--kv-capacity` page count). The host copies themselves are the runner's
+(engine/runner/host_copier.py).
+The package imports nothing from the scheduler, the runner or the model (`.importlinter`).
 """
 
 from engine.cache.pages import PagePool

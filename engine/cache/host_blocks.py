@@ -1,12 +1,14 @@
-r"""HostBlockPool: the host-RAM budget of host parking, as fixed-size blocks carved out of slabs.
+r"""The host-RAM budget of host parking as fixed-size blocks in slabs: its shape (`HostBudget`) and which
+blocks are free (`HostBlockPool`). Pure Python, no torch: the scheduler's side.
 
-Owns: the host slabs (one torch uint8 tensor each: pinned on CUDA, plain memory on CPU) and which
-blocks are free. Must not touch: device tensors, entries, tokens (`engine.cache.host` does that).
+Owns: block ids and whether each is free. Must not touch: the slab memory itself (the runner's
+`engine.runner.host_slabs.HostSlabs` allocates, pins and reads it, from the same `HostBudget`), device
+tensors, entries, tokens (`engine.cache.host` does that).
 
 The budget is cut into blocks of `block_bytes`; blocks are grouped into independently allocated
-slabs of `slab_bytes` (512 MiB by default), the last one holding whatever the budget leaves. A slab
-is allocated the first time one of its blocks is handed out (or all at once with `allocate_slabs()`),
-so an unused budget costs no RAM. An entry is a list of blocks, in any slabs, in any order:
+slabs of `slab_bytes` (512 MiB by default), the last one holding whatever the budget leaves. The
+runner allocates a slab the first time a copy touches one of its blocks (or all at once at startup on
+CUDA), so an unused budget costs no RAM. An entry is a list of blocks, in any slabs, in any order:
 
     budget (num_blocks = budget // block_bytes)
     slab 0 (slab_bytes)                 slab 1 (slab_bytes)                 slab 2 (the rest)
@@ -27,8 +29,6 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
 MIB = 1 << 20
 DEFAULT_SLAB_BYTES = 512 * MIB
 DEFAULT_BLOCK_BYTES = 4 * MIB
@@ -43,78 +43,55 @@ class Extent:
     num_bytes: int
 
 
-class HostBlockPool:
-    def __init__(
-        self, capacity_bytes: int, slab_bytes: int = DEFAULT_SLAB_BYTES,
-        block_bytes: int = DEFAULT_BLOCK_BYTES, pin_memory: bool = False,
-    ) -> None:  # fmt: skip
-        if capacity_bytes < 0:
-            raise ValueError(f"capacity_bytes={capacity_bytes!r}: must be >= 0")
-        if block_bytes < 1 or slab_bytes < block_bytes or slab_bytes % block_bytes:
+@dataclass(frozen=True, slots=True)
+class HostBudget:
+    """The shape of a host budget: `capacity_bytes` cut into blocks, grouped into slabs (plain numbers that
+    the scheduler's `HostBlockPool` and the runner's slabs both read)."""
+
+    capacity_bytes: int
+    slab_bytes: int = DEFAULT_SLAB_BYTES
+    block_bytes: int = DEFAULT_BLOCK_BYTES
+
+    def __post_init__(self) -> None:
+        if self.capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes={self.capacity_bytes!r}: must be >= 0")
+        if self.block_bytes < 1 or self.slab_bytes < self.block_bytes or self.slab_bytes % self.block_bytes:
             raise ValueError(
-                f"slab_bytes={slab_bytes!r}, block_bytes={block_bytes!r}: a slab must be a whole number "
-                "(>= 1) of blocks"
+                f"slab_bytes={self.slab_bytes!r}, block_bytes={self.block_bytes!r}: a slab must be a whole "
+                "number (>= 1) of blocks"
             )
-        self.block_bytes = block_bytes
-        self.slab_bytes = slab_bytes
-        self.pin_memory = pin_memory
-        self.blocks_per_slab = slab_bytes // block_bytes
-        self.num_blocks = capacity_bytes // block_bytes
-        self.num_slabs = -(-self.num_blocks // self.blocks_per_slab)
-        self._slabs: list[torch.Tensor | None] = [None] * self.num_slabs
-        self._free: list[int] = list(range(self.num_blocks))  # a heap: lowest id first
-        self._is_free = bytearray(b"\x01") * self.num_blocks
+
+    @classmethod
+    def from_mib(cls, host_kv_cache_mib: int) -> HostBudget:
+        """The `--host-kv-cache-mib N` budget (0 = off). Blocks of 4 MiB, halved (down to 4 KiB) until the
+        budget holds 256 blocks, so small budgets (tests, tiny models) are not lost to one partly used
+        block per entry."""
+        if host_kv_cache_mib < 0:
+            raise ValueError(f"host_kv_cache_mib={host_kv_cache_mib!r}: must be >= 0 (0 = off)")
+        block = DEFAULT_BLOCK_BYTES
+        while block > 4096 and host_kv_cache_mib * MIB // block < 256:
+            block //= 2
+        return cls(host_kv_cache_mib * MIB, block_bytes=block)
 
     @property
-    def capacity_bytes(self) -> int:
-        return self.num_blocks * self.block_bytes
+    def num_blocks(self) -> int:
+        return self.capacity_bytes // self.block_bytes
 
     @property
-    def num_free(self) -> int:
-        return len(self._free)
+    def blocks_per_slab(self) -> int:
+        return self.slab_bytes // self.block_bytes
 
     @property
-    def allocated_bytes(self) -> int:
-        """Host RAM really allocated (slabs touched so far)."""
-        return sum(s.numel() for s in self._slabs if s is not None)
+    def num_slabs(self) -> int:
+        return -(-self.num_blocks // self.blocks_per_slab)
 
-    def blocks_for(self, num_bytes: int) -> int:
-        return -(-num_bytes // self.block_bytes)
+    def slab_of(self, block_id: int) -> int:
+        return block_id // self.blocks_per_slab
 
-    def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free)
-
-    def allocate(self, num_blocks: int) -> list[int]:
-        """The `num_blocks` lowest free block ids (ascending); allocates the slabs they lie in."""
-        if num_blocks > len(self._free):
-            raise RuntimeError(f"allocate({num_blocks}): only {len(self._free)} host blocks free")
-        ids = [heapq.heappop(self._free) for _ in range(num_blocks)]
-        for block_id in ids:
-            self._is_free[block_id] = 0
-        for slab in sorted({b // self.blocks_per_slab for b in ids}):
-            if self._slabs[slab] is None:
-                self._slabs[slab] = self._new_slab(slab)
-        return ids
-
-    def free(self, block_ids: Sequence[int]) -> None:
-        for block_id in block_ids:
-            if self._is_free[block_id]:
-                raise RuntimeError(f"free(): host block {block_id} is already free")
-            self._is_free[block_id] = 1
-            heapq.heappush(self._free, block_id)
-
-    def allocate_slabs(self) -> None:
-        """Allocate every slab now (on CUDA, so that pinning never stalls a later park)."""
-        for slab in range(self.num_slabs):
-            if self._slabs[slab] is None:
-                self._slabs[slab] = self._new_slab(slab)
-
-    def _new_slab(self, slab: int) -> torch.Tensor:
+    def slab_num_bytes(self, slab: int) -> int:
+        """Bytes of slab `slab` (the last one holds what the budget leaves)."""
         first = slab * self.blocks_per_slab
-        num_bytes = (min(first + self.blocks_per_slab, self.num_blocks) - first) * self.block_bytes
-        # NOTE: pinned memory needs CUDA; on CPU the same code runs on plain memory. torch's pinned
-        # host allocator rounds a request up to a power of two, so a short last slab pins more RAM.
-        return torch.empty(num_bytes, dtype=torch.uint8, pin_memory=self.pin_memory)
+        return (min(first + self.blocks_per_slab, self.num_blocks) - first) * self.block_bytes
 
     def extents(self, block_ids: Sequence[int]) -> list[Extent]:
         """The blocks as physically contiguous runs, in list order (neighbours in one slab merge)."""
@@ -129,12 +106,50 @@ class HostBlockPool:
                 out.append(Extent(slab, start * size, size))
         return out
 
-    def view(self, extent: Extent, offset: int, num_bytes: int) -> torch.Tensor:
-        """`num_bytes` host bytes starting `offset` bytes into `extent` (a uint8 view, no copy)."""
-        assert 0 <= offset and offset + num_bytes <= extent.num_bytes, "view outside the extent"
-        slab = self._slabs[extent.slab]
-        assert slab is not None, f"slab {extent.slab} is not allocated"
-        return slab[extent.start + offset : extent.start + offset + num_bytes]
+
+class HostBlockPool:
+    """Which blocks of a `HostBudget` are free. `allocate(n)` hands out the n lowest free ids."""
+
+    def __init__(self, budget: HostBudget) -> None:
+        self.budget = budget
+        self.block_bytes = budget.block_bytes
+        self.num_blocks = budget.num_blocks
+        self.num_slabs = budget.num_slabs
+        self._free: list[int] = list(range(self.num_blocks))  # a heap: lowest id first
+        self._is_free = bytearray(b"\x01") * self.num_blocks
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.num_blocks * self.block_bytes
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def blocks_for(self, num_bytes: int) -> int:
+        return -(-num_bytes // self.block_bytes)
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        return num_blocks <= len(self._free)
+
+    def allocate(self, num_blocks: int) -> list[int]:
+        """The `num_blocks` lowest free block ids (ascending)."""
+        if num_blocks > len(self._free):
+            raise RuntimeError(f"allocate({num_blocks}): only {len(self._free)} host blocks free")
+        ids = [heapq.heappop(self._free) for _ in range(num_blocks)]
+        for block_id in ids:
+            self._is_free[block_id] = 0
+        return ids
+
+    def free(self, block_ids: Sequence[int]) -> None:
+        for block_id in block_ids:
+            if self._is_free[block_id]:
+                raise RuntimeError(f"free(): host block {block_id} is already free")
+            self._is_free[block_id] = 1
+            heapq.heappush(self._free, block_id)
+
+    def extents(self, block_ids: Sequence[int]) -> list[Extent]:
+        return self.budget.extents(block_ids)
 
     def check_integrity(self, held: Sequence[int]) -> None:
         """`held` lists every block some entry owns; each must be held once, allocated, and the rest free."""
@@ -157,8 +172,3 @@ class HostBlockPool:
             raise RuntimeError(
                 f"host free flags ({num_flagged}) disagree with the free heap ({len(free_set)})"
             )
-        unbacked = sorted(
-            {b // self.blocks_per_slab for b in held_set if self._slabs[b // self.blocks_per_slab] is None}
-        )
-        if unbacked:
-            raise RuntimeError(f"held host blocks lie in unallocated slabs {unbacked}")

@@ -13,7 +13,12 @@ case) become booleans for boolean parameters; numbers, objects and arrays are pa
 schema says so; an empty non-string value is omitted; a value that does not fit its schema is kept,
 typed if it is valid JSON and a string otherwise. An undeclared tool, a duplicate parameter or malformed
 structure leaves the whole block as content text, and the reason is recorded and logged. A final block
-missing only `</tool_call>` is still a call. Opt-in tolerance (`calls_in_reasoning`): a tool call
+missing only `</tool_call>` is still a call.
+
+Nesting: a parameter value may itself hold tool-call markup (an agent writing code or docs about tool
+calls). A block ends at the `</tool_call>` that balances its `<tool_call>` (depth matching) when that block
+is a call; otherwise, or when nothing balances it, at the first close tag as before. A value may hold
+`</parameter>` too: a value ends at the `</parameter>` that the next parameter or `</function>` follows. Opt-in tolerance (`calls_in_reasoning`): a tool call
 inside unclosed reasoning ends the reasoning.
 
 Opt-in recoveries (`tolerant`, the server's `--tolerant-tool-calls`; UPSTREAM.md 7.5): drifted wrappers
@@ -46,7 +51,11 @@ TOLERANT_OPENS = (TOOL_CALL_START, "<tool_calls>", "<toolcall>", "<tool-call>", 
 TOLERANT_CLOSES = (TOOL_CALL_END, "</tool_calls>", "</toolcall>", "</tool-call>", "</function_call>")
 
 _FUNCTION_RE = re.compile(r"\s*<function=([^>\n]*)>(.*)</function>\s*", re.DOTALL)
-_PARAMETER_RE = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", re.DOTALL)
+_PARAMETER_OPEN_RE = re.compile(r"<parameter=([^>\n]*)>")
+_PARAMETER_TAG_RE = re.compile(r"<parameter=[^>\n]*>|</parameter>")
+PARAMETER_END = "</parameter>"
+_AFTER_VALUE_RE = re.compile(r"\s*(?:<parameter=|</function>|$)")
+_AFTER_LAST_VALUE_RE = re.compile(r"\s*(?:<parameter=|$)")
 
 Schemas = Mapping[str, Mapping[str, Any]]
 
@@ -160,6 +169,27 @@ def coerce_value(raw: str, schema: Any) -> Any:
     return raw
 
 
+def _value_end(body: str, start: int) -> int:
+    """Where the value starting at `start` ends (its `</parameter>`), or -1. A value may hold parameter markup:
+    the end is the first `</parameter>` that balances the tags inside the value and that the next parameter or
+    `</function>` follows; failing that, the first `</parameter>` that the next parameter or the end follows
+    (a value holding a lone `</parameter>`)."""
+    ends = [m.start() for m in _PARAMETER_TAG_RE.finditer(body, start) if m.group() == PARAMETER_END]
+    for end in ends:
+        if _balanced_parameters(body[start:end]) and _AFTER_VALUE_RE.match(body, end + len(PARAMETER_END)):
+            return end
+    return next((e for e in ends if _AFTER_LAST_VALUE_RE.match(body, e + len(PARAMETER_END))), -1)
+
+
+def _balanced_parameters(value: str) -> bool:
+    depth = 0
+    for tag in _PARAMETER_TAG_RE.findall(value):
+        depth += -1 if tag == PARAMETER_END else 1
+        if depth < 0:
+            return False
+    return depth == 0
+
+
 def parse_tool_call(block: str, schemas: Schemas | None) -> ToolCall:
     """The call in `block` (the text between `<tool_call>` and `</tool_call>`)."""
     match = _FUNCTION_RE.fullmatch(block)
@@ -174,14 +204,17 @@ def parse_tool_call(block: str, schemas: Schemas | None) -> ToolCall:
     properties = properties if isinstance(properties, Mapping) else {}
     arguments: dict[str, Any] = {}
     pos = 0
-    for param in _PARAMETER_RE.finditer(body):
+    while (param := _PARAMETER_OPEN_RE.search(body, pos)) is not None:
         if body[pos : param.start()].strip():
             raise ToolCallError(f"unexpected text inside <function={name}>")
-        pos = param.end()
+        end = _value_end(body, param.end())
+        if end < 0:
+            break  # an unclosed parameter: the rest is unexpected text
+        pos = end + len(PARAMETER_END)
         key = param.group(1).strip()
         if key in arguments:
             raise ToolCallError(f"duplicate parameter {key!r} in {name!r}")
-        value = param.group(2)
+        value = body[param.end() : end]
         value = value[1:] if value.startswith("\n") else value
         value = value[:-1] if value.endswith("\n") else value
         typed = coerce_value(value, properties.get(key))
@@ -250,6 +283,40 @@ def _first(text: str, tags: Sequence[str], pos: int = 0) -> tuple[int, str]:
     return min(found) if found else (-1, "")
 
 
+def _balanced_close(text: str, pos: int, opens: Sequence[str], closes: Sequence[str]) -> tuple[int, str]:
+    """The close tag that balances a block whose body starts at `pos`, when an open tag comes before the first
+    close (nesting); (-1, "") when the block does not nest or nothing balances it (yet)."""
+    first_open = _first(text, opens, pos)[0]
+    first_close = _first(text, closes, pos)[0]
+    if first_open < 0 or (0 <= first_close < first_open):
+        return -1, ""
+    depth, at = 1, pos
+    while True:
+        close_at, close_tag = _first(text, closes, at)
+        if close_at < 0:
+            return -1, ""
+        open_at, open_tag = _first(text, opens, at)
+        if 0 <= open_at < close_at:
+            depth, at = depth + 1, open_at + len(open_tag)
+            continue
+        depth, at = depth - 1, close_at + len(close_tag)
+        if depth == 0:
+            return close_at, close_tag
+
+
+def _nested_call(
+    text: str, pos: int, opens: Sequence[str], closes: Sequence[str], schemas: Schemas | None, tolerant: bool
+) -> tuple[ToolCall, int] | None:
+    """(call, end of its close tag) when the block from `pos` nests and its balanced block is a call."""
+    end, close_tag = _balanced_close(text, pos, opens, closes)
+    if end < 0:
+        return None
+    try:
+        return read_tool_call(text[pos:end], schemas, tolerant=tolerant), end + len(close_tag)
+    except ToolCallError:
+        return None
+
+
 def _trim(text: str, *, lead: bool, trail: bool) -> str:
     text = text.lstrip() if lead else text
     return text.rstrip() if trail else text
@@ -300,6 +367,12 @@ def parse_output(
             content.append(_trim(rest[pos:], lead=run_start, trail=True))
             break
         body_start = start + len(open_tag)
+        nested = _nested_call(rest, body_start, opens, closes, schemas, tolerant)
+        if nested is not None:
+            content.append(_trim(rest[pos:start], lead=run_start, trail=True))
+            calls.append(nested[0])
+            run_start, pos = True, nested[1]
+            continue
         end, close_tag = _first(rest, closes, body_start)
         reopen = _first(rest, opens, body_start)[0] if tolerant else -1
         if reopen >= 0 and (end < 0 or reopen < end):  # a new block opens first: this one ends there
@@ -398,6 +471,16 @@ class StreamingParser:
                 self._mode = "reasoning" if self._in_reasoning else "content"
             return True
         if self._mode == "tool":
+            first_open, first_close = _first(buf, self._opens)[0], _first(buf, self._closes)[0]
+            if first_open >= 0 and (first_close < 0 or first_open < first_close):  # nests
+                nested = _nested_call(buf, 0, self._opens, self._closes, self._schemas, self._tolerant)
+                if nested is not None:
+                    self._buf, self._mode = buf[nested[1] :], "content"
+                    events.append(ToolCallEvent(nested[0]))
+                    self._run_start, self._ws_before_call = True, ""
+                    return True
+                if not final and _balanced_close(buf, 0, self._opens, self._closes)[0] < 0:
+                    return False  # the balancing close may still come
             end, close_tag = _first(buf, self._closes)
             reopen = _first(buf, self._opens)[0] if self._tolerant else -1
             if reopen >= 0 and (end < 0 or reopen < end):  # a new block opens first: this one ends there

@@ -11,8 +11,9 @@ For sequence ``b``: ``seq_lens[b]`` = tokens already cached + its new tokens; it
 continued from the saved state when ``has_initial_state[b]`` else started from zeros.
 
 The model receives a ``ForwardBatch`` and a ``ModelCache`` explicitly (STYLE 2.2 rule 6: no globals);
-layers read only these plain tensors and never see requests. The cache is a plain dataclass of
-tensors: ownership of pages and slots belongs to ``engine/cache``, the writes to the model.
+layers read only these plain tensors and never see requests. The cache (``ModelCache``,
+engine/cache/kv.py) is a plain dataclass of tensors: its shapes and ownership of pages and slots belong
+to ``engine/cache``, the writes to the model; ``kv_spec`` turns a ``ModelConfig`` into its ``KVSpec``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,18 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.cache.kv import KVDtype, KVSpec, ModelCache, allocate_cache
 from engine.model.config import ModelConfig
 from kernels.attention import kv_int8_group_size
+
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "ForwardBatch",
+    "ModelCache",
+    "allocate_model_cache",
+    "kv_spec",
+    "make_forward_batch",
+]
 
 DEFAULT_PAGE_SIZE = 64
 
@@ -134,38 +145,26 @@ def make_forward_batch(
     )
 
 
-@dataclass
-class ModelCache:
-    """Device tensors the model reads and writes; nothing else.
-
-    key_cache/value_cache: one entry per attention layer in layer order (then the MTP layers, when
-    allocated), each [num_pages, page_size, Hkv, head_dim]. conv_state: one per GDN layer,
-    [num_slots, conv_dim, K - 1] in the model dtype. recurrent_state: one per GDN layer,
-    [num_slots, Hv, Dk, Dv] fp32.
-
-    INT8 KV: with ``kv_dtype="int8"`` the K/V pages hold int8 codes and ``key_scale``/``value_scale``
-    hold, per attention layer, one fp16 scale per 64 values along head_dim
-    ([num_pages, page_size, Hkv, head_dim // group], ``kernels.attention.kv_int8_group_size``); the
-    attention layer hands them to ``store_kv`` (quantises) and to the attention kernels or references
-    (dequantise where they read).
-    """
-
-    page_size: int
-    key_cache: list[torch.Tensor]
-    value_cache: list[torch.Tensor]
-    conv_state: list[torch.Tensor]
-    recurrent_state: list[torch.Tensor]
-    kv_dtype: str = "model"  # "model" (the model dtype) or "int8"
-    key_scale: list[torch.Tensor] | None = None  # int8 only, one per KV entry
-    value_scale: list[torch.Tensor] | None = None
-
-    @property
-    def num_pages(self) -> int:
-        return self.key_cache[0].shape[0] if self.key_cache else 0
-
-    @property
-    def num_state_slots(self) -> int:
-        return self.conv_state[0].shape[0] if self.conv_state else 0
+def kv_spec(
+    config: ModelConfig, dtype: torch.dtype, kv_dtype: KVDtype = "bf16", *, with_mtp: bool = False
+) -> KVSpec:
+    """The cache geometry of `config` (engine/cache/kv.py): every attention layer, plus the MTP layers
+    when asked, and every GDN layer; K/V in `dtype` ("bf16") or int8 codes with fp16 group scales."""
+    return KVSpec(
+        num_kv_layers=config.num_attention_layers + (config.mtp_num_hidden_layers if with_mtp else 0),
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        num_gdn_layers=config.num_linear_layers,
+        conv_shape=(config.conv_dim, config.linear_conv_kernel_dim - 1),
+        recurrent_shape=(
+            config.linear_num_value_heads,
+            config.linear_key_head_dim,
+            config.linear_value_head_dim,
+        ),
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+        int8_group_size=kv_int8_group_size(config.head_dim) if kv_dtype == "int8" else config.head_dim,
+    )
 
 
 def allocate_model_cache(
@@ -176,44 +175,8 @@ def allocate_model_cache(
     dtype: torch.dtype = torch.bfloat16,
     device: torch.device | str = "cpu",
     with_mtp: bool = False,
-    kv_dtype: str = "model",
+    kv_dtype: KVDtype = "bf16",
 ) -> ModelCache:
-    """Zeroed cache tensors for every attention layer (plus the MTP layers when asked) and GDN layer.
-
-    kv_dtype "model" keeps K/V in ``dtype``; "int8" stores int8 codes plus fp16 group scales.
-    """
-    if kv_dtype not in ("model", "int8"):
-        raise ValueError(f"allocate_model_cache: kv_dtype={kv_dtype!r}: must be 'model' or 'int8'")
-    if num_pages < 1 or page_size < 1 or num_state_slots < 1:
-        raise ValueError(
-            f"allocate_model_cache: num_pages={num_pages}, page_size={page_size}, "
-            f"num_state_slots={num_state_slots}: all must be >= 1"
-        )
-    num_kv = config.num_attention_layers + (config.mtp_num_hidden_layers if with_mtp else 0)
-    kv_shape = (num_pages, page_size, config.num_key_value_heads, config.head_dim)
-    conv_shape = (num_state_slots, config.conv_dim, config.linear_conv_kernel_dim - 1)
-    rec_shape = (num_state_slots, config.linear_num_value_heads, config.linear_key_head_dim,
-                 config.linear_value_head_dim)  # fmt: skip
-    kv_torch_dtype = torch.int8 if kv_dtype == "int8" else dtype
-    scales: dict[str, list[torch.Tensor] | None] = {"key_scale": None, "value_scale": None}
-    if kv_dtype == "int8":
-        num_groups = config.head_dim // kv_int8_group_size(config.head_dim)
-        scale_shape = (*kv_shape[:3], num_groups)
-        for name in scales:
-            scales[name] = [
-                torch.zeros(scale_shape, dtype=torch.float16, device=device) for _ in range(num_kv)
-            ]
-    return ModelCache(
-        page_size=page_size,
-        key_cache=[torch.zeros(kv_shape, dtype=kv_torch_dtype, device=device) for _ in range(num_kv)],
-        value_cache=[torch.zeros(kv_shape, dtype=kv_torch_dtype, device=device) for _ in range(num_kv)],
-        conv_state=[
-            torch.zeros(conv_shape, dtype=dtype, device=device) for _ in range(config.num_linear_layers)
-        ],
-        recurrent_state=[
-            torch.zeros(rec_shape, dtype=torch.float32, device=device)
-            for _ in range(config.num_linear_layers)
-        ],
-        kv_dtype=kv_dtype,
-        **scales,
-    )
+    """Zeroed cache tensors for `config` (``kv_spec``; `kv_dtype` as `CacheConfig` spells it)."""
+    return allocate_cache(kv_spec(config, dtype, kv_dtype, with_mtp=with_mtp), num_pages, page_size, num_state_slots,
+                          device)  # fmt: skip

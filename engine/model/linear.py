@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from kernels.linear import linear
+from kernels.quant import QuantWeight
 
 Outputs = tuple[tuple[str, int], ...]  # (name, rows) per logical projection, in row order
 
@@ -82,6 +83,7 @@ class Linear(nn.Module):
             torch.empty(out_features, in_features), requires_grad=False
         )
         self.method: LinearMethod = DENSE
+        self.qweight: QuantWeight | None = None  # a quantized method's plane views (engine.model.quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x)

@@ -8,6 +8,10 @@ mmap view of the artifact on the CPU) becomes the parameter itself, with no copy
 Then the model's input projections are fused (``Qwen3_5ForCausalLM.fuse_projections``): each layer's
 q/k/v (GDN in_proj_*, MLP gate/up) become one concatenated weight, a copy, and the separate
 parameters (mmap views or device copies) are dropped module by module.
+
+An artifact whose identity names a weight profile (the published quantized files, or a development model
+converted to one: ``engine.artifact.profiles.profile_for``) loads through ``profile_load.load_profile_model``
+instead: checked against the profile's inventory, then bound object by object (fused parents stay one layer).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
+from engine.artifact.container import ArtifactError, Directory
 from engine.model.config import ModelConfig
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM, model_class
 from engine.model.weights import collect_weights
@@ -26,11 +31,23 @@ from engine.progress import progress
 class TensorSource(Protocol):
     """What the loader needs from an artifact (``engine.artifact.container.Artifact`` provides it)."""
 
+    directory: Directory
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def weights_id(self) -> str | None: ...
+
     def hf_config(self) -> dict[str, Any]: ...
+
+    def resource_names(self) -> list[str]: ...
 
     def tensor_names(self) -> list[str]: ...
 
     def tensor(self, name: str) -> torch.Tensor: ...
+
+    def raw_bytes(self, name: str) -> memoryview: ...
 
 
 def build_model(
@@ -68,9 +85,29 @@ def load_model(
 ) -> Qwen3_5ForCausalLM:
     """Load the text model (plus the MTP head when ``with_mtp``) from an artifact.
 
-    dtype None keeps the stored dtype. Raises WeightInventoryError on missing/unexpected/misshapen
-    tensors and ValueError on an unsupported config.
+    dtype None keeps the stored dtype (bf16 for a profile's quantized model). Raises WeightInventoryError on
+    missing/unexpected/misshapen tensors, ArtifactError when a profile's inventory does not match, and
+    ValueError on an unsupported config.
     """
-    config = ModelConfig.from_hf(artifact.hf_config())
+    # NOTE: imported here: engine.artifact.profiles imports engine.model.config, and this package's
+    # __init__ imports this module
+    from engine.artifact.profiles import profile_for
+    from engine.model.profile_load import load_profile_model
+
+    has_config = "config.json" in artifact.resource_names()
+    config = ModelConfig.from_hf(artifact.hf_config()) if has_config else None
+    profile = profile_for(artifact.model_id, artifact.weights_id, moe=config is not None and config.is_moe)
+    if profile is not None:
+        if config is None:
+            config = profile.published
+        if config is None:
+            raise ArtifactError(
+                f"{artifact.model_id}/{artifact.weights_id}: no config.json and no published geometry"
+            )
+        return load_profile_model(artifact, profile, config, device, dtype or torch.bfloat16, with_mtp)
+    if config is None:
+        raise ArtifactError(
+            f"{artifact.model_id}/{artifact.weights_id}: the artifact has no 'config.json' resource"
+        )
     tensors = collect_weights(artifact.tensor_names(), artifact.tensor, config, with_mtp)
     return build_model(config, tensors, device, dtype, with_mtp)

@@ -113,9 +113,12 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = moe_route(self.gate(x), self.top_k)
         gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
-        if x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS:
+        dense_shared = self.shared_is_dense()
+        if x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS and dense_shared:
             return moe_experts(x, gate_up, down, weights, expert_ids, self.shared_weights())
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        if x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS:  # a quantized shared expert runs as its own MLP
+            return moe_experts(x, gate_up, down, weights, expert_ids) + shared
         if x.is_cuda:  # the shared output joins the routed sum inside moe_combine
             return _experts_grouped(x, gate_up, down, weights, expert_ids, shared)
         if expert_ids.numel() <= GATHER_MAX_ROWS:
@@ -123,6 +126,12 @@ class SparseMoeBlock(nn.Module):
         else:
             routed = moe_experts_ref(x, gate_up, down, weights, expert_ids)
         return routed + shared
+
+    def shared_is_dense(self) -> bool:
+        """True when the shared expert and its gate hold dense weights (what ``moe_experts`` fuses in)."""
+        layers = [self.shared_expert_gate, self.shared_expert.down_proj]
+        layers += [getattr(self.shared_expert, n) for n in self.shared_expert.input_projections]
+        return all(layer.weight is not None for layer in layers)
 
     def shared_weights(self) -> SharedExpert:
         """The shared expert's parameters as ``kernels.moe.moe_experts`` takes them (the tensors themselves;

@@ -6,7 +6,7 @@ Module names equal the checkpoint tensor names (``model.layers.N.linear_attn.in_
 ``lm_head.weight``, ``mtp.fc.weight``), so loading is a name-for-name assignment (``weights.py``).
 Once loaded, ``fuse_projections()`` concatenates each layer's input projections into one GEMM
 (``qkv_proj``, ``linear_attn.in_proj``, ``mlp.gate_up_proj``); every path that builds a model to run
-calls it (``loader.build_model``, ``engine.synthetic.build_synthetic``), so the fused names, not the
+calls it (``loader.build_model``, ``engine.testing.synthetic.build_synthetic``), so the fused names, not the
 checkpoint's, are what a running model's ``state_dict`` holds for those projections.
 """
 

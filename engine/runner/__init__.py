@@ -2,24 +2,13 @@
 
 Rooms: runner.py (`ModelRunner`: the cache tensors, the sampler seam, one step in order), inputs.py (the
 eager batch and the graphs' static buffers), graphs.py (CUDA-graph decode keyed by batch size and width),
-host_copies.py (host parking's copies), warmup.py (first-use step shapes). It never imports
-engine.scheduler (`.importlinter`): plans come down as plain data, results go up the same way.
+host parking's copies (host_copies.py: one step's parks / unparks and restore reports; host_copier.py:
+the copy stream and events; host_layout.py: copy plans; host_slabs.py: pinned host RAM), warmup.py
+(first-use step shapes). It never imports engine.scheduler (`.importlinter`): plans come down as plain
+data, results go up the same way; it never changes the host index (the scheduler's), it reports.
 """
 
-from engine.runner.runner import (
-    CPU_AUTO_KV_BYTES,
-    ModelRunner,
-    auto_num_pages,
-    kv_bytes_per_page,
-    resolve_num_pages,
-)
+from engine.runner.runner import ModelRunner
 from engine.runner.warmup import WarmupReport
 
-__all__ = [
-    "CPU_AUTO_KV_BYTES",
-    "ModelRunner",
-    "WarmupReport",
-    "auto_num_pages",
-    "kv_bytes_per_page",
-    "resolve_num_pages",
-]
+__all__ = ["ModelRunner", "WarmupReport"]

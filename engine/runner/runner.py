@@ -13,9 +13,10 @@ becomes `has_initial_state=False`), one flat varlen forward over every row (engi
 logits for the positions rows sample only, sampling (`_sample`, the one call into the `Sampler`), then
 state snapshots (`save_state_to`).
 
-KV pool size (`--kv-capacity`): omitted = one `max_context` worth of pages; N tokens = ceil(N / page)
-pages; `auto` = the largest page count that fits in free device memory after the weights with 1 GiB
-of headroom on CUDA, and on the CPU a stated default of `CPU_AUTO_KV_BYTES` (256 MiB) of KV.
+KV pool size (`--kv-capacity`, engine/cache/kv.py `resolve_num_pages`): omitted = one `max_context`
+worth of pages; N tokens = ceil(N / page) pages; `auto` = the largest page count that fits in free
+device memory after the weights with 1 GiB of headroom on CUDA, and on the CPU a stated default of
+`CPU_AUTO_KV_BYTES` (256 MiB) of KV.
 CUDA graphs (engine/runner/graphs.py): on CUDA (bf16 or int8 KV: both decode paths are Triton kernels
 without a host sync), a step whose rows are all single-token sampling rows (a decode step) replays a
 graph captured per batch size 1..8 over static input buffers; every other step (prefill, mixed, the
@@ -27,65 +28,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
-from engine.cache.host import HostParking
-from engine.config import CacheConfig
+from engine.cache.host_blocks import HostBudget
+from engine.cache.kv import KVDtype, ModelCache, allocate_cache
 from engine.model.config import ModelConfig
-from engine.model.forward import ModelCache, allocate_model_cache
+from engine.model.forward import kv_spec
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
-from engine.request import SamplingParams
+from engine.request import SamplingParams, TokenLogprob
 from engine.runner.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner
 from engine.runner.host_copies import HostCopies
 from engine.runner.inputs import DecodeRow, eager_batch, sample_indices
 from engine.runner.speculative import SpecExecutor, num_spec_slots
 from engine.runner.warmup import WarmupReport, warm_up
-from engine.sampling import Sampler, output_token_counts
+from engine.sampling import Sampler, output_token_counts, token_logprobs
 from engine.step import HostRestoreReport, RowPlan, StepPlan, StepResult
-from kernels.attention import kv_int8_group_size
+from engine.structured.compiler import GrammarCompiler
 
 logger = logging.getLogger(__name__)
-
-CPU_AUTO_KV_BYTES = 256 * 1024**2  # `--kv-capacity auto` on the CPU: this much KV
-GPU_HEADROOM_BYTES = 1024**3  # `--kv-capacity auto` on CUDA: leave this much device memory free
-
-
-def kv_bytes_per_page(config: ModelConfig, page_size: int, kv_dtype: str, dtype: torch.dtype) -> int:
-    """Device bytes one KV page costs across every attention layer (K and V, plus int8 scales)."""
-    values = page_size * config.num_key_value_heads * config.head_dim
-    if kv_dtype == "int8":
-        num_groups = config.head_dim // kv_int8_group_size(config.head_dim)
-        per_kv = values + page_size * config.num_key_value_heads * num_groups * 2  # codes + fp16 scales
-    else:
-        per_kv = values * torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_attention_layers * per_kv
-
-
-def auto_num_pages(bytes_per_page: int, device: torch.device) -> int:
-    """Pages for `--kv-capacity auto`: free memory after the weights minus headroom (CPU: a default)."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = free - GPU_HEADROOM_BYTES
-    else:
-        budget = CPU_AUTO_KV_BYTES
-    return max(0, budget // bytes_per_page)
-
-
-def resolve_num_pages(
-    cache_config: CacheConfig,
-    max_context: int,
-    model_config: ModelConfig,
-    *,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> int:
-    """The KV pool's page count for this config (fixed at startup)."""
-    auto_pages = None
-    if cache_config.kv_capacity == "auto":
-        per_page = kv_bytes_per_page(model_config, cache_config.page_size, cache_config.kv_dtype, dtype)
-        auto_pages = auto_num_pages(per_page, device)
-    return cache_config.num_pages(max_context, auto_pages=auto_pages)
 
 
 class ModelRunner:
@@ -98,20 +60,23 @@ class ModelRunner:
         num_pages: int,
         page_size: int,
         num_state_slots: int,
-        kv_dtype: str = "bf16",
+        kv_dtype: KVDtype = "bf16",
         seed: int | None = None,
         cuda_graph: bool = True,
         max_context: int | None = None,
         graph_sizes: Sequence[int] = DEFAULT_GRAPH_SIZES,
+        host_budget: HostBudget | None = None,
+        grammars: GrammarCompiler | None = None,
         spec: str | None = None,
         num_draft_tokens: int = 0,
         num_lanes: int = 1,
     ) -> None:
         """max_context bounds a request's page-table row (the graphs' page-table width); None = the
-        whole pool. cuda_graph=False keeps every step eager. spec="mtp": speculative decoding with
-        `num_draft_tokens` MTP drafts per row (engine/runner/speculative.py; lanes 0..num_lanes-1)."""
-        if kv_dtype not in ("bf16", "int8"):
-            raise ValueError(f"kv_dtype={kv_dtype!r}: must be 'bf16' or 'int8'")
+        whole pool. cuda_graph=False keeps every step eager. kv_dtype: as `CacheConfig` validated it.
+        host_budget: host KV parking's budget (`--host-kv-cache-mib`): the runner copies what the
+        scheduler's plans park and restore (None: off). grammars: serves structured outputs.
+        spec="mtp": speculative decoding with `num_draft_tokens` MTP drafts per row
+        (engine/runner/speculative.py; lanes 0..num_lanes-1)."""
         self.model = model
         self.config: ModelConfig = model.config
         param = next(model.parameters())
@@ -120,17 +85,14 @@ class ModelRunner:
         self.kv_dtype = kv_dtype
         # NOTE: "bf16" KV means the model's compute dtype (bf16 on the GPU; float32 in CPU tests).
         extra_slots = num_spec_slots(num_lanes, num_draft_tokens) if spec is not None else 0
-        self.cache: ModelCache = allocate_model_cache(
-            self.config,
+        self.cache: ModelCache = allocate_cache(
+            kv_spec(self.config, self.dtype, kv_dtype, with_mtp=spec == "mtp"),
             num_pages,
             page_size,
             num_state_slots + extra_slots,
-            dtype=self.dtype,
-            device=self.device,
-            with_mtp=spec == "mtp",
-            kv_dtype="int8" if kv_dtype == "int8" else "model",
+            self.device,
         )
-        self.sampler = Sampler(self.device, seed)
+        self.sampler = Sampler(self.device, seed, grammars)
         self.spec: SpecExecutor | None = None
         if spec is not None:
             if spec != "mtp":
@@ -140,9 +102,10 @@ class ModelRunner:
                 snapshot_base=num_state_slots, generator=self.sampler.generator,
             )  # fmt: skip
             cuda_graph = False  # TODO(#21): graphs for the verify widths and the draft steps
-        self.host_copies: HostCopies | None = None  # host KV parking's copies (`attach_host`), None when off
+        self.host_copies = HostCopies(self.cache, host_budget) if host_budget is not None else None
         self._host_reports: tuple[HostRestoreReport, ...] = ()
         self._output_token_ids: dict[str, list[int]] = {}  # for presence / frequency penalties
+        self._logprobs: dict[str, tuple[TokenLogprob, ...]] = {}  # this step's, for rows that asked
         self.num_steps = 0
         self.num_graph_steps = 0
         self.graphs: CudaGraphRunner | None = None
@@ -155,11 +118,6 @@ class ModelRunner:
                 logger.warning("CUDA graph capture failed (%s); every decode step runs eagerly", exc)
                 self.graphs = None
                 torch.cuda.synchronize(self.device)
-
-    def attach_host(self, host: HostParking) -> None:
-        """Execute the host parks and unparks of every later plan against `host` (its copies)."""
-        assert self.host_copies is None, "attach_host twice"
-        self.host_copies = HostCopies(host)
 
     def warm_up(self, prefill_chunk: int) -> WarmupReport:
         """The first-use step shapes, before any request (engine/runner/warmup.py)."""
@@ -181,7 +139,14 @@ class ModelRunner:
         if self.host_copies is not None:
             self._host_reports += self.host_copies.finish(idle=plan.is_empty)
         reports, self._host_reports = self._host_reports, ()
-        return StepResult.of_sampled(plan, sampled, reports)
+        result = StepResult.of_sampled(plan, sampled, reports)
+        if self._logprobs:  # per row of the plan; rows that sampled nothing or asked for none get None
+            rows = tuple(
+                self._logprobs.pop(row.request_id, None) if row.sample else None for row in plan.rows
+            )
+            self._logprobs.clear()
+            result = replace(result, logprobs=rows)
+        return result
 
     def _execute_spec(self, plan: StepPlan) -> StepResult:
         """Steps 1-5 with speculative decoding (engine/runner/speculative.py): verify, roll back, draft."""
@@ -192,15 +157,21 @@ class ModelRunner:
         for row in plan.rows:
             if row.copy_state_from is not None:
                 self._copy_state(row.copy_state_from, row.state_slot)
-        out = self.spec.run(plan.rows, self._output_token_ids)
+        out = self.spec.run(plan.rows, self._output_token_ids, self._sample)
         for row in plan.rows:
             if row.save_state_to is not None:
                 self._copy_state(row.state_slot, row.save_state_to)
         if self.host_copies is not None:
             self._host_reports += self.host_copies.finish(idle=False)
         reports, self._host_reports = self._host_reports, ()
+        logprobs = None
+        if self._logprobs:  # rows that asked sampled one position through `_sample`
+            logprobs = tuple(
+                self._logprobs.pop(row.request_id, None) if row.sample else None for row in plan.rows
+            )
+            self._logprobs.clear()
         return StepResult(
-            out.tokens, out.num_accepted, out.num_rolled_back, reports, draft_token_ids=out.drafts
+            out.tokens, out.num_accepted, out.num_rolled_back, reports, logprobs, draft_token_ids=out.drafts
         )
 
     def run_rows(self, plan: StepPlan) -> list[list[int]]:
@@ -257,7 +228,12 @@ class ModelRunner:
         positions = [row for row in rows for _ in range(row.num_sample)]  # one entry per logits row
         params: list[SamplingParams] = [row.sampling_params for row in positions]
         penalized = any(p.presence_penalty or p.frequency_penalty for p in params)
-        if not penalized and all(p.greedy for p in params):
+        constrained = self.sampler.constrains(params)
+        if constrained:  # a grammar's mask for a later position depends on the earlier sampled tokens
+            assert all(row.num_sample == 1 for row in rows if row.sampling_params.structured), (
+                "one token per row"
+            )
+        if not penalized and not constrained and all(p.greedy for p in params):
             flat = logits.argmax(dim=-1).tolist()  # greedy fast path: the one host copy
         else:
             ids = [row.request_id for row in positions]
@@ -266,6 +242,13 @@ class ModelRunner:
                 history = [self._output_token_ids.get(i, []) for i in ids]
                 counts = output_token_counts(history, logits.shape[-1], self.device)
             flat = self.sampler.sample(logits, params, ids, counts).tolist()
+            if constrained:
+                self.sampler.commit(ids, flat)
+        if any(p.logprobs is not None for p in params):
+            found = token_logprobs(logits, flat, [p.logprobs for p in params])
+            for row, lp in zip(positions, found, strict=True):
+                if lp is not None:
+                    self._logprobs[row.request_id] = (*self._logprobs.get(row.request_id, ()), lp)
         out: list[list[int]] = []
         it = iter(flat)
         for row in rows:

@@ -22,16 +22,17 @@ measure on the GPU against a fused replay kernel). Slot `base + lanes*K` is a si
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.request import SamplingParams
 from engine.runner.inputs import eager_batch
 from engine.spec.mtp import DraftRow, MtpDrafter
-from engine.spec.verify import GeneratorFor, verify
+from engine.spec.verify import GeneratorFor, Verdict, verify
 from engine.step import RowPlan
 
 
@@ -43,6 +44,12 @@ class SpecOutcome:
     num_accepted: tuple[int, ...]
     num_rolled_back: tuple[int, ...]
     drafts: tuple[tuple[int, ...], ...]
+
+
+def drafts_allowed(params: SamplingParams) -> bool:
+    """Rows of structured outputs (their grammar's mask follows every sampled token) and of logprobs requests
+    never draft: they sample one token per step through the runner's sampler."""
+    return params.structured is None and params.logprobs is None
 
 
 def num_spec_slots(num_lanes: int, num_draft_tokens: int) -> int:
@@ -93,9 +100,16 @@ class SpecExecutor:
             self.num_verify_forwards += 1
         return self.model(batch, self.cache)
 
-    def run(self, rows: Sequence[RowPlan], history: dict[str, list[int]]) -> SpecOutcome:
+    def run(
+        self,
+        rows: Sequence[RowPlan],
+        history: dict[str, list[int]],
+        plain_sample: Callable[[torch.Tensor, Sequence[RowPlan]], list[list[int]]],
+    ) -> SpecOutcome:
         """One step over `rows` (plan order). `history`: each request's output tokens so far (for penalties);
-        extended here with the committed tokens."""
+        extended here with the committed tokens. `plain_sample(logits, rows)`: the runner's own sampler for
+        rows that never draft (structured outputs: a grammar's mask depends on every earlier token;
+        logprobs), one position each; it extends `history` itself."""
         hidden_parts: list[torch.Tensor] = []
         where: dict[int, int] = {}  # plan row -> offset of its first fed token in the concatenated hidden
         total = 0
@@ -116,37 +130,47 @@ class SpecExecutor:
             hidden_parts.append(hidden)
         target_hidden = torch.cat(hidden_parts) if len(hidden_parts) > 1 else hidden_parts[0]
         sampling = [i for i, row in enumerate(rows) if row.sample]
-        verdicts = {}
+        plain = [i for i in sampling if not drafts_allowed(rows[i].sampling_params)]
+        sampling = [i for i in sampling if drafts_allowed(rows[i].sampling_params)]
+        verdicts: dict[int, Verdict] = {}
+        if plain:
+            assert all(rows[i].num_sample == 1 for i in plain), "a row that never drafts samples one position"
+            last = torch.tensor([where[i] + rows[i].num_tokens - 1 for i in plain], device=self.device)
+            tokens = plain_sample(self.model.compute_logits(target_hidden, last), [rows[i] for i in plain])
+            verdicts.update({i: Verdict(tuple(t), 0) for i, t in zip(plain, tokens, strict=True)})
         if sampling:
-            index = [where[i] + rows[i].num_tokens - rows[i].num_sample + j for i in sampling
-                     for j in range(rows[i].num_sample)]  # fmt: skip
-            logits = self.model.compute_logits(target_hidden, torch.tensor(index, device=self.device))
+            positions = [where[i] + rows[i].num_tokens - rows[i].num_sample + j for i in sampling
+                         for j in range(rows[i].num_sample)]  # fmt: skip
+            logits = self.model.compute_logits(target_hidden, torch.tensor(positions, device=self.device))
             drafts = [rows[i].token_ids[rows[i].num_tokens - rows[i].num_sample + 1 :] for i in sampling]
             probs = [self._draft_probs.get(rows[i].request_id) for i in sampling]
-            verdicts = dict(zip(sampling, verify(
+            verdicts.update(zip(sampling, verify(
                 logits, drafts, probs, [rows[i].sampling_params for i in sampling],
                 [rows[i].request_id for i in sampling], self.generator,
                 [history.get(rows[i].request_id, []) for i in sampling],
             ), strict=True))  # fmt: skip
+            for i in sampling:
+                history.setdefault(rows[i].request_id, []).extend(verdicts[i].tokens)
         self._roll_back(rows, verdicts)
         draft_rows = []
         for i, row in enumerate(rows):
             verdict = verdicts.get(i)
             rolled = (row.num_sample - 1 - verdict.num_accepted) if verdict is not None else 0
             valid = row.num_tokens - rolled
-            if verdict is not None:
-                history.setdefault(row.request_id, []).extend(verdict.tokens)
             draft_rows.append(DraftRow(
                 request_id=row.request_id, page_ids=row.page_ids, state_slot=row.state_slot,
                 start_pos=row.start_pos, tokens=row.token_ids[:valid],
                 hidden_rows=range(where[i], where[i] + valid),
                 bonus=verdict.tokens[-1] if verdict is not None else None,
-                num_drafts=self.k if verdict is not None else 0, params=row.sampling_params,
+                num_drafts=self.k if verdict is not None and drafts_allowed(row.sampling_params) else 0,
+                params=row.sampling_params,
                 history=history.get(row.request_id, []),
             ))  # fmt: skip
         proposals = self.drafter.advance(draft_rows, target_hidden)
         for i in sampling:
             self._draft_probs[rows[i].request_id] = proposals[i].probs
+        for i in plain:
+            self._draft_probs.pop(rows[i].request_id, None)
         return SpecOutcome(
             tokens=tuple(verdicts[i].tokens if i in verdicts else () for i in range(len(rows))),
             num_accepted=tuple(verdicts[i].num_accepted if i in verdicts else 0 for i in range(len(rows))),
@@ -156,7 +180,7 @@ class SpecExecutor:
             drafts=tuple(p.tokens for p in proposals),
         )
 
-    def _roll_back(self, rows: Sequence[RowPlan], verdicts: dict) -> None:
+    def _roll_back(self, rows: Sequence[RowPlan], verdicts: dict[int, Verdict]) -> None:
         """Copy the snapshot of each row's last accepted position into its working slot."""
         src, dst = [], []
         for i, verdict in verdicts.items():

@@ -1,13 +1,16 @@
 r"""HostPlanner: the scheduler's half of host parking (`--host-kv-cache-mib N`): what to park, what to restore.
 
-Owns: the park / unpark lists of the step being built, the restore decisions and their counters.
-Must not touch: bytes (the runner executes the lists through engine/runner/host_copies.py), device page / slot
-ownership (the scheduler allocates and frees those), `HostParking`'s entries (only the runner's
-`park` / `unpark` change them; here they are read with `lookup` and pinned).
+Owns: the park / unpark lists of the step being built, the restore decisions, the restores in flight
+and their counters; through `HostIndex` (engine/cache/host.py) the parked entries, their LRU, pins and
+host blocks: every change to them is decided here, in the scheduler's thread of control.
+Must not touch: bytes (the runner copies them, at the blocks named in each `HostPark` / `HostUnpark`,
+through engine/runner/host_copies.py), device page / slot ownership (the scheduler allocates and frees
+those).
 
 Park on eviction. `PrefixIndex` calls `on_evict(cp, keep)` for every LRU victim (under the
 checkpoint budget, for a state slot, or for pages reclaimed for an admission), just before freeing
-its pages and slot. The park is emitted in the next `StepPlan`; nothing writes those ids before
+its pages and slot. The index records the entry and its blocks at once (`HostIndex.add`, which may
+evict older entries); the park is emitted in the next `StepPlan`, and nothing writes those ids before
 the runner runs it, because the runner performs parks before anything else in a step:
 
     schedule()   reclaim -> evict cp (pages, slot freed) -> park queued -> pages re-allocated
@@ -39,9 +42,10 @@ evicting restore); running lanes' pages and the pinned entry being restored are 
 Admission probes of a request that is not admitted therefore move no bytes.
 
 Readiness. The restoring lane gets no row until the runner reports its copies complete
-(`HostRestoreReport` in the `StepResult` handed to `Scheduler.commit`): other lanes keep decoding while the bytes move. A failed
-restore (a corrupt or mismatched entry, dropped by the runner) re-plans the lane as a cold prefill in
-the pages and slot it already holds (`Scheduler._restore_failed`).
+(`HostRestoreReport` in the `StepResult` handed to `Scheduler.commit`, which calls `finished`): other
+lanes keep decoding while the bytes move. Only then is the entry unpinned and, unless kept, freed. A
+failed restore (an entry that does not fit the cache or is corrupt) drops the entry here and re-plans
+the lane as a cold prefill in the pages and slot it already holds (`Scheduler._restore_failed`).
 """
 
 from __future__ import annotations
@@ -49,23 +53,24 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Sequence
 
-from engine.cache.host import HostMatch, HostParking
+from engine.cache.host import HostIndex, HostMatch
 from engine.cache.prefix import Checkpoint, PrefixIndex, extend_page_hashes
-from engine.step import HostPark, HostUnpark
+from engine.step import HostPark, HostRestoreReport, HostUnpark
 
 
 class HostPlanner:
     """Use: `match` during admission, `restore` once committed, `take` at the end of `schedule()`."""
 
-    def __init__(self, host: HostParking, prefix: PrefixIndex) -> None:
+    def __init__(self, host: HostIndex, prefix: PrefixIndex) -> None:
         if not host.enabled:
-            raise ValueError("HostPlanner needs an enabled HostParking (host_kv_cache_mib > 0)")
+            raise ValueError("HostPlanner needs an enabled HostIndex (host_kv_cache_mib > 0)")
         self.host = host
         self.prefix = prefix
         prefix.keep_token_ids = True
         prefix.on_evict = self._on_evict
         self._parks: list[HostPark] = []
         self._unparks: list[HostUnpark] = []
+        self._restoring: dict[str, tuple[Hashable, bool, int]] = {}  # request id -> (entry, keep, bytes)
         self.num_restores = 0  # committed restores (admissions)
         self.num_restored_tokens = 0  # prompt tokens they reused
         self.num_restore_failures = 0  # reported failed by the runner: the lane prefilled cold
@@ -93,7 +98,12 @@ class HostPlanner:
         if all(self._host_holds(top.token_ids, hashes, n) for n, _ in checkpoints):
             self.park_skips["on_host"] += 1
             return []
-        self._parks.append(HostPark(top.checkpoint_id, top.page_ids, top.token_ids, tuple(checkpoints)))
+        entry = self.host.add(top.checkpoint_id, page_ids=top.page_ids, token_ids=top.token_ids,
+                              checkpoints=checkpoints)  # fmt: skip
+        if entry is not None:  # else refused (counted by the index): the sequence is simply lost
+            slots = tuple(slot for _, slot in checkpoints)
+            self._parks.append(HostPark(top.checkpoint_id, top.page_ids[: entry.num_pages], slots,
+                                        tuple(entry.block_ids)))  # fmt: skip
         self.num_co_evicted += len(later)
         return later
 
@@ -122,21 +132,50 @@ class HostPlanner:
             return None
         return self.host.lookup(token_ids, page_hashes, max_tokens)
 
+    def hold(self, match: HostMatch) -> None:
+        """Keep `match`'s entry from eviction while an admission decides (no LRU move); `release` after."""
+        self.host.pin(match.entry_key, touch=False)
+
+    def release(self, match: HostMatch) -> None:
+        self.host.unpin(match.entry_key)
+
     def restore(
         self, match: HostMatch, page_ids: Sequence[int], state_slot: int, request_id: str, lane: int
     ) -> None:
         """Commit: pin the entry and emit its unpark into `page_ids[:match.num_pages]` / `state_slot`."""
-        entry = self.host.entry(match.entry_key)
-        assert isinstance(entry.key, int) and match.num_tokens in entry.checkpoints, "stale host match"
+        entry, cp_index, num_pages = self.host.plan_unpark(match.entry_key, match.num_tokens, len(page_ids))
+        assert isinstance(entry.key, int) and num_pages == match.num_pages, "stale host match"
         self.host.pin(entry.key)
         # Restoring an earlier checkpoint keeps the entry: its later ones may still be wanted (branching).
         keep = match.num_tokens != entry.checkpoints[-1]
-        pages = tuple(page_ids[: match.num_pages])
         self._unparks.append(
-            HostUnpark(entry.key, pages, state_slot, match.num_tokens, keep, request_id, lane)
+            HostUnpark(
+                entry.key,
+                tuple(page_ids[:num_pages]),
+                state_slot,
+                match.num_tokens,
+                tuple(entry.block_ids),
+                entry.num_pages,
+                cp_index,
+                request_id,
+                lane,
+            )  # fmt: skip
         )
+        self._restoring[request_id] = (entry.key, keep, match.num_bytes)
         self.num_restores += 1
         self.num_restored_tokens += match.num_tokens
+
+    def finished(self, report: HostRestoreReport) -> None:
+        """The runner reports a restore done (the entry is unpinned, counted, freed unless kept) or failed
+        (the entry is dropped with the reported reason)."""
+        restoring = self._restoring.pop(report.request_id, None)
+        assert restoring is not None, f"host restore report for {report.request_id!r}, which restores nothing"
+        key, keep, num_bytes = restoring
+        if report.ok:
+            self.host.finish_unpark(key, keep=keep, num_bytes=num_bytes)
+        elif key in self.host:
+            self.host.unpin(key)
+            self.host.drop(key, report.drop_reason or "corrupt")
 
     def failed(self, num_tokens: int) -> None:
         """A committed restore of `num_tokens` failed in the runner (the lane now prefills cold)."""
@@ -156,10 +195,10 @@ class HostPlanner:
         return parks, unparks
 
     def check_integrity(self) -> None:
-        """The host budget's own check, and every pin matches an unpark not yet executed."""
+        """The host index's own check, and every pin matches a restore not yet reported complete."""
         self.host.check_integrity()
-        want: Counter[Hashable] = Counter(u.key for u in self._unparks)
+        want: Counter[Hashable] = Counter(key for key, _, _ in self._restoring.values())
         for key in self.host.entry_keys:
             pins = self.host.entry(key).num_pins
             if pins != want[key]:
-                raise RuntimeError(f"host entry {key!r}: {pins} pins, {want[key]} pending unparks")
+                raise RuntimeError(f"host entry {key!r}: {pins} pins, {want[key]} restores in flight")

@@ -28,6 +28,12 @@ admitted request can therefore always finish; there is no preemption. A request 
 even in an empty pool is refused at `add_request` with the numbers. A blocked admission scan is not
 retried every step: only after an arrival, a release (finish / abort / unpin) or a queue timeout.
 
+Thinking budget (`SamplingParams.thinking_budget`, given the tokenizer's `ReasoningTokens`): `commit` counts
+a request's reasoning tokens, and once the budget is spent inside the reasoning it appends the template's
+closing `\n</think>\n\n` instead of the sampled token. Those tokens are then fed like any others (a short
+row, as a prefill chunk is), so the model writes its answer after a closed reasoning; nothing below the
+scheduler knows. They count as output and are cut to the request's length limit.
+
 Host parking (`attach_host`, engine/scheduler/host.py): evicted checkpoints are parked in host RAM,
 and a request whose prompt matches a parked entry better than any device checkpoint restores it
 into its own pages and working slot at admission, then prefills only the rest. The lane is not
@@ -41,7 +47,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-from engine.cache.host import HostMatch, HostParking
+from engine.cache.host import HostIndex, HostMatch
 from engine.cache.pages import PagePool
 from engine.cache.prefix import PrefixIndex, PrefixMatch, extend_page_hashes
 from engine.cache.state import StateSlotPool
@@ -51,15 +57,18 @@ from engine.request import (
     FinishEvent,
     FinishKind,
     FinishReason,
+    ReasoningTokens,
     RejectCode,
     Request,
     RequestStatus,
     TokenEvent,
+    TokenLogprob,
 )
 from engine.scheduler.host import HostPlanner
 from engine.scheduler.integrity import check_integrity
 from engine.scheduler.lane import Lane
-from engine.scheduler.spec import SpecCounters, draft_budget, retains_exactly, spec_cow_match
+from engine.scheduler.reasoning import reasoning_step
+from engine.scheduler.spec import SpecCounters, num_drafts, retains_exactly, spec_cow_match
 from engine.scheduler.stats import SchedulerStats
 from engine.step import RowPlan, StepPlan, StepResult
 
@@ -77,13 +86,14 @@ class Scheduler:
         *,
         num_pages: int,
         eos_token_ids: Iterable[int] = (),
+        reasoning_tokens: ReasoningTokens | None = None,
         clock: Callable[[], float] = time.monotonic,
-        num_draft_tokens: int = 0,
+        num_draft_tokens: int = 0,  # > 0: speculative decoding (engine/scheduler/spec.py: rows carry drafts)
     ) -> None:
-        """num_draft_tokens > 0: speculative decoding (engine/scheduler/spec.py says how rows carry drafts)."""
         self.config = config
         self.num_draft_tokens = num_draft_tokens
         self.spec_stats = SpecCounters(num_draft_tokens)
+        self.reasoning_tokens = reasoning_tokens  # None: thinking budgets are not enforced
         self.cache_config = cache_config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.clock = clock
@@ -109,7 +119,7 @@ class Scheduler:
         self.num_decode_tokens = 0
         self.host: HostPlanner | None = None
 
-    def attach_host(self, host: HostParking) -> None:
+    def attach_host(self, host: HostIndex) -> None:
         """Park evicted checkpoints in `host` and restore from it at admission (needs prefix reuse)."""
         if self.prefix is None:
             raise ValueError("host parking needs prefix reuse: nothing parked could ever be restored")
@@ -126,6 +136,7 @@ class Scheduler:
         rejection = self._rejection(request)
         if rejection is not None:
             return self._end(request, rejection)
+        request.in_reasoning = self._opens_reasoning(request.prompt_token_ids)
         self.waiting.append(request)
         self.requests[request.request_id] = request
         self._admission_dirty = True
@@ -156,6 +167,16 @@ class Scheduler:
                 f"{self.config.max_concurrency} lanes + {self.config.max_pending_requests} pending places",
             )
         return None
+
+    def _opens_reasoning(self, prompt_token_ids: Sequence[int]) -> bool:
+        """The prompt's last reasoning marker is `<think>`: generation starts inside the reasoning."""
+        markers = self.reasoning_tokens
+        if markers is None:
+            return False
+        for token in reversed(prompt_token_ids):
+            if token == markers.start_id or token == markers.end_id:
+                return token == markers.start_id
+        return False
 
     def _limit(self, request: Request) -> tuple[int, FinishKind]:
         """The sequence length at which `request` must stop, and which limit that is."""
@@ -240,10 +261,24 @@ class Scheduler:
             self.waiting.popleft()
 
     def _try_admit(self, request: Request, lane_id: int) -> bool:
-        max_num_tokens, limit_kind = self._limit(request)
-        num_pages = self.pages.pages_for(max_num_tokens - 1)  # the last token is never fed
         match = self._lookup(request)
         host_match = self._host_lookup(request, match)
+        if host_match is None:
+            return self._try_admit_matched(request, lane_id, match, None)
+        assert self.host is not None
+        # NOTE: held while admission reclaims pages and slots: the parks that may cause are decided at once
+        # (HostIndex.add) and must not evict the entry this request is about to restore.
+        self.host.hold(host_match)
+        try:
+            return self._try_admit_matched(request, lane_id, match, host_match)
+        finally:
+            self.host.release(host_match)
+
+    def _try_admit_matched(
+        self, request: Request, lane_id: int, match: PrefixMatch | None, host_match: HostMatch | None
+    ) -> bool:
+        max_num_tokens, limit_kind = self._limit(request)
+        num_pages = self.pages.pages_for(max_num_tokens - 1)  # the last token is never fed
         if host_match is not None and match is not None:
             self.prefix.unpin(match.checkpoint)  # type: ignore[union-attr]
             match = None  # the parked entry holds a longer prefix
@@ -341,8 +376,8 @@ class Scheduler:
         k + 1 positions, every one sampled; k = 0 near the length limit: one token per step)."""
         if not self.num_draft_tokens:
             return self._row(lane, 1, copies)
-        k = draft_budget(len(lane.drafts), lane.request.num_tokens, lane.max_num_tokens)
-        self.spec_stats.plan(k)
+        k = num_drafts(lane.drafts, lane.request, lane.max_num_tokens, self.reasoning_tokens is not None)
+        self.spec_stats.plan(len(lane.drafts), k)
         return self._row(lane, 1, copies, drafts=lane.drafts[:k])
 
     def _row(
@@ -400,6 +435,8 @@ class Scheduler:
         self._in_step = False
         events, self._outbox = self._outbox, []
         for report in result.host_reports:
+            assert self.host is not None, "a host restore report without host parking"
+            self.host.finished(report)  # the index: unpin and free, or drop the failed entry
             lane = self.lanes[report.lane]
             if lane is None or lane.request.request_id != report.request_id or not lane.restoring:
                 continue  # released while its restore was in flight
@@ -407,14 +444,9 @@ class Scheduler:
             if not report.ok:
                 self._restore_failed(lane)
         drafts = result.draft_token_ids or ((),) * len(plan.rows)
-        for row, tokens, rolled_back, next_drafts, accepted in zip(
-            plan.rows,
-            result.sampled_token_ids,
-            result.num_rolled_back,
-            drafts,
-            result.num_accepted,
-            strict=True,
-        ):
+        logprobs = result.logprobs or (None,) * len(plan.rows)
+        for row, tokens, rolled_back, row_logprobs, next_drafts, accepted in zip(plan.rows, result.sampled_token_ids,
+                result.num_rolled_back, logprobs, drafts, result.num_accepted, strict=True):  # fmt: skip
             lane = self.lanes[row.lane]
             assert lane is not None and lane.request.request_id == row.request_id, f"lane {row.lane} changed"
             request = lane.request
@@ -431,11 +463,17 @@ class Scheduler:
                 self.spec_stats.verified(request, row.num_sample - 1, accepted)
             if tokens:
                 lane.drafts = next_drafts
-                self._commit_tokens(lane, tokens, events, exact=retains_exactly(row))
+                self._commit_tokens(lane, tokens, events, row_logprobs, exact=retains_exactly(row))
         return events
 
     def _commit_tokens(
-        self, lane: Lane, tokens: Sequence[int], events: list[Event], *, exact: bool = True
+        self,
+        lane: Lane,
+        tokens: Sequence[int],
+        events: list[Event],
+        logprobs: Sequence[TokenLogprob] | None = None,
+        *,
+        exact: bool = True,
     ) -> None:
         """Append `tokens` to the lane's request in order, up to the first that finishes it. A verify row
         (not `exact`) cut short by a finish is not retained: its state sits past the last kept token."""
@@ -443,14 +481,25 @@ class Scheduler:
         if request.first_token_time is None:
             request.first_token_time = self.clock()
         committed: list[int] = []
+        kept: list[TokenLogprob] = []
         reason = None
-        for token in tokens:
-            request.token_ids.append(token)
-            committed.append(token)
-            reason = self._finish_reason(lane, token)
-            if reason is not None:
-                break
-        events.append(TokenEvent(request.request_id, tuple(committed), request.num_output_tokens))
+        for k, token in enumerate(tokens):
+            appended = reasoning_step(self.reasoning_tokens, request, token)
+            forced = appended != (token,)  # the reasoning's forced close: fed next, like a prompt's tail
+            if forced:
+                request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens)
+            for appended_token in appended:
+                request.token_ids.append(appended_token)
+                committed.append(appended_token)
+                if logprobs is not None:  # a forced token has probability 1
+                    kept.append(TokenLogprob(appended_token, 0.0) if forced else logprobs[k])
+                reason = self._finish_reason(lane, appended_token)
+                if reason is not None:
+                    break
+            if reason is not None or forced:
+                break  # later tokens of the row followed the replaced one
+        logged = None if logprobs is None else tuple(kept)
+        events.append(TokenEvent(request.request_id, tuple(committed), request.num_output_tokens, logged))
         if reason is not None:
             retain = exact or len(committed) == len(tokens)
             events.append(self._release(lane, reason, retain=retain))

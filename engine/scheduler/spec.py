@@ -23,10 +23,20 @@ from engine.request import Request
 from engine.step import RowPlan
 
 
-def draft_budget(num_drafts: int, num_tokens: int, max_num_tokens: int) -> int:
-    """Drafts a verify row may carry: the sequence may grow to `max_num_tokens`, and a row of k drafts
-    can commit k + 1 tokens (the last token sits at position num_tokens - 1)."""
-    return max(0, min(num_drafts, max_num_tokens - num_tokens - 1))
+def num_drafts(drafts: tuple[int, ...], request: Request, max_num_tokens: int, budgets: bool) -> int:
+    """Drafts a verify row carries. The sequence may grow to `max_num_tokens`, and a row of k drafts can
+    commit k + 1 tokens (the last token sits at position num_tokens - 1). With thinking budgets enforced
+    (`budgets`), a budget may force the reasoning's close in place of a sampled token, dropping the row's
+    later tokens with a state already past them: such a request drafts nothing until out of its reasoning."""
+    budget = request.sampling_params.thinking_budget
+    if (
+        budgets
+        and budget is not None
+        and budget >= 0
+        and (request.in_reasoning or request.num_output_tokens == 0)
+    ):
+        return 0
+    return max(0, min(len(drafts), max_num_tokens - request.num_tokens - 1))
 
 
 def retains_exactly(row: RowPlan) -> bool:
@@ -54,14 +64,15 @@ class SpecCounters:
     rounds: int = 0  # verify rows (one per lane per step that carried >= 1 draft)
     drafted: int = 0  # drafts fed for verification
     accepted: int = 0  # drafts accepted
-    fallbacks: int = 0  # decode rows that carried no draft (near the length limit)
+    fallbacks: int = 0  # decode rows whose drafts were all dropped (near the length limit)
     accepted_per_position: list[int] = field(default_factory=list)  # [K]: rounds accepting draft j
 
     def __post_init__(self) -> None:
         self.accepted_per_position = [0] * self.num_draft_tokens
 
-    def plan(self, k: int) -> None:
-        if k == 0:
+    def plan(self, available: int, k: int) -> None:
+        """A decode row planned with k of `available` drafts."""
+        if available and k == 0:
             self.fallbacks += 1
 
     def verified(self, request: Request, drafted: int, accepted: int) -> None:

@@ -17,6 +17,9 @@ Public API (what the model's linear layer builds on):
 - ``quant_linear(x, qw)`` -> ``x @ W^T`` in x's dtype: the Triton weight-streaming GEMV for at most 8 rows, the
   Triton GEMM (FP8: ``torch._scaled_mm`` where the GPU has FP8 tensor cores) above that, on CUDA;
   ``quant_linear_ref(x, qw)`` = ``dequantize`` + matmul in float32 (what the CPU runs).
+- ``quant_moe_experts(x, gate_up, down, weights, expert_ids)``: a MoE layer's routed experts on groupwise
+  stacks (gate_up ``[E * 2I, H]``, down ``[E * H, I]``, expert-major: the 35B-A3B profile) for few tokens;
+  ``quant_moe_experts_ref`` = ``kernels.moe.moe_experts_ref`` on the dequantized stacks.
 
 Formats: ``Q4G64_F16S``, ``Q5G64_F16S``, ``Q6G64_F16S``, ``W8G32_F16S`` (``row-split-k128-v1``), ``NVFP4``
 (``blockscale-k16-m128x4-v1``), ``FP8_E4M3FN_ROW_BF16S`` (``row-scale-v1``): see ``kernels.quant.formats``.
@@ -60,6 +63,7 @@ from kernels.quant.quant_linear import (
     quant_linear,
     quant_linear_ref,
 )
+from kernels.quant.quant_moe import QuantMoeTiles, quant_moe_experts, quant_moe_experts_ref, quant_moe_tiles
 from kernels.quant.weight import QuantWeight, dequantize, view_planes
 
 __all__ = [
@@ -77,6 +81,7 @@ __all__ = [
     "ROW_SPLIT",
     "W8",
     "Geometry",
+    "QuantMoeTiles",
     "QuantTiles",
     "QuantWeight",
     "decode_ref",
@@ -94,6 +99,9 @@ __all__ = [
     "quantize_groupwise",
     "quant_linear",
     "quant_linear_ref",
+    "quant_moe_experts",
+    "quant_moe_experts_ref",
+    "quant_moe_tiles",
     "quantize_nvfp4",
     "view_planes",
 ]

@@ -7,7 +7,10 @@ device (``kernels._dispatch.use_triton``) and x is bf16 or fp16:
 - at most ``GEMV_MAX_ROWS`` rows (decode): the weight-streaming GEMV of the format (``triton_group.py``,
   ``triton_fp.py``): the weight's planes read once, dequantized in registers, no bf16 copy of the weight;
   the tiles depend on the weight's shape only, so a row's output is bitwise the same in any batch;
-- more rows (prefill): the format's GEMM, dequantizing weight tiles in registers before ``tl.dot``;
+- more rows (prefill): ``route="dequant"``: slabs of weight rows dequantized to x's dtype (one rounding
+  of each weight) and multiplied by cuBLAS; on the H200 (bench/results/kernels_quant_h200_2026-12-03_session5)
+  it ran at 0.80-0.94 of cuBLAS bf16 on every 27B shape, the format's Triton GEMM (weight tiles dequantized
+  in registers before ``tl.dot``, ``route="gemm"``) at 0.16-0.59;
   FP8 rows on a GPU with FP8 tensor cores (sm_89 and later: Hopper, Blackwell) go through
   ``torch._scaled_mm`` instead, with x quantized to E4M3 per row (W8A8: x's per-row scale ``amax / 448``,
   the weight's row scales as the other side).
@@ -33,17 +36,26 @@ if HAS_TRITON:
 
     from kernels.linear import REDUCE_BLOCK, _linear_reduce_kernel
     from kernels.quant.triton_fp import (
+        _quant_dequant_fp_kernel,
         _quant_gemm_fp8_kernel,
         _quant_gemm_nvfp4_kernel,
         _quant_gemv_fp8_kernel,
         _quant_gemv_nvfp4_kernel,
     )
-    from kernels.quant.triton_group import _quant_gemm_group_kernel, _quant_gemv_group_kernel
+    from kernels.quant.triton_group import (
+        _quant_dequant_group_kernel,
+        _quant_gemm_group_kernel,
+        _quant_gemv_group_kernel,
+    )
 
-GEMV_MAX_ROWS = 8  # more rows of x than this take the GEMM
-ROUTES = ("gemv", "gemm", "scaled_mm", "ref")
-MIN_PROGRAMS = 128  # K is split while the row tiles alone give fewer programs (about one per SM of an H200)
-MAX_SPLIT_K = 16
+GEMV_MAX_ROWS = 8  # more rows of x than this take the prefill route
+ROUTES = ("gemv", "gemm", "dequant", "scaled_mm", "ref")
+DEQUANT_CHUNK_BYTES = 64 << 20  # the "dequant" route's bf16 slab of weight rows
+# K is split while the row tiles alone give fewer programs than this: about 8 resident programs an SM of an
+# H200 (132 SMs), so that each SM has ~8 loop steps of weight bytes (4-16 KiB each) in flight at once
+MIN_PROGRAMS = 1024
+MAX_SPLIT_K = 32
+MIN_SPLIT_STEPS = 1  # loop steps a split at least
 
 
 def quant_linear_ref(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
@@ -69,33 +81,52 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def gemv_tiles(fmt: str, n: int, k: int) -> QuantTiles:
+def gemv_split(steps: int, tiles_n: int, min_programs: int = MIN_PROGRAMS) -> int:
+    """The programs along K of a GEMV with ``tiles_n`` row tiles and ``steps`` loop steps a row: the smallest
+    divisor of ``steps`` (each split a whole number of steps, at least ``MIN_SPLIT_STEPS``, at most
+    ``MAX_SPLIT_K`` splits) that gives ``min_programs`` programs, else the largest such divisor."""
+    best = 1
+    for split in range(1, min(MAX_SPLIT_K, steps // MIN_SPLIT_STEPS) + 1):
+        if steps % split == 0:
+            best = split
+            if tiles_n * split >= min_programs:
+                break
+    return best if tiles_n < min_programs else 1
+
+
+def gemv_tiles(
+    fmt: str, n: int, k: int, block_n: int = 32, step_bytes: int = 0, num_warps: int = 4, num_stages: int = 4,
+    min_programs: int = MIN_PROGRAMS,
+) -> QuantTiles:  # fmt: skip
     """The GEMV tiles for a [n, k] weight of ``fmt``. NOTE: never a function of the row count T (batch invariance).
 
-    32 weight rows a program, 4 warps, 4 stages; a step is 256 columns for the groupwise formats (4 groups of
-    64, 8 of 32 for W8, fewer when K_pad has fewer) and NVFP4 (128 code bytes, 16 scales), 512 for FP8 (512
-    code bytes). K is split in powers of two while the row tiles give fewer than MIN_PROGRAMS programs, each
-    split a whole number of steps. Chosen from the bf16 GEMV's measured tiles, not yet timed for these
-    formats: bench/kernels/quant.py sweeps alternatives on the H200.
+    Default: 32 weight rows a program, 4 warps, 4 stages; a step is 256 columns for the groupwise formats (4
+    groups of 64, 8 of 32 for W8, fewer when K_pad has fewer) and NVFP4 (128 code bytes, 16 scales), 512 for
+    FP8 (512 code bytes). ``step_bytes`` (the bench's sweep) sets a step's code bytes a row instead (128 is
+    the default's Q4 / NVFP4 step). K is split (``gemv_split``) while the row tiles give fewer than
+    ``min_programs`` programs: a decode GEMV is bound by the bytes in flight (little work a byte), and at the
+    27B's N = 4096 .. 12288 the row tiles alone give 1 .. 3 programs an SM of an H200.
     """
-    block_n = min(32, max(16, _pow2(n)))
+    block_n = min(block_n, max(16, _pow2(n)))
     if fmt in GROUP_FORMATS:
-        group = GROUP_FORMATS[fmt].group_size
+        spec = GROUP_FORMATS[fmt]
+        group = spec.group_size
         steps = -(-k // 128) * 128 // group  # groups a row
-        per_step = 256 // group
+        lanes = step_bytes * 8 // (4 if spec.bits < 8 else 8) if step_bytes else 256
+        per_step = max(1, lanes // group)
         while steps % per_step:
             per_step //= 2
         block_k = per_step * group
     elif fmt == NVFP4:
-        block_k = 256 if k % 256 == 0 else 128 if k % 128 == 0 else 64
+        block_k = min(2 * step_bytes, 1024) if step_bytes else 256
+        while k % block_k:
+            block_k //= 2
     else:
-        block_k = min(512, max(16, _pow2(k)))
+        block_k = min(step_bytes or 512, max(16, _pow2(k)))
     tiles_n = -(-n // block_n)
     k_pad = -(-k // 128) * 128 if fmt in GROUP_FORMATS else k
-    split = 1
-    while tiles_n * split < MIN_PROGRAMS and split < MAX_SPLIT_K and k_pad % (2 * split * block_k) == 0:
-        split *= 2
-    return QuantTiles(block_n, block_k, 4, split, 4)
+    split = gemv_split(k_pad // block_k, tiles_n, min_programs) if k_pad % block_k == 0 else 1
+    return QuantTiles(block_n, block_k, num_warps, split, num_stages)
 
 
 def gemm_tiles(fmt: str, n: int, k: int, rows: int) -> QuantTiles:
@@ -127,15 +158,15 @@ def _route(x: torch.Tensor, qw: QuantWeight) -> str:
     n, k = qw.shape
     if qw.format == FP8 and _has_fp8_mma(x.device) and n % 16 == 0 and k % 16 == 0:
         return "scaled_mm"
-    return "gemm"
+    return "dequant"
 
 
 def quant_linear(
     x: torch.Tensor, qw: QuantWeight, route: str | None = None, tiles: QuantTiles | None = None
 ) -> torch.Tensor:
     """Launcher for ``quant_linear_ref``'s contract, ``x @ W^T``: the GEMV for at most 8 rows and the GEMM
-    above (``torch._scaled_mm`` for FP8 rows on FP8 tensor cores), on CUDA; the reference elsewhere (see the
-    module docstring). ``route`` ("gemv", "gemm", "scaled_mm", "ref") and ``tiles`` override the choice.
+    above (bf16 slabs + cuBLAS; ``torch._scaled_mm`` for FP8 rows on FP8 tensor cores), on CUDA; the
+    reference elsewhere (see the module docstring). ``route`` (one of ``ROUTES``) and ``tiles`` override it.
 
     x: [T, K] bf16 or fp16 for the kernels (any float dtype for the reference), unit stride along K;
     qw: [N, K] on x's device -> [T, N] (x's dtype).
@@ -146,6 +177,8 @@ def quant_linear(
         return quant_linear_ref(x, qw)
     if route == "scaled_mm":
         return _scaled_mm_fp8(x, qw)
+    if route == "dequant":
+        return _dequant_linear(x, qw)
     assert route in ("gemv", "gemm"), f"route {route!r}: one of {ROUTES}"
     n, k = qw.shape
     rows = x.shape[0]
@@ -228,6 +261,44 @@ def _gemm(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor
         _quant_gemm_fp8_kernel[grid](
             x, qw.codes, qw.scales, out, n, rows, x.stride(0), qw.codes.stride(0), K=k, **common
         )
+    return out
+
+
+def dequantize_to(qw: QuantWeight, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The represented weight [N, K] rounded once to ``dtype`` (bf16/fp16), by a Triton kernel on the weight's
+    device: the reference's ``dequantize(qw).to(dtype)``, bitwise on a GPU. ``out``: a [N, K] tensor to fill."""
+    n, k = qw.shape
+    out = torch.empty(n, k, dtype=dtype, device=qw.device) if out is None else out
+    assert out.shape == (n, k) and out.stride(1) == 1, f"out {tuple(out.shape)} strides {out.stride()}"
+    if qw.format in GROUP_FORMATS:
+        spec = GROUP_FORMATS[qw.format]
+        high = qw.high if qw.high is not None else qw.codes
+        _quant_dequant_group_kernel[(triton.cdiv(n, 32), qw.k_pad // 128)](
+            qw.codes, high, qw.scales, out, n, k, qw.codes.stride(0), high.stride(0), qw.scales.stride(0),
+            out.stride(0), BITS=spec.bits, GROUP=spec.group_size, BLOCK_N=32, BLOCK_K=128, num_warps=4,
+        )  # fmt: skip
+    else:
+        nvfp4 = qw.format == NVFP4
+        tile_stride = qw.scales.stride(0) if nvfp4 else 0
+        _quant_dequant_fp_kernel[(triton.cdiv(n, 32), triton.cdiv(k, 64 if nvfp4 else 128))](
+            qw.codes, qw.scales, out, n, k, qw.codes.stride(0), tile_stride, out.stride(0), qw.divisor,
+            NVFP4=nvfp4, BLOCK_N=32, BLOCK_K=64 if nvfp4 else 128, num_warps=4,
+        )  # fmt: skip
+    return out
+
+
+def _dequant_linear(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
+    """Prefill through cuBLAS: slabs of weight rows (``DEQUANT_CHUNK_BYTES`` of x's dtype, whole 128-row tiles)
+    dequantized by ``dequantize_to`` into one reused buffer, each multiplied by ``torch.matmul``."""
+    n, k = qw.shape
+    rows = x.shape[0]
+    chunk = max(128, DEQUANT_CHUNK_BYTES // (x.element_size() * k) // 128 * 128)
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    buf = torch.empty(min(chunk, n), k, dtype=x.dtype, device=x.device)
+    for r0 in range(0, n, chunk):
+        count = min(chunk, n - r0)
+        w = dequantize_to(qw.rows(r0, count), x.dtype, buf[:count])
+        out[:, r0 : r0 + count] = x @ w.t()
     return out
 
 

@@ -9,7 +9,7 @@ the represented weight itself (times d_w for NVFP4), and the per-tensor divisor 
 
 Grids and batch invariance as the groupwise kernels (``triton_group.py``): the GEMVs, grid
 ``(cdiv(N, BLOCK_N), SPLIT_K)``, compute ``out^T [BLOCK_N, 16]`` with x's T <= 8 rows as the dot's columns
-(NVFP4 as two dots, even and odd columns, so the nibbles are never interleaved); the GEMMs, grid
+(NVFP4's nibbles interleaved back into K order in registers, so x's tile is one contiguous load); the GEMMs, grid
 ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))``, ``out^T [BLOCK_N, BLOCK_T]`` with the decoded weight tile as the
 dot's A operand. NVFP4 scale ``[n, b]`` is byte ``(n // 128) * tile_stride + (b // 4) * 512 + (n % 32) * 16 +
 (n % 128 // 32) * 4 + b % 4`` of the scale plane (``tile_stride`` = K / 64 * 512 for the whole plane).
@@ -25,12 +25,18 @@ if HAS_TRITON:
 
     @triton.jit
     def _e2m1(code):
-        # E2M1 word (int32, 0..15) -> float32 value: twice the magnitude is m (exponent 0) or (2 + m) << (e - 1)
-        e = (code >> 1) & 3
-        m = code & 1
-        twice = tl.where(e == 0, m, (2 + m) << tl.maximum(e - 1, 0))
-        value = twice.to(tl.float32) * 0.5
-        return tl.where((code & 8) != 0, -value, value)
+        # E2M1 word (int32, 0..15) -> float32 value: its sign, exponent and mantissa bits placed in a binary16's
+        # (sign bit 15, exponent and mantissa bits 12..9) make 2^-14 times the value (E2M1's exponent bias is 1,
+        # binary16's 15; E2M1's subnormal 0.5 maps to binary16's 2^-15), so two bit operations, one conversion
+        # and an exact multiply
+        bits = ((code & 8) << 12) | ((code & 7) << 9)
+        return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+
+    @triton.jit
+    def _small_to_bf16(v):
+        # float32 values with at most 8 significant bits (here E2M1 x E4M3 products) -> bf16, exactly: the high
+        # half of each float32's bits (the low half is zero), integer shifts instead of F2F conversions
+        return (v.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
     @triton.jit
     def _nvfp4_scales(scales_ptr, rows_c, tile_stride, block0, BLOCKS: tl.constexpr):
@@ -77,14 +83,15 @@ if HAS_TRITON:
         for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
             k = k_base + k0
             c = tl.load(codes_ptr + (rows_c * codes_stride)[:, None] + (k // 2 + i)[None, :]).to(tl.int32)
+            v = tl.interleave(_e2m1(c & 15), _e2m1(c >> 4))  # [BLOCK_N, BLOCK_K] in K order
             s = _nvfp4_scales(scales_ptr, rows_c, tile_stride, k // 16, BLOCKS)
-            s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCKS, 8]), [BLOCK_N, BYTES])
-            w_lo = (_e2m1(c & 15) * s).to(dtype)
-            w_hi = (_e2m1(c >> 4) * s).to(dtype)
-            even = k + 2 * i
-            xe = tl.load(x_ptr + x_rows + even[:, None], mask=t_mask, other=0.0)
-            xo = tl.load(x_ptr + x_rows + even[:, None] + 1, mask=t_mask, other=0.0)
-            acc = tl.dot(w_hi, xo, tl.dot(w_lo, xe, acc))
+            s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCKS, 16]), [BLOCK_N, BLOCK_K])
+            cols = k + tl.arange(0, BLOCK_K)
+            xt = tl.load(x_ptr + x_rows + cols[:, None], mask=t_mask, other=0.0)
+            if dtype == tl.bfloat16:
+                acc = tl.dot(_small_to_bf16(v * s), xt, acc)
+            else:
+                acc = tl.dot((v * s).to(dtype), xt, acc)
         acc = acc / divisor
         out_ptrs = out_ptr + tl.program_id(1) * (T * N) + ts[None, :] * N + rows[:, None]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)
@@ -208,3 +215,45 @@ if HAS_TRITON:
         acc = acc * tl.load(scales_ptr + rows_c).to(tl.float32)[:, None]
         out_ptrs = out_ptr + ts[None, :].to(tl.int64) * N + rows[:, None]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)
+
+    @triton.jit
+    def _quant_dequant_fp_kernel(
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        K,
+        codes_stride,
+        tile_stride,
+        out_stride,
+        divisor,
+        NVFP4: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        # grid (cdiv(N, BLOCK_N), cdiv(K, BLOCK_K)): one [BLOCK_N, BLOCK_K] tile of the represented weight,
+        # rounded once to out's dtype: NVFP4 e2m1 * e4m3 / divisor (K a multiple of BLOCK_K), or FP8 rows
+        # e4m3 * row scale (scales_ptr: the bf16 row scales; tile_stride and divisor unused)
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_c = tl.minimum(rows, N - 1).to(tl.int64)
+        k0 = tl.program_id(1) * BLOCK_K
+        cols = k0 + tl.arange(0, BLOCK_K)
+        if NVFP4:
+            i = tl.arange(0, BLOCK_K // 2)
+            c = tl.load(codes_ptr + (rows_c * codes_stride)[:, None] + (k0 // 2 + i)[None, :]).to(tl.int32)
+            v = tl.interleave(_e2m1(c & 15), _e2m1(c >> 4))
+            s = _nvfp4_scales(scales_ptr, rows_c, tile_stride, k0 // 16, BLOCK_K // 16)
+            s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 16, 16]), [BLOCK_N, BLOCK_K])
+            w = v * s / divisor
+        else:
+            c = tl.load(
+                codes_ptr + (rows_c * codes_stride)[:, None] + cols[None, :],
+                mask=(cols < K)[None, :],
+                other=0,
+            )
+            w = (
+                c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                * tl.load(scales_ptr + rows_c).to(tl.float32)[:, None]
+            )
+        out_ptrs = out_ptr + (rows.to(tl.int64) * out_stride)[:, None] + cols[None, :]
+        tl.store(out_ptrs, w.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & (cols < K)[None, :])

@@ -5,15 +5,16 @@ Both read the payload's planes in place (``QuantWeight``: base codes, high bits,
 dequantize in registers; there is no bf16 copy of the weight.
 
 ``_quant_gemv_group_kernel``, grid ``(cdiv(N, BLOCK_N), SPLIT_K)``: one program computes ``out^T [BLOCK_N, 16]``
-for its weight rows and its split of K's groups, ``GROUPS_STEP`` groups a loop step. A group's codes are
-exact integers in x's dtype (|code| <= 127 fits bf16; converted through fp32: Triton 3.6's interpreter
-casts int -> bf16 bit-wise), so each group is one or two tensor-core dots with
-fp32 accumulation, scaled by the group's fp32 scale afterwards: the only roundings are the fp32 sums and the
-output's. For 4-bit base planes the low nibbles (even lanes) and high nibbles (odd lanes) are two dots against
-x's even and odd columns, so the codes are never interleaved. x's T rows (1..8) are the dot's 16 columns
-(masked); T is no compile-time constant and the tiles depend on N and K only, so a row's output is bitwise
-the same in any batch. Split K: fp32 partials ``[SPLIT_K, T, N]`` summed in split order by
-``kernels.linear._linear_reduce_kernel``.
+for its weight rows and its split of K's groups, ``GROUPS_STEP`` groups a loop step. A group's codes become
+exact floats in registers (``_group_nibbles``: the row's code bytes and high-plane bytes each read once,
+contiguously, the high bits broadcast in registers; float32 through the bits of ``2^23 + offset code``, no
+int -> float conversion instruction), interleaved back into K order, and rounded exactly to x's dtype (|code|
+<= 127 fits bf16), so each group is one tensor-core dot against x's contiguous ``[GROUP, 16]`` tile with fp32
+accumulation, scaled by the group's fp32 scale afterwards: the only roundings are the fp32 sums and the
+output's. x's T rows (1..8) are the dot's 16 columns (masked); T is no compile-time constant and the tiles
+depend on N and K only, so a row's output is bitwise the same in any batch. Split K (``gemv_tiles`` splits
+until the grid has ~8 programs an SM: a decode GEMV is bound by the bytes in flight, not by work): fp32
+partials ``[SPLIT_K, T, N]`` summed in split order by ``kernels.linear._linear_reduce_kernel``.
 
 ``_quant_gemm_group_kernel``, grid ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))``: ``out^T [BLOCK_N, BLOCK_T] = W
 [BLOCK_N, K] @ x^T``; each K step dequantizes a weight tile ``[BLOCK_N, BLOCK_K]`` in registers (nibbles
@@ -31,27 +32,49 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
+    def _offset_value(u, SIGN: tl.constexpr):
+        # the exact float32 of an offset code u = code + SIGN (int32, 0 <= u < 2^23): the bits of 2^23 + u minus
+        # 2^23 + SIGN (one OR and one FADD; no int -> float conversion, which runs at a quarter of the FMA rate)
+        return (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + SIGN)
+
+    @triton.jit
     def _group_nibbles(
         codes_ptr, high_ptr, code_rows, high_rows, byte0, BITS: tl.constexpr, BYTES: tl.constexpr
     ):
-        # The signed codes of lanes [2 * byte0, 2 * byte0 + 2 * BYTES) of each row: (even lanes, odd lanes),
-        # int32 [rows, BYTES] each. code_rows / high_rows: the rows' offsets into the planes [rows, 1].
+        # The signed codes of lanes [2 * byte0, 2 * byte0 + 2 * BYTES) of each row as exact float32: (even
+        # lanes, odd lanes), [rows, BYTES] each. code_rows / high_rows: the rows' offsets into the planes
+        # [rows, 1]; byte0 a multiple of BYTES (a multiple of 4). Every plane is read once, contiguously: the
+        # BYTES code bytes of a row and its BYTES / 4 (Q5) or BYTES / 2 (Q6) high bytes, each high byte then
+        # broadcast in registers to the code bytes whose lanes it holds.
         i = tl.arange(0, BYTES)
         c = tl.load(codes_ptr + code_rows + (byte0 + i)[None, :]).to(tl.int32)
         lo = c & 15
         hi = c >> 4
         if BITS == 5:  # lane l's bit 4 is bit l % 8 of high byte l // 8: byte b holds lanes 2b, 2b + 1
-            h = tl.load(high_ptr + high_rows + ((byte0 + i) // 4)[None, :]).to(tl.int32)
-            shift = (2 * ((byte0 + i) % 4))[None, :]
+            h = tl.load(high_ptr + high_rows + (byte0 // 4 + tl.arange(0, BYTES // 4))[None, :]).to(tl.int32)
+            h = tl.reshape(tl.broadcast_to(h[:, :, None], [h.shape[0], BYTES // 4, 4]), [h.shape[0], BYTES])
+            shift = (2 * (i % 4))[None, :]
             lo = lo | (((h >> shift) & 1) << 4)
             hi = hi | (((h >> (shift + 1)) & 1) << 4)
         if BITS == 6:  # lane l's bits 4, 5 are bits 2l % 8, 2l % 8 + 1 of high byte l // 4
-            h = tl.load(high_ptr + high_rows + ((byte0 + i) // 2)[None, :]).to(tl.int32)
-            shift = (4 * ((byte0 + i) % 2))[None, :]
+            h = tl.load(high_ptr + high_rows + (byte0 // 2 + tl.arange(0, BYTES // 2))[None, :]).to(tl.int32)
+            h = tl.reshape(tl.broadcast_to(h[:, :, None], [h.shape[0], BYTES // 2, 2]), [h.shape[0], BYTES])
+            shift = (4 * (i % 2))[None, :]
             lo = lo | (((h >> shift) & 3) << 4)
             hi = hi | (((h >> (shift + 2)) & 3) << 4)
         sign: tl.constexpr = 1 << (BITS - 1)
-        return (lo ^ sign) - sign, (hi ^ sign) - sign
+        return _offset_value(lo ^ sign, sign), _offset_value(hi ^ sign, sign)
+
+    @triton.jit
+    def _small_to_bf16(v):
+        # float32 values with at most 8 significant bits (codes; E2M1 x E4M3 products) -> bf16, exactly: the
+        # high half of each float32's bits (the low half is zero), integer shifts instead of F2F conversions
+        return (v.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+    @triton.jit
+    def _w8_values(q):
+        # W8 codes (int8) -> exact float32, through the offset code q + 128
+        return _offset_value(q.to(tl.int32) + 128, 128)
 
     @triton.jit
     def _quant_gemv_group_kernel(
@@ -94,21 +117,17 @@ if HAS_TRITON:
         for gs in tl.range(0, GROUPS_SPLIT, GROUPS_STEP, num_stages=NUM_STAGES):
             for j in tl.static_range(GROUPS_STEP):
                 g = g_base + gs + j
+                lanes = g * GROUP + tl.arange(0, GROUP)
+                xt = tl.load(x_ptr + x_rows + lanes[:, None], mask=t_mask & (lanes < K)[:, None], other=0.0)
                 if BITS == 8:
-                    lanes = g * GROUP + tl.arange(0, GROUP)
-                    q = tl.load(codes_ptr + code_rows + lanes[None, :])  # int8 [BLOCK_N, GROUP]
-                    xt = tl.load(
-                        x_ptr + x_rows + lanes[:, None], mask=t_mask & (lanes < K)[:, None], other=0.0
-                    )
-                    part = tl.dot(q.to(tl.float32).to(dtype), xt)
+                    q = _w8_values(tl.load(codes_ptr + code_rows + lanes[None, :]))  # [BLOCK_N, GROUP]
                 else:
                     lo, hi = _group_nibbles(codes_ptr, high_ptr, code_rows, high_rows, g * HALF, BITS, HALF)
-                    even = g * GROUP + 2 * tl.arange(0, HALF)
-                    xe = tl.load(x_ptr + x_rows + even[:, None], mask=t_mask & (even < K)[:, None], other=0.0)
-                    xo = tl.load(
-                        x_ptr + x_rows + even[:, None] + 1, mask=t_mask & (even + 1 < K)[:, None], other=0.0
-                    )
-                    part = tl.dot(hi.to(tl.float32).to(dtype), xo, tl.dot(lo.to(tl.float32).to(dtype), xe))
+                    q = tl.interleave(lo, hi)  # [BLOCK_N, GROUP] in K order
+                if dtype == tl.bfloat16:
+                    part = tl.dot(_small_to_bf16(q), xt)
+                else:
+                    part = tl.dot(q.to(dtype), xt)
                 scale = tl.load(scales_ptr + rows_c * scales_stride + g).to(tl.float32)
                 acc += part * scale[:, None]
         out_ptrs = out_ptr + split * (T * N) + ts[None, :] * N + rows[:, None]
@@ -151,12 +170,12 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
         for k0 in tl.range(0, K_PAD, BLOCK_K, num_stages=NUM_STAGES):
             if BITS == 8:
-                q = tl.load(codes_ptr + code_rows + (k0 + tl.arange(0, BLOCK_K))[None, :]).to(tl.float32)
+                q = _w8_values(tl.load(codes_ptr + code_rows + (k0 + tl.arange(0, BLOCK_K))[None, :]))
             else:
                 lo, hi = _group_nibbles(
                     codes_ptr, high_ptr, code_rows, high_rows, k0 // 2, BITS, BLOCK_K // 2
                 )
-                q = tl.interleave(lo, hi).to(tl.float32)  # [BLOCK_N, BLOCK_K] in K order
+                q = tl.interleave(lo, hi)  # [BLOCK_N, BLOCK_K] in K order
             s = tl.load(
                 scales_ptr + (rows_c * scales_stride)[:, None] + (k0 // GROUP + tl.arange(0, groups))[None, :]
             )
@@ -169,3 +188,147 @@ if HAS_TRITON:
             acc = tl.dot(w, xt, acc)
         out_ptrs = out_ptr + ts[None, :].to(tl.int64) * N + rows[:, None]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)
+
+    @triton.jit
+    def _group_dot(codes_ptr, high_ptr, scales_ptr, rows_c, codes_stride, high_stride, scales_stride, v_ptr,
+                   v_len, g, BITS: tl.constexpr, GROUP: tl.constexpr):  # fmt: skip
+        # sum over group g of each row's codes times v (fp32, lanes >= v_len are 0), times the group's scale:
+        # fp32 [rows] (CUDA cores: one vector v, no tensor-core dot)
+        HALF: tl.constexpr = GROUP // 2
+        code_rows = (rows_c * codes_stride)[:, None]
+        if BITS == 8:
+            lanes = g * GROUP + tl.arange(0, GROUP)
+            q = _w8_values(tl.load(codes_ptr + code_rows + lanes[None, :]))
+            v = tl.load(v_ptr + lanes, mask=lanes < v_len, other=0.0).to(tl.float32)
+            part = tl.sum(q * v[None, :], axis=1)
+        else:
+            high_rows = (rows_c * high_stride)[:, None]
+            lo, hi = _group_nibbles(codes_ptr, high_ptr, code_rows, high_rows, g * HALF, BITS, HALF)
+            even = g * GROUP + 2 * tl.arange(0, HALF)
+            ve = tl.load(v_ptr + even, mask=even < v_len, other=0.0).to(tl.float32)
+            vo = tl.load(v_ptr + even + 1, mask=even + 1 < v_len, other=0.0).to(tl.float32)
+            part = tl.sum(lo * ve[None, :] + hi * vo[None, :], axis=1)
+        return part * tl.load(scales_ptr + rows_c * scales_stride + g).to(tl.float32)
+
+    @triton.jit
+    def _quant_moe_gate_up_kernel(
+        x_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        ids_ptr,
+        weights_ptr,
+        act_ptr,
+        x_stride,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        HIDDEN: tl.constexpr,
+        INTER: tl.constexpr,
+        TOP_K: tl.constexpr,
+        BITS: tl.constexpr,
+        GROUP: tl.constexpr,
+        GROUPS: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+    ):
+        # grid (T * TOP_K, cdiv(INTER, BLOCK_N)): act[pair, r] = w * silu(gate_r . x) * (up_r . x) for BLOCK_N
+        # rows r of the pair's expert e, whose gate row is row e * 2 * INTER + r of the stacked [E * 2I, H]
+        # weight and its up row e * 2 * INTER + INTER + r. GROUPS: K_pad / GROUP of that weight.
+        pair = tl.program_id(0)
+        token = pair // TOP_K
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        r = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        r_c = tl.minimum(r, INTER - 1).to(tl.int64)
+        gate_rows = expert * (2 * INTER) + r_c
+        up_rows = gate_rows + INTER
+        x_row = x_ptr + token.to(tl.int64) * x_stride
+        gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+        up = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for g in tl.range(0, GROUPS, num_stages=NUM_STAGES):
+            gate += _group_dot(codes_ptr, high_ptr, scales_ptr, gate_rows, codes_stride, high_stride,
+                               scales_stride, x_row, HIDDEN, g, BITS, GROUP)  # fmt: skip
+            up += _group_dot(codes_ptr, high_ptr, scales_ptr, up_rows, codes_stride, high_stride,
+                             scales_stride, x_row, HIDDEN, g, BITS, GROUP)  # fmt: skip
+        w = tl.load(weights_ptr + pair).to(tl.float32)
+        act = w * gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(act_ptr + pair.to(tl.int64) * INTER + r, act, mask=r < INTER)
+
+    @triton.jit
+    def _quant_moe_down_kernel(
+        act_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        ids_ptr,
+        out_ptr,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        HIDDEN: tl.constexpr,
+        INTER: tl.constexpr,
+        TOP_K: tl.constexpr,
+        BITS: tl.constexpr,
+        GROUP: tl.constexpr,
+        GROUPS: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
+        # grid (T, cdiv(HIDDEN, BLOCK_H)): out[t, h] = sum over k = 0 .. TOP_K - 1 (in that order) of
+        # down_{e_k}[h] . act[t, k] for BLOCK_H output rows h; expert e's down row h is row e * HIDDEN + h of
+        # the stacked [E * H, I] weight. GROUPS: K_pad / GROUP of that weight.
+        token = tl.program_id(0)
+        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        h_c = tl.minimum(h, HIDDEN - 1).to(tl.int64)
+        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for k in tl.static_range(TOP_K):
+            pair = token * TOP_K + k
+            expert = tl.load(ids_ptr + pair).to(tl.int64)
+            rows = expert * HIDDEN + h_c
+            act_row = act_ptr + pair.to(tl.int64) * INTER
+            for g in tl.range(0, GROUPS):
+                acc += _group_dot(codes_ptr, high_ptr, scales_ptr, rows, codes_stride, high_stride, scales_stride,
+                                  act_row, INTER, g, BITS, GROUP)  # fmt: skip
+        tl.store(out_ptr + token.to(tl.int64) * HIDDEN + h, acc.to(out_ptr.dtype.element_ty), mask=h < HIDDEN)
+
+    @triton.jit
+    def _quant_dequant_group_kernel(
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        K,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        out_stride,
+        BITS: tl.constexpr,
+        GROUP: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        # grid (cdiv(N, BLOCK_N), K_pad / BLOCK_K): out[n, k] = code * scale rounded once to out's dtype for one
+        # [BLOCK_N, BLOCK_K] tile (the prefill route that hands a dequantized slab of rows to cuBLAS)
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_c = tl.minimum(rows, N - 1).to(tl.int64)
+        k0 = tl.program_id(1) * BLOCK_K
+        groups: tl.constexpr = BLOCK_K // GROUP
+        if BITS == 8:
+            q = _w8_values(
+                tl.load(codes_ptr + (rows_c * codes_stride)[:, None] + (k0 + tl.arange(0, BLOCK_K))[None, :])
+            )
+        else:
+            lo, hi = _group_nibbles(codes_ptr, high_ptr, (rows_c * codes_stride)[:, None],
+                                    (rows_c * high_stride)[:, None], k0 // 2, BITS, BLOCK_K // 2)  # fmt: skip
+            q = tl.interleave(lo, hi)
+        s = tl.load(
+            scales_ptr + (rows_c * scales_stride)[:, None] + (k0 // GROUP + tl.arange(0, groups))[None, :]
+        )
+        s = tl.reshape(
+            tl.broadcast_to(s.to(tl.float32)[:, :, None], [BLOCK_N, groups, GROUP]), [BLOCK_N, BLOCK_K]
+        )
+        cols = k0 + tl.arange(0, BLOCK_K)
+        out_ptrs = out_ptr + (rows.to(tl.int64) * out_stride)[:, None] + cols[None, :]
+        tl.store(
+            out_ptrs, (q * s).to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & (cols < K)[None, :]
+        )

@@ -173,11 +173,14 @@ def spec_schema() -> Schema:
             "apiKeySecret": _obj(
                 {"name": _str(minLength=1), "key": _str(default="api-key")},
                 ["name"],
-                description="Secret holding the key clients must send (--api-key)",
+                description="Secret holding the key clients must send ($NINFER_API_KEY in the server)",
             ),
             "resources": resources,
             "drainSeconds": _int(
-                0, 86400, default=600, description="drain budget on stop; terminationGracePeriodSeconds"
+                1,
+                86400,
+                default=600,
+                description="--shutdown-timeout-s: drain budget on stop; terminationGracePeriodSeconds adds 15",
             ),
         },
         required=["model"],

@@ -111,8 +111,11 @@ FIXED_FLAGS = (
     "--request-log-max-mib",
     "--request-log-keep",
     "--metrics-vllm-aliases",
+    "--shutdown-timeout-s",
     "--api-key",
+    "--api-key-file",
 )
+DEFAULT_DRAIN_S = 600  # spec.drainSeconds: how long a stopping replica may finish the streams it admitted
 
 
 def server_args(
@@ -126,12 +129,18 @@ def server_args(
     # NOTE: the server re-checks the digest itself: hostPath/PVC contents can change after the Job ran.
     args += ["--expected-sha256", sha, "--request-log-jsonl", request_log]
     args += ["--request-log-max-mib", str(REQUEST_LOG_MAX_MIB), "--request-log-keep", str(REQUEST_LOG_KEEP)]
+    # on SIGTERM the server stops admitting (/ready 503) and lets admitted streams finish this long
+    args += ["--shutdown-timeout-s", str(drain_seconds(spec))]
     if inference_pool:  # the endpoint picker reads the vLLM names of the queue and KV gauges
         args.append("--metrics-vllm-aliases")
-    if get_path(spec, "apiKeySecret.name"):
-        args += ["--api-key", f"$({API_KEY_ENV})"]  # the kubelet expands it from the Secret-backed env var
+    # NOTE: the API key reaches the server as $NINFER_API_KEY from the Secret (resources.server_env), never
+    # on the command line, where `ps` and the pod spec would show it.
     args += [str(a) for a in get_path(spec, "engine.extraArgs") or []]
     return args
+
+
+def drain_seconds(spec: Mapping[str, Any]) -> int:
+    return int(get_path(spec, "drainSeconds") or DEFAULT_DRAIN_S)
 
 
 def extra_args_errors(spec: Mapping[str, Any]) -> list[str]:

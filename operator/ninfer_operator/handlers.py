@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from . import GROUP, KIND, PLURAL, VERSION, kube
 from .config import OperatorConfig
@@ -43,6 +44,7 @@ _locks_guard = threading.Lock()
 _nodes_index: list[Any] = []  # the live kopf index, stashed by the first handler that receives it
 _stop = threading.Event()
 CHILD_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
+CHILD_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 
 
 @kopf.on.startup()
@@ -54,9 +56,21 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # NOTE: nothing requires a finalizer any more; naming the old one lets kopf remove it from resources
     settings.persistence.finalizer = "ninfer.io/finalizer"
     settings.posting.level = logging.INFO
+    watch_selectors(settings)
     kube.login()
     _stop.clear()
     threading.Thread(target=_resync_loop, name="ninfer-resync", daemon=True).start()
+
+
+def watch_selectors(settings: kopf.OperatorSettings) -> None:
+    """The child and node filters go to the API server as label selectors (kopf >= 1.45), so the operator
+    does not stream every Deployment, Service and ConfigMap of the cluster to filter them itself."""
+    selectors = getattr(settings.watching, "label_selectors", None)
+    if selectors is None:  # older kopf: the handlers' own label filters still apply, client-side
+        return
+    for plural in ("deployments", "jobs", "services", "configmaps"):
+        selectors[plural] = CHILD_SELECTOR
+    selectors["nodes"] = GPU_PRODUCT_LABEL
 
 
 @kopf.on.cleanup()
@@ -99,7 +113,13 @@ def reconcile(namespace: str, name: str) -> None:
         body = kube.read_resource(GROUP, VERSION, PLURAL, namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return
-        Reconciler(body, _nodes(), CONFIG.server_image).run()
+        try:
+            Reconciler(body, _nodes(), CONFIG.server_image).run()
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            # deleted while the pass ran (no finalizer holds it): its children go with it
+            log.info("%s/%s went away during reconcile", namespace, name)
 
 
 # NOTE: kopf's handler protocols do not list index kwargs such as `gpu_nodes`, which kopf passes by name.

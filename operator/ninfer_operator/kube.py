@@ -111,7 +111,18 @@ def is_subset(want: Any, have: Any) -> bool:
 
 
 def ensure(kind: str, namespace: str, body: Manifest) -> tuple[Manifest, str]:
-    """Make the live object match `body`: ('created' | 'replaced' | 'unchanged', object)."""
+    """Make the live object match `body`: (object, 'created' | 'replaced' | 'unchanged'). A replace that
+    lost a race with another writer (409) is retried on a fresh read."""
+    for attempt in range(3):
+        try:
+            return _ensure_once(kind, namespace, body)
+        except ApiException as e:
+            if e.status != 409 or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _ensure_once(kind: str, namespace: str, body: Manifest) -> tuple[Manifest, str]:
     name = body["metadata"]["name"]
     live = read(kind, namespace, name)
     if live is None:

@@ -41,7 +41,7 @@ INSTANCE_LABEL = "ninfer.io/deployment"
 ROLE_LABEL = "ninfer.io/role"
 VERIFY_KEY_LABEL = "ninfer.io/verify-key"
 MANAGED_BY = "ninfer-operator"
-DEFAULT_DRAIN_S = 600  # spec.drainSeconds: how long a stopping replica may finish the streams it admitted
+DEFAULT_DRAIN_S = flags.DEFAULT_DRAIN_S
 DRAIN_MARGIN_S = 15  # uvicorn's own shutdown after the last stream
 
 # Startup probe budget: weights stream from local disk at >= ~250 MB/s; plus graph capture and warmup.
@@ -383,9 +383,9 @@ def progress_deadline_s(spec: Spec) -> int:
 
 
 def termination_grace_s(spec: Spec) -> int:
-    """The server drains on SIGTERM (new requests 503, admitted streams finish); the kubelet kills it after
-    this long, so it is the drain budget plus uvicorn's own shutdown."""
-    return int(spec.get("drainSeconds") or DEFAULT_DRAIN_S) + DRAIN_MARGIN_S
+    """The server drains on SIGTERM for --shutdown-timeout-s (new requests 503, /ready 503, admitted streams
+    finish); the kubelet kills it after this long: the same drain budget plus uvicorn's own shutdown."""
+    return flags.drain_seconds(spec) + DRAIN_MARGIN_S
 
 
 def render_deployment(name: str, spec: Spec, default_image: str) -> Manifest:

@@ -102,7 +102,7 @@ if ((BENCH)); then
   if ((ENGINE_BENCH)); then
     for g in $GEOMETRIES; do
       # shellcheck disable=SC2086
-      stage "bench_$g" "$BENCH_T" python3 -m engine.bench --synthetic "$g" $BENCH_ARGS --json "$WORK/bench_$g.json"
+      stage "bench_$g" "$BENCH_T" python3 -m engine.testing.bench --synthetic "$g" $BENCH_ARGS --json "$WORK/bench_$g.json"
     done
   fi
   ((HOST_PARKING)) && stage host_parking "$((BENCH_T / 2))" python3 bench/host_parking.py --json "$WORK/host_parking.json"

@@ -20,7 +20,11 @@ wrapt yarl zipp grpcio sentencepiece ninfer "
 # Development-only tools and the operator's client: never needed on the device (and too large to carry).
 SKIP=" mypy mypy-extensions ruff kubernetes kubernetes-validate jsonschema-rs import-linter pre-commit
 schemathesis hypothesis-jsonschema kopf types-pyyaml types-requests pytest-cov hypothesis hypothesis-graphql harfile
-graphql-core pyrate-limiter grimp ast-serialize librt "
+graphql-core pyrate-limiter grimp ast-serialize librt kernels litellm botocore boto3 s3transfer pydantic-ai-slim
+openai-agents langchain langchain-core langchain-openai langchain-anthropic langchain-protocol langgraph langsmith mcp
+matplotlib fonttools contourpy kiwisolver cycler "
+# (kernels: Hugging Face's package of that import name would shadow ours; the rest: agent-framework and plot
+# libraries that only the CPU tests use)
 # One line each, space-delimited at both ends, so that `== *" $name "*` also matches a name that began a line.
 DEVICE_HAS=" $(echo $DEVICE_HAS) " SKIP=" $(echo $SKIP) "
 norm() { tr 'A-Z_.' 'a-z--' <<<"$1"; }

@@ -4,7 +4,7 @@ Random tiny weights never emit a tool call, so protocol tests that need reasonin
 calls or stop strings serve this engine behind the real app, parsers and SDKs. The continuation is chosen
 by a `[[name]]` marker in the last user query; a turn of tool results gets the `after_tool` answer.
 Prefix caching is imitated: a prompt reports as cached the largest checkpoint position it shares with an
-earlier prompt.
+earlier prompt; so is the engine's thinking budget (`SamplingParams.thinking_budget`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from engine.chat.parse import prompt_ends_in_reasoning
 from engine.config import EngineConfig
+from engine.core import THINK_CLOSE
 from engine.request import Event, FinishEvent, FinishReason, RejectCode, SamplingParams, TokenEvent
 from engine.tokenizer import Tokenizer
 
@@ -120,8 +121,14 @@ class ScriptedEngine:
         self._prompts.append((ids, tuple(checkpoint_positions)))
         prompt = self.tokenizer.decode(ids)
         reasoning, content, delay, name = self._script(prompt)
-        text = (reasoning + "\n</think>\n\n" if prompt_ends_in_reasoning(prompt) else "") + content
-        out = self.tokenizer.encode(text) + [self.tokenizer.special_ids.im_end_id or 0]
+        in_reasoning = prompt_ends_in_reasoning(prompt)
+        text = (reasoning + THINK_CLOSE if in_reasoning else "") + content
+        end = [self.tokenizer.special_ids.im_end_id or 0]
+        out = self.tokenizer.encode(text) + end
+        budget, think_end = params.thinking_budget, self.tokenizer.special_ids.think_end_id
+        if in_reasoning and budget is not None and budget >= 0 and out.index(think_end) > budget:
+            # as the engine's scheduler does: the reasoning is closed once the budget is spent
+            out = out[:budget] + self.tokenizer.encode(THINK_CLOSE + content) + end
         limit = min(params.max_tokens or scheduler.default_max_tokens, scheduler.max_context - n)
         self._stats.num_running += 1
         self._stats.num_requests_added += 1

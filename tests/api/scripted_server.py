@@ -1,15 +1,17 @@
-"""`python tests/api/scripted_server.py [ninfer-serve flags] [--keepalive-seconds S]`: the real app and
-flag parsing of `ninfer-serve`, serving `ScriptedEngine` instead of the model (tests only)."""
+"""`python tests/api/scripted_server.py [ninfer-serve flags] [--keepalive-seconds S] [--scripts FILE]`: the
+real app and flag parsing of `ninfer-serve`, serving `ScriptedEngine` instead of the model (tests only).
+`--scripts FILE` adds scenarios: a JSON object `{"name": ["reasoning", "content"], ...}`."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scripted import ScriptedEngine  # noqa: E402
+from scripted import SCRIPTS, ScriptedEngine  # noqa: E402
 
 import api.serve as serve  # noqa: E402
 from api.engine_client import tokenizer_from_artifact  # noqa: E402
@@ -28,6 +30,11 @@ def main() -> None:
     if "--keepalive-seconds" in argv:
         at = argv.index("--keepalive-seconds")
         keepalive = float(argv[at + 1])
+        del argv[at : at + 2]
+    if "--scripts" in argv:
+        at = argv.index("--scripts")
+        extra = json.loads(Path(argv[at + 1]).read_text(encoding="utf-8"))
+        SCRIPTS.update({name: (reasoning, content, 0.0) for name, (reasoning, content) in extra.items()})
         del argv[at : at + 2]
     if keepalive is not None:
         original = serve.parse_args

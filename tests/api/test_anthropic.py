@@ -33,8 +33,16 @@ def user(text: str) -> list[Any]:
     return [{"role": "user", "content": text}]
 
 
-def test_message_has_thinking_and_text_blocks(client: anthropic.Anthropic) -> None:
+def test_without_thinking_the_answer_is_the_first_block(client: anthropic.Anthropic) -> None:
     message = client.messages.create(model="any-label", max_tokens=200, messages=user("[[plain]] hi"))
+    assert message.content[0].text == "Hello! I am a scripted model."  # type: ignore[union-attr]
+    assert [b.type for b in message.content] == ["text"]  # `thinking` missing means off on this route
+
+
+def test_message_has_thinking_and_text_blocks(client: anthropic.Anthropic) -> None:
+    message = client.messages.create(
+        model="any-label", max_tokens=200, messages=user("[[plain]] hi"), thinking={"type": "adaptive"}
+    )
     assert message.model == "any-label"
     assert [b.type for b in message.content] == ["thinking", "text"]
     assert message.content[0].thinking == "The user greets me."
@@ -44,7 +52,9 @@ def test_message_has_thinking_and_text_blocks(client: anthropic.Anthropic) -> No
 
 
 def test_stream_accumulates_to_the_same_message(client: anthropic.Anthropic) -> None:
-    with client.messages.stream(model="m", max_tokens=200, messages=user("[[plain]] hi")) as stream:
+    with client.messages.stream(
+        model="m", max_tokens=200, messages=user("[[plain]] hi"), thinking={"type": "adaptive"}
+    ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text == "Hello! I am a scripted model."
@@ -121,6 +131,20 @@ def test_bad_thinking_budget_is_an_anthropic_400(client: anthropic.Anthropic) ->
     assert info.value.body["type"] == "error"
     assert info.value.body["error"]["type"] == "invalid_request_error"
     assert "budget_tokens" in info.value.body["error"]["message"]
+
+
+def test_a_message_thread_is_refused_as_the_sdk_expects(client: anthropic.Anthropic) -> None:
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.beta.messages.create(
+            model="m",
+            max_tokens=50,
+            messages=user("hi"),
+            betas=["message-threads-2026-08-12"],
+            extra_body={"thread": {"type": "create"}},
+        )
+    error = info.value.body["error"]  # type: ignore[index]
+    assert error["type"] == "invalid_request_error"
+    assert error["details"] == {"error_code": "thread_unsupported_request"}
 
 
 def test_max_tokens_zero_is_rejected(client: anthropic.Anthropic) -> None:

@@ -37,19 +37,28 @@ def chat(oa: openai.OpenAI, **fields: Any) -> Any:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
+        ({"n": 9}, "n"),
+        ({"n": 2, "stream": True}, "n"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"temperature": 5.0}, "temperature"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"tool_choice": "required"}, "tool_choice"),
         (
-            {"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]},
+            {
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            },
             "tool_choice",
         ),
         (
-            {"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]},
-            "tools[0].function.strict",
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "strict": True, "parameters": {"not": {}}}}
+                ]
+            },
+            "tools[0].function.parameters",
         ),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
         ({"logit_bias": {"42": 5}}, "logit_bias"),
     ],

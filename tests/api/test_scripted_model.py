@@ -20,7 +20,7 @@ import openai
 import pytest
 from api_helpers import Server, free_port, start_server, stop_server
 
-from engine.artifact.script import Script, build_scripted
+from engine.testing.script import Script, build_scripted
 
 VENV_BIN = Path(sys.executable).parent
 REASONING = "I should call the weather tool."
@@ -227,7 +227,7 @@ def test_responses_streamed_malformed_call_stays_text(oai: dict[str, openai.Open
 def test_anthropic_thinking_and_tool_use_round_trip(claude: dict[str, anthropic.Anthropic]) -> None:
     messages: list[Any] = user("Weather in Paris?")
     first = claude["tool"].messages.create(
-        model="m", max_tokens=300, messages=messages, tools=[ANTHROPIC_TOOL]
+        model="m", max_tokens=300, messages=messages, tools=[ANTHROPIC_TOOL], thinking={"type": "adaptive"}
     )
     assert [b.type for b in first.content] == ["thinking", "text", "tool_use"]
     assert first.content[0].thinking == REASONING and first.content[1].text == "Let me check."
@@ -242,7 +242,7 @@ def test_anthropic_thinking_and_tool_use_round_trip(claude: dict[str, anthropic.
         },
     ]
     with claude["tool"].messages.stream(
-        model="m", max_tokens=300, messages=messages, tools=[ANTHROPIC_TOOL]
+        model="m", max_tokens=300, messages=messages, tools=[ANTHROPIC_TOOL], thinking={"type": "adaptive"}
     ) as stream:
         second = stream.get_final_message()
     usage = second.usage
@@ -263,7 +263,7 @@ def test_anthropic_streamed_thinking_disabled(claude: dict[str, anthropic.Anthro
 
 def test_anthropic_malformed_call_stays_text(claude: dict[str, anthropic.Anthropic]) -> None:
     message = claude["malformed"].messages.create(
-        model="m", max_tokens=300, messages=user("Go."), tools=[ANTHROPIC_TOOL]
+        model="m", max_tokens=300, messages=user("Go."), tools=[ANTHROPIC_TOOL], thinking={"type": "adaptive"}
     )
     assert [b.type for b in message.content] == ["thinking", "text"]
     assert message.content[1].text == "Launching.\n\n" + BAD_CALL and message.stop_reason == "end_turn"

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 from api_helpers import VENV_BIN, free_port, start_server, stop_server
 
-from engine.artifact.demo import demo_artifact_path
 from engine.artifact.digest import sha256_file
+from engine.testing.demo import demo_artifact_path
 
 
 def test_mismatched_digest_refuses_to_start(tmp_path: Path) -> None:

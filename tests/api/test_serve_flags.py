@@ -25,6 +25,9 @@ from api.serve import parse_args, redacted_argv
             "kv_capacity=1024: must be >= max_context (4096)",
         ),
         (["--max-concurrency", "9"], "max_concurrency=9"),
+        (["--max-context", "300000"], "must be <= 262,144, the models' native context"),
+        (["--reasoning-effort", "extreme"], "invalid choice"),
+        (["--thinking-budget", "-1"], "-1 must be >= 0"),
         (["--kv-dtype", "fp4"], "kv_dtype='fp4': must be one of"),
         (["--temperature", "3"], "temperature=3.0"),
         (["--top-k", "50"], "top_k=50: must be in 0..20"),
@@ -78,6 +81,18 @@ def test_good_flags_map_to_engine_config_and_options(tmp_path: Path) -> None:
     default = parse_args(["--prefill-chunk", "8192"])[1].scheduler
     assert default.prefill_chunk_decoding is None and default.effective_prefill_chunk_decoding == 2048
     assert parse_args([])[1].cuda_graph is True
+
+
+def test_reasoning_effort_and_thinking_budget_set_the_thinking_defaults() -> None:
+    _, _, options = parse_args(["--reasoning-effort", "low"])
+    assert options.thinking is True and options.sampling.thinking_budget == 2048
+    _, _, options = parse_args(["--reasoning-effort", "max"])
+    assert options.sampling.thinking_budget == -1
+    _, _, options = parse_args(["--reasoning-effort", "none"])
+    assert options.thinking is False
+    _, _, options = parse_args(["--reasoning-effort", "high", "--thinking-budget", "100"])
+    assert options.sampling.thinking_budget == 100
+    assert parse_args([])[2].sampling.thinking_budget is None
 
 
 def test_api_key_is_redacted_from_logged_argv() -> None:

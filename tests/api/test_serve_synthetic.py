@@ -86,8 +86,8 @@ def test_real_geometry_without_a_gpu_exits_2(
 
 
 def test_synthetic_geometries_match_the_bench() -> None:
-    from engine.bench import GEOMETRIES as BENCH
-    from engine.synthetic import GEOMETRIES, SYNTHETIC_NAMES, synthetic_config
+    from engine.testing.bench import GEOMETRIES as BENCH
+    from engine.testing.synthetic import GEOMETRIES, SYNTHETIC_NAMES, synthetic_config
 
     assert BENCH is GEOMETRIES and set(GEOMETRIES) < set(SYNTHETIC_NAMES)
     assert synthetic_config("qwen3.6-27b").hidden_size == 5120

@@ -1,6 +1,7 @@
 """A scripted server with `--tolerant-tool-calls`: drifted tool-call markup becomes a call (streamed and
-not); and Anthropic `thinking.budget_tokens` is enforced: the reasoning is cut at the budget, closed with
-`</think>`, and the answer follows (real server, official SDKs)."""
+not); and Anthropic `thinking.budget_tokens` reaches the engine, which cuts the reasoning at the budget and
+closes it with `</think>` before the answer (real server and SDKs; the scripted engine imitates the
+scheduler's budget, tests/engine/test_thinking_budget.py runs the real one)."""
 
 from __future__ import annotations
 
@@ -76,8 +77,8 @@ def test_drifted_tool_call_is_recovered_streamed_and_not(server: Server) -> None
         tools=[{"name": "get_weather", "input_schema": WEATHER_TOOL["function"]["parameters"]}],
     )
     assert message.stop_reason == "tool_use"
-    assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
-    assert message.content[2].input == {"city": "Paris", "days": 3}  # type: ignore[union-attr]
+    assert [b.type for b in message.content] == ["text", "tool_use"]  # no `thinking`: thinking off
+    assert message.content[1].input == {"city": "Paris", "days": 3}  # type: ignore[union-attr]
 
 
 def _client(server: Server) -> anthropic.Anthropic:

@@ -23,7 +23,7 @@ from api.app import create_app
 from api.engine_client import load_engine
 from api.serve import parse_args
 from api.tracing import RequestTracing, exporter_names
-from engine.artifact.demo import demo_artifact_path
+from engine.testing.demo import demo_artifact_path
 
 MODEL = "tiny-alias"
 SESSION = "session-42"
@@ -299,7 +299,7 @@ from scripted import ScriptedEngine
 from api.app import create_app
 from api.engine_client import tokenizer_from_artifact
 from api.serve import parse_args
-from engine.artifact.demo import demo_artifact_path
+from engine.testing.demo import demo_artifact_path
 import api.tracing
 def refuse(*a, **k):
     raise AssertionError("a span was started with tracing off")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.artifact.container import read_artifact, write_artifact
-from engine.artifact.tiny import build_tiny
+from engine.testing.tiny import build_tiny
 
 CLI = str(Path(sys.executable).with_name("ninfer-artifact"))
 

@@ -11,9 +11,9 @@ import pytest
 
 from engine.artifact.cli import main
 from engine.artifact.container import read_directory
-from engine.artifact.script import Script, ScriptError, build_scripted
 from engine.llm import LLM
 from engine.request import SamplingParams
+from engine.testing.script import Script, ScriptError, build_scripted
 
 SCRIPT = {
     "reasoning": "The user wants the weather; I will call the tool.",

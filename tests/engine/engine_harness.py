@@ -1,6 +1,6 @@
 """Shared pieces for the engine tests that run the real model: tiny artifacts, loaded once per process.
 
-The tiny dense and MoE artifacts (engine.artifact.tiny, real Qwen3.5 tokenizer) are built into a
+The tiny dense and MoE artifacts (engine.testing.tiny, real Qwen3.5 tokenizer) are built into a
 temporary directory on first use and loaded in float32 on the CPU. A loaded model holds only weights
 (caches belong to each runner), so every test shares one model per architecture.
 """
@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from engine.artifact.tiny import build_tiny
 from engine.config import EngineConfig
 from engine.core import EngineCore, load_artifact
 from engine.request import FinishEvent, SamplingParams, TokenEvent
+from engine.testing.tiny import build_tiny
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 

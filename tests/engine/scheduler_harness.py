@@ -5,7 +5,9 @@ step contract (engine/step.py), so the scheduler's accounting is tested without 
 
 - `kv[slot]`: the token id whose KV lives in each token slot of the pool, written at `slot_mapping`;
 - `state[slot]`: for each GDN state slot, the tuple of tokens it has absorbed (a perfect "recurrent
-  state": it summarises exactly the tokens fed into it).
+  state": it summarises exactly the tokens fed into it);
+- `host[key]`: a parked entry's pages and state snapshots (host parking's copies, when the scheduler
+  has a host index attached); every unpark is reported complete in the same step.
 
 Every row checks that the KV it reads through its page-table row equals the tokens its state has
 absorbed, so a wrong page table, a missing copy-on-write, a clobbered shared page or a wrong state
@@ -18,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.config import CacheConfig, SchedulerConfig
-from engine.request import Event, FinishEvent, Request, SamplingParams, TokenEvent
+from engine.request import Event, FinishEvent, ReasoningTokens, Request, SamplingParams, TokenEvent
 from engine.scheduler import Scheduler
-from engine.step import StepPlan, StepResult
+from engine.step import HostRestoreReport, StepPlan, StepResult
 
 VOCAB = 1000
 
@@ -43,9 +45,22 @@ class FakeRunner:
         self.token_fn = token_fn
         self.num_page_copies = 0
         self.num_restores = 0
+        self.host: dict[int, tuple[list[list[int | None]], list[tuple[int, ...] | None]]] = {}
+        self.num_unparks = 0
 
     def execute(self, out: StepPlan) -> StepResult:
         size = self.page_size
+        for park in out.host_parks:  # before anything else: the scheduler has freed these ids
+            pages = [self.kv[p * size : (p + 1) * size] for p in park.page_ids]
+            self.host[park.key] = (pages, [self.state[slot] for slot in park.state_slots])
+        reports = []
+        for unpark in out.host_unparks:
+            pages, states = self.host[unpark.key]
+            for page_id, data in zip(unpark.page_ids, pages, strict=False):
+                self.kv[page_id * size : (page_id + 1) * size] = data
+            self.state[unpark.state_slot] = states[unpark.checkpoint_index]
+            reports.append(HostRestoreReport(unpark.request_id, unpark.lane, True))
+            self.num_unparks += 1
         for src, dst in out.page_copies:
             self.kv[dst * size : (dst + 1) * size] = self.kv[src * size : (src + 1) * size]
             self.num_page_copies += 1
@@ -73,7 +88,7 @@ class FakeRunner:
         for row in out.rows:
             if row.save_state_to is not None:
                 self.state[row.save_state_to] = self.state[row.state_slot]
-        return StepResult.of_sampled(out, sampled)
+        return StepResult.of_sampled(out, sampled, reports)
 
     def check_checkpoints(self, scheduler: Scheduler) -> None:
         """Every checkpoint's pages hold the tokens its state snapshot absorbed."""
@@ -101,6 +116,7 @@ def make_scheduler(
     max_checkpoints: int = 4,
     max_boundary_saves: int = 4,
     eos: tuple[int, ...] = (),
+    reasoning_tokens: ReasoningTokens | None = None,
     clock: Callable[[], float] = lambda: 0.0,
 ) -> Scheduler:
     config = SchedulerConfig(
@@ -118,7 +134,9 @@ def make_scheduler(
         max_checkpoints=max_checkpoints,
         max_boundary_saves=max_boundary_saves,
     )
-    return Scheduler(config, cache, num_pages=num_pages, eos_token_ids=eos, clock=clock)
+    return Scheduler(
+        config, cache, num_pages=num_pages, eos_token_ids=eos, reasoning_tokens=reasoning_tokens, clock=clock
+    )
 
 
 def request(
@@ -183,7 +201,9 @@ class Driver:
     def run(self, max_steps: int = 10_000) -> None:
         while self.scheduler.has_work():
             out = self.step()
-            assert not out.is_empty or not self.scheduler.num_running, "a step with running lanes ran nothing"
+            # A lane restoring from the host has no row in the step that carries its unpark.
+            idle = out.is_empty and not out.host_unparks
+            assert not idle or not self.scheduler.num_running, "a step with running lanes ran nothing"
             assert self.num_steps < max_steps, "the scheduler did not drain"
 
     def reason(self, request_id: str) -> FinishEvent:

@@ -1,7 +1,7 @@
 """`ninfer-bench --vs-hf` on the CPU: HF transformers' model built from our ModelConfig has our geometry, and
 `time_hf` times it (prefill per length, decode per concurrency, lengths over the cap reported as skipped).
 
-engine.bench imports nothing CUDA-only at import time; only its HF part and argument parser are used here."""
+engine.testing.bench imports nothing CUDA-only at import time; only its HF part and argument parser are used here."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 import transformers
 
-from engine.bench import add_speedups, build_hf_model, parse_args, time_hf
 from engine.model.config import ModelConfig
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
-from engine.synthetic import GEOMETRIES
+from engine.testing.bench import add_speedups, build_hf_model, parse_args, time_hf
+from engine.testing.synthetic import GEOMETRIES
 
 # not the 3:1 default pattern, so the HF model must have taken our layer_types as they are
 _LAYERS = ("linear_attention", "full_attention", "linear_attention", "linear_attention")

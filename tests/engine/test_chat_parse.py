@@ -250,6 +250,34 @@ def test_parsed_turn_renders_back_to_the_generated_text() -> None:
     assert rerendered == prompt + generated + "<|im_end|>\n"
 
 
+# -- nesting: tool-call markup inside a parameter value ---------------------------------------------
+
+INNER = call("get_time", tz="UTC")
+NESTED_CALL = call("search", query=f"How to call it:\n{INNER}\nend")
+CLOSE_IN_VALUE = call("search", query="a </parameter> b", mode="m")
+
+
+def test_a_value_holding_a_whole_tool_call_stays_one_call() -> None:
+    parsed = parse_output("Sure.\n\n" + NESTED_CALL + "\n\nDone.", TOOLS)
+    assert parsed.tool_calls == (ToolCall("search", {"query": f"How to call it:\n{INNER}\nend"}),)
+    assert (parsed.content, parsed.fallbacks) == ("Sure.Done.", ())
+
+
+def test_a_value_holding_a_closing_parameter_tag_stays_one_call() -> None:
+    parsed = parse_output(CLOSE_IN_VALUE, TOOLS)
+    assert parsed.tool_calls == (ToolCall("search", {"query": "a </parameter> b", "mode": "m"}),)
+    assert parsed.content == ""
+
+
+def test_an_unbalanced_open_tag_in_a_value_falls_back_to_the_first_close() -> None:
+    text = call("search", query="mentions <tool_call> once") + "\n" + call("get_time", tz="UTC")
+    parsed = parse_output(text, TOOLS)
+    assert parsed.tool_calls == (
+        ToolCall("search", {"query": "mentions <tool_call> once"}),
+        ToolCall("get_time", {"tz": "UTC"}),
+    )
+
+
 # -- streaming -------------------------------------------------------------------------------------
 
 SAMPLES: list[tuple[str, bool]] = [
@@ -284,6 +312,13 @@ SAMPLES: list[tuple[str, bool]] = [
     ),
     ("<tool_call>\n<function=nope>\n \n<tool_call> \n<tool_call>\n<function=nope>\n\n", False),
     ("think <toolcall>\n<function=get_time>\n</function>\n</toolcall> more", True),
+    *((f"Writing docs.\n\n{block}\n\nDone.", False) for block in (NESTED_CALL, CLOSE_IN_VALUE)),
+    ("x " + NESTED_CALL.removesuffix("</tool_call>") + " tail <tool_call>", False),
+    (
+        "a <tool_call>\n<function=nope>\n<tool_call>\n</tool_call>\n</tool_call> b "
+        + call("get_time", tz="X"),
+        False,
+    ),
 ]
 
 

@@ -41,6 +41,16 @@ def test_thinking_mode_sends_the_reasoning_to_stderr(capsys):
     assert len(err.splitlines()) >= 3
 
 
+def test_a_stop_string_inside_the_reasoning_neither_ends_nor_cuts_it(capsys):
+    args = ("--prompt", "Say hi", "--max-new", "6", "--greedy")
+    _, _, err = _run(capsys, *args)
+    reasoning = err[err.index("\n", err.index("loaded")) + 1 : err.index("\n[")]  # between load and summary
+    stop = reasoning.strip()[2:6]
+    assert stop.strip()
+    code, _, err_stopped = _run(capsys, *args, "--stop", stop)
+    assert code == 0 and reasoning in err_stopped and "[length]" in err_stopped
+
+
 def test_bad_input_exits_2_with_a_message(capsys, tmp_path):
     bad = tmp_path / "messages.json"
     bad.write_text('{"nope": 1}')

@@ -1,4 +1,5 @@
-"""HostParking on CPU: bit-exact round trips, slabs and blocks, LRU, lookup, integrity, copy runs."""
+"""Host parking on CPU (`HostIndex` + `HostCopier`, joined as in host_harness.py): bit-exact round trips,
+slabs and blocks, LRU, lookup, integrity, copy runs."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import random
 
 import pytest
 import torch
+from host_harness import Parking as HostParking
 
-from engine.cache.host import HostEntryMismatch, HostParking, ParkHandle
-from engine.cache.host_layout import CacheGeometry, page_runs, paged_tensors, state_tensors
 from engine.cache.prefix import extend_page_hashes
 from engine.model import ModelCache, ModelConfig, allocate_model_cache
+from engine.runner.host_copier import HostEntryMismatch, ParkHandle
+from engine.runner.host_layout import cache_geometry, page_runs, paged_tensors, state_tensors
 
 PAGE_SIZE = 4
 
@@ -26,7 +28,7 @@ TINY = ModelConfig(
 
 
 def make_cache(
-    num_pages: int = 16, num_slots: int = 4, kv_dtype: str = "model", device: str = "cpu", seed: int = 0
+    num_pages: int = 16, num_slots: int = 4, kv_dtype: str = "bf16", device: str = "cpu", seed: int = 0
 ) -> ModelCache:
     """A tiny cache (with MTP KV) whose every byte is random, so any misplaced byte shows."""
     cache = allocate_model_cache(
@@ -67,7 +69,7 @@ def parking(
 ) -> HostParking:
     """A small budget; by default page runs are copied directly (`gather_run_bytes=0`), staging holds 3 pages."""
     return HostParking(
-        CacheGeometry.of(cache), capacity_blocks * block_bytes, slab_bytes=blocks_per_slab * block_bytes,
+        cache_geometry(cache), capacity_blocks * block_bytes, slab_bytes=blocks_per_slab * block_bytes,
         block_bytes=block_bytes, device=device, gather_run_bytes=gather_run_bytes, staging_bytes=3 * 64,
     )  # fmt: skip
 
@@ -102,7 +104,7 @@ def blocks_of(host: HostParking, num_pages: int, num_checkpoints: int = 1) -> in
 
 
 @pytest.mark.parametrize("gather_run_bytes", [0, 1 << 20], ids=["runs", "staged"])
-@pytest.mark.parametrize("kv_dtype", ["model", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
 def test_round_trip_is_bit_exact_into_other_pages_and_another_slot(
     kv_dtype: str, gather_run_bytes: int
 ) -> None:
@@ -205,16 +207,16 @@ def test_lru_eviction_order_and_reasons() -> None:
 
 def test_budget_zero_is_off() -> None:
     cache = make_cache()
-    host = HostParking.from_mib(CacheGeometry.of(cache), 0)
+    host = HostParking.from_mib(cache_geometry(cache), 0)
     assert not host.enabled and not host.can_park(1)
     assert park(host, cache, "a", [0], tokens_of("a", 4)) is None
     assert host.lookup(tokens_of("a", 4)) is None and len(host) == 0
     stats = host.stats()
     assert (stats.capacity_bytes, stats.allocated_bytes, stats.refusals) == (0, 0, {"off": 1})
-    on = HostParking.from_mib(CacheGeometry.of(cache), 1, block_bytes=4096)
+    on = HostParking.from_mib(cache_geometry(cache), 1, block_bytes=4096)
     assert on.enabled and on.stats().capacity_bytes == 1 << 20 and on.stats().allocated_bytes == 0
     with pytest.raises(ValueError, match="host_kv_cache_mib"):
-        HostParking.from_mib(CacheGeometry.of(cache), -1)
+        HostParking.from_mib(cache_geometry(cache), -1)
 
 
 def test_a_kept_restore_is_evicted_before_entries_never_restored() -> None:

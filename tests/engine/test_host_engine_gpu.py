@@ -33,13 +33,15 @@ def test_gpu_park_and_restore_through_the_engine_equals_device_reuse() -> None:
     assert finish["r1"].num_cached_tokens == 105
 
     parked = core(host_kv_cache_mib=64)
-    assert parked.host is not None and all(s is not None and s.is_pinned() for s in parked.host.blocks._slabs)
+    copies = parked.runner.host_copies
+    assert parked.host is not None and copies is not None
+    assert all(s is not None and s.is_pinned() for s in copies.copier.slabs._slabs)
     assert run(parked, [turn1])[0][0] == out1
     run(parked, [prompt(40, 2)], SamplingParams(temperature=0.0, max_tokens=150, ignore_eos=True))
     (got,), finish = run(parked, [turn2], GREEDY)
     assert finish["r2"].num_host_cached_tokens == 105
     assert got == want
-    parked.host.synchronize()
+    copies.copier.synchronize()
     s = parked.stats()
     assert (s.host_kv_parks, s.host_kv_restores) == (2, 1)
     assert s.host_kv_park_seconds > 0 and s.host_kv_restore_seconds > 0

@@ -1,4 +1,4 @@
-"""HostParking on CUDA: pinned slabs, the dedicated copy stream, events, bit-exact round trip.
+"""Host parking on CUDA (`HostIndex` + `HostCopier`): pinned slabs, the dedicated copy stream, events, bit-exact round trip.
 
 Run on the device machine (`-m gpu`); the CPU suite deselects it.
 """
@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_host import assert_same, make_cache, page_bytes, parking, slot_bytes, tokens_of
 
-from engine.cache.host_layout import paged_tensors, state_tensors
+from engine.runner.host_layout import paged_tensors, state_tensors
 
 pytestmark = pytest.mark.gpu
 
@@ -32,10 +32,10 @@ def test_gpu_round_trip_is_bit_exact_through_pinned_slabs_on_a_copy_stream(gathe
     )  # fmt: skip
     host.check_integrity()
     assert handle is not None and handle.num_bytes == host.geometry.entry_bytes(6, 2, hidden.numel() * 2)
-    slabs = [s for s in host.blocks._slabs if s is not None]
+    slabs = [s for s in host.copier.slabs._slabs if s is not None]
     assert len(slabs) > 1 and all(s.is_pinned() for s in slabs)  # the entry spans pinned slabs
-    assert host._stream is not None and host._stream != torch.cuda.current_stream()
-    host.wait_copies()  # the compute stream may now overwrite the parked pages
+    assert host.copier._stream is not None and host.copier._stream != torch.cuda.current_stream()
+    host.copier.wait_copies()  # the compute stream may now overwrite the parked pages
     for t in paged_tensors(src) + state_tensors(src):
         t.zero_()
 
@@ -56,7 +56,7 @@ def test_gpu_round_trip_is_bit_exact_through_pinned_slabs_on_a_copy_stream(gathe
     early.synchronize()
     assert_same(slot_bytes(src, 2), slot_bytes(dst, 1))
     assert_same(page_bytes(src, [12, 13, 14]), [p[:3] for p in want_pages])
-    host.synchronize()
+    host.copier.synchronize()
     host.check_integrity()
     stats = host.stats()
     assert stats.num_parks == 2 and stats.num_restores == 2

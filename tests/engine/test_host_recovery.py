@@ -1,7 +1,7 @@
 """Host KV parking when things go wrong or get crowded (tiny dense model, float32, CPU, real engine).
 
 - An entry larger than the whole budget is refused at park time: its session re-prefills cold.
-- A mismatched or corrupt entry is dropped by the runner at restore time and reported; the scheduler
+- A mismatched or corrupt entry is reported by the runner at restore time; the scheduler drops it and
   re-plans that lane as a cold prefill. Both give exactly the cold greedy tokens (DESIGN invariant 2).
 - Per-request readiness: a restoring lane gets no row until its copies are reported complete, while
   the other lane keeps decoding.
@@ -74,21 +74,22 @@ def test_mismatched_or_corrupt_entry_is_dropped_and_prefills_cold(fault: str, mo
     host = core.host
     assert host is not None and core.stats().host_kv_entries == 1
     (key,) = host.entry_keys
+    copier = core.runner.host_copies.copier  # type: ignore[union-attr]
     if fault == "mismatch":  # the cache the entry is restored into is not the one it was parked from
-        check = host._check_geometry
+        check = copier._check_geometry
 
         def mismatched(cache, what: str) -> None:
             if what.startswith("unpark"):
                 raise ValueError(f"{what}: cache geometry differs")
             check(cache, what)
 
-        monkeypatch.setattr(host, "_check_geometry", mismatched)
+        monkeypatch.setattr(copier, "_check_geometry", mismatched)
     else:  # its metadata no longer describes a restorable checkpoint (e.g. a damaged entry)
 
-        def corrupt(key, cache, **kwargs):
+        def corrupt(cache, *, key, **kwargs):
             raise ValueError(f"unpark({key!r}): entry is corrupt")
 
-        monkeypatch.setattr(host, "unpark", corrupt)
+        monkeypatch.setattr(copier, "unpark", corrupt)
     turn2 = history + prompt(12, 13)
     prefill_before = core.stats().num_prefill_tokens
     assert d.run("a2", turn2) == cold(turn2)
@@ -133,14 +134,15 @@ def test_restoring_lane_waits_for_its_copies_while_the_other_lane_decodes(monkey
     history = park_one_session(core, d, 60, 150, 22)  # the side request needs 10 pages: the session parks
     host = core.host
     assert host is not None and core.stats().host_kv_entries == 1
-    unpark = host.unpark
+    copier = core.runner.host_copies.copier  # type: ignore[union-attr]
+    unpark = copier.unpark
     handles: list[SlowHandle] = []
 
-    def slow_unpark(key, cache, **kwargs):
-        handles.append(SlowHandle(unpark(key, cache, **kwargs), steps=3))
+    def slow_unpark(cache, **kwargs):
+        handles.append(SlowHandle(unpark(cache, **kwargs), steps=3))
         return handles[-1]
 
-    monkeypatch.setattr(host, "unpark", slow_unpark)
+    monkeypatch.setattr(copier, "unpark", slow_unpark)
     outputs = record_outputs(core)
     turn2 = history + prompt(10, 24)
     out2 = d.run("a2", turn2)

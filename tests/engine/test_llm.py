@@ -46,6 +46,15 @@ def test_stop_string_ends_the_request_and_is_cut_from_the_text(llm):
     assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
 
 
+def test_a_stop_string_in_the_reasoning_of_a_chat_neither_ends_nor_cuts_it(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    ask = [{"role": "user", "content": "Tell me a story"}]
+    full = llm.chat(ask, greedy)  # thinking on: the random model never closes </think>, all is reasoning
+    stop = full.text.strip()[2:5]
+    stopped = llm.chat(ask, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, stop=[stop]))
+    assert stopped.text == full.text and stopped.finish_reason == "length"
+
+
 def test_seeded_sampling_repeats_exactly_alone_and_in_a_batch(llm):
     seeded = SamplingParams(temperature=1.0, top_p=0.95, top_k=50, seed=1234, max_tokens=10)
     first = llm.generate("Pick a number", seeded)[0].token_ids

@@ -7,10 +7,11 @@ import pytest
 import torch
 from engine_harness import make_core, one_thread, prompt, run, tiny_loaded
 
+from engine.cache.kv import CPU_AUTO_KV_BYTES, resolve_num_pages
 from engine.config import CacheConfig
 from engine.model import allocate_model_cache, make_forward_batch
+from engine.model.forward import kv_spec
 from engine.request import SamplingParams
-from engine.runner import CPU_AUTO_KV_BYTES, kv_bytes_per_page, resolve_num_pages
 from kernels.attention import dequantize_kv_int8_ref, kv_int8_group_size, quantize_kv_int8_ref
 
 # int8 KV tolerance, stated: teacher-forced logits within 3% of the largest logit (max abs error),
@@ -44,7 +45,7 @@ def test_int8_kv_logits_within_tolerance_of_model_dtype_kv(arch):
     model = tiny_loaded(arch).model
     tokens = prompt(120, 5)
     logits = {}
-    for kv_dtype in ("model", "int8"):
+    for kv_dtype in ("bf16", "int8"):
         cache = allocate_model_cache(model.config, 4, 64, 1, dtype=torch.float32, kv_dtype=kv_dtype)
         rows, start = [], 0
         with torch.inference_mode():
@@ -54,7 +55,7 @@ def test_int8_kv_logits_within_tolerance_of_model_dtype_kv(arch):
                 rows.append(model.compute_logits(model(batch, cache)))
                 start += size
         logits[kv_dtype] = torch.cat(rows)
-    reference, quantised = logits["model"], logits["int8"]
+    reference, quantised = logits["bf16"], logits["int8"]
     rel = ((quantised - reference).abs().max() / reference.abs().max()).item()
     agreement = (quantised.argmax(-1) == reference.argmax(-1)).float().mean().item()
     assert 0 < rel < INT8_MAX_REL_ERROR, f"max relative logit error {rel:.2e}"
@@ -72,14 +73,20 @@ def test_int8_engine_runs_and_keeps_page_accounting():
 def test_kv_capacity_resolution():
     config = tiny_loaded("dense").model.config
     cpu = torch.device("cpu")
-    per_page = kv_bytes_per_page(config, 64, "bf16", torch.float32)
+    per_page = kv_spec(config, torch.float32, "bf16").page_bytes(64)
     # 2 attention layers x (K + V) x 64 tokens x 2 heads x 32 dims x 4 bytes
     assert per_page == 2 * 2 * 64 * 2 * 32 * 4
-    int8_page = kv_bytes_per_page(config, 64, "int8", torch.float32)
+    int8_page = kv_spec(config, torch.float32, "int8").page_bytes(64)
     assert int8_page == 2 * 2 * (64 * 2 * 32 + 64 * 2 * 1 * 2)
+    for kv_dtype, want in (("bf16", per_page), ("int8", int8_page)):  # the formula is what is allocated
+        cache = allocate_model_cache(config, 3, 64, 1, dtype=torch.float32, kv_dtype=kv_dtype)  # type: ignore[arg-type]
+        tensors = [*cache.key_cache, *cache.value_cache, *(cache.key_scale or []), *(cache.value_scale or [])]
+        assert sum(t.numel() * t.element_size() for t in tensors) == 3 * want
 
     def pages(**kw: object) -> int:
-        return resolve_num_pages(CacheConfig(**kw), 1000, config, dtype=torch.float32, device=cpu)
+        cache_config = CacheConfig(**kw)  # type: ignore[arg-type]
+        spec = kv_spec(config, torch.float32, cache_config.kv_dtype)
+        return resolve_num_pages(cache_config, 1000, spec, device=cpu)
 
     assert pages() == 16  # omitted: one max_context worth (ceil(1000 / 64))
     assert pages(kv_capacity=4096) == 64

@@ -9,8 +9,8 @@ import torch
 from engine_harness import GREEDY, alone, make_core, one_thread, prompt, run, tiny_artifact, tiny_loaded
 
 from engine.artifact.container import read_artifact
-from engine.artifact.tiny import tiny_hf_config
 from engine.request import SamplingParams, TokenEvent
+from engine.testing.tiny import tiny_hf_config
 
 ARCHS = ["dense", "moe"]
 LENGTHS = [5, 17, 40, 66, 9, 100, 3, 30]

@@ -13,6 +13,7 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
         (SchedulerConfig, "max_concurrency", 0),
         (SchedulerConfig, "max_concurrency", 9),
         (SchedulerConfig, "max_context", 1),
+        (SchedulerConfig, "max_context", 262_145),
         (SchedulerConfig, "max_pending_requests", -1),
         (SchedulerConfig, "pending_timeout_ms", 0),
         (SchedulerConfig, "prefill_chunk", 0),

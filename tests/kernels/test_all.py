@@ -13,7 +13,10 @@ def test_every_exported_kernel_has_a_reference_and_a_test_file():
     here = Path(__file__).parent
     for name in kernels.__all__:
         fn = getattr(kernels, name)
-        module = fn.__module__.rsplit(".", 1)[-1]
+        # kernels.<op> or a package's kernels.<op>.<part>: the tests are named after the part, else the op
+        # (kernels.attention.decode -> test_attention.py, kernels.quant.quant_linear -> test_quant_linear.py).
+        parts = fn.__module__.split(".")[1:]
+        module = next((p for p in reversed(parts) if (here / f"test_{p}.py").is_file()), parts[-1])
         assert (here / f"test_{module}.py").is_file(), f"{name}: no tests/kernels/test_{module}.py"
         assert fn.__doc__, f"{name}: needs a docstring (a reference is the specification)"
         if name.endswith("_ref"):

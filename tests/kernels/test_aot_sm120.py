@@ -47,6 +47,10 @@ KNOWN_KERNELS = {
     "_quant_gemm_nvfp4_kernel",
     "_quant_gemv_fp8_kernel",
     "_quant_gemm_fp8_kernel",
+    "_quant_moe_gate_up_kernel",
+    "_quant_moe_down_kernel",
+    "_quant_dequant_group_kernel",
+    "_quant_dequant_fp_kernel",
 }
 
 
@@ -80,7 +84,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_")}
     env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")
     cmd = [str(python), str(SCRIPT), "--json", str(out)] + [f"--target={t}" for t in TARGETS]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert out.exists(), f"no report (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr[-6000:]}"
     data: dict[str, Any] = json.loads(out.read_text())
     failed = [

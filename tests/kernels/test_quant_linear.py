@@ -59,7 +59,17 @@ def test_bad_input():
         quant_linear(torch.randn(64, 2).t(), qw)
 
 
-def test_gemv_tiles_split_k_only_for_few_row_tiles():
+def test_gemv_tiles_split_k_until_enough_programs():
+    """K is split (a whole number of steps a split) until the grid has MIN_PROGRAMS programs; T never enters."""
+    from kernels.quant.quant_linear import MIN_PROGRAMS
+
     assert gemv_tiles(Q4, 32, 1024).split_k == 4 and gemv_tiles(W8, 32, 1024).split_k == 4
     assert gemv_tiles(NVFP4, 256, 1024).split_k == 4 and gemv_tiles(FP8, 32, 1024).split_k == 2
-    assert gemv_tiles(Q5, 5120, 17408).split_k == 1  # the 27B shapes give >= 160 row tiles
+    # the 27B: MLP down [5120, 17408] (68 steps of 4 groups: 160 row tiles x 17), attention q/k [7168, 5120]
+    # (20 steps: 224 x 5); MLP gate_up [34816, 5120] and the head have >= 1024 row tiles: unsplit
+    assert gemv_tiles(Q5, 5120, 17408).split_k == 17 and gemv_tiles(Q4, 7168, 5120).split_k == 5
+    assert gemv_tiles(Q4, 34816, 5120).split_k == 1 and gemv_tiles(Q6, 248320, 5120).split_k == 1
+    for fmt, n, k in [(Q5, 5120, 6144), (Q4, 4096, 5120), (NVFP4, 5120, 6144), (FP8, 5120, 17408)]:
+        tiles = gemv_tiles(fmt, n, k)
+        assert (k + 127) // 128 * 128 % (tiles.split_k * tiles.block_k) == 0, (fmt, tiles)
+        assert -(-n // tiles.block_n) * tiles.split_k >= MIN_PROGRAMS, (fmt, n, k, tiles)

@@ -124,3 +124,33 @@ def test_cuda_graph_replay(device):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, expected.flip(0)), f"{fmt}: the replay differs"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_to(fmt, device):
+    """The Triton dequantization is the exact weight rounded once to bf16 (bitwise on a GPU; Triton 3.6's
+    interpreter truncates fp32 -> bf16: within one bf16 ulp there)."""
+    from kernels.quant import dequantize
+    from kernels.quant.quant_linear import dequantize_to
+
+    n, k = (256, 320) if fmt == NVFP4 else (37, 130)
+    qw = _weight(fmt, n, k, device)
+    got = dequantize_to(qw, torch.bfloat16)
+    exact = dequantize(qw)
+    if device == "cuda":
+        assert torch.equal(got, exact.to(torch.bfloat16))
+    else:
+        assert ((got.double() - exact.double()).abs() <= exact.double().abs() * 2.0**-7).all()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequant_route_in_slabs(fmt, device, assert_close, monkeypatch):
+    """route="dequant": 128-row slabs (the chunk forced small) dequantized and multiplied by torch.matmul."""
+    import importlib
+
+    # NOTE: the package attribute kernels.quant.quant_linear is the function; the module is in sys.modules
+    monkeypatch.setattr(importlib.import_module("kernels.quant.quant_linear"), "DEQUANT_CHUNK_BYTES", 1)
+    n, k = (384, 128) if fmt == NVFP4 else (300, 130)
+    qw = _weight(fmt, n, k, device)
+    x = torch.randn(20, k, device=device).bfloat16()
+    _check(f"{fmt} dequant", quant_linear(x, qw, route="dequant"), x, qw, "gemm", assert_close)

@@ -51,6 +51,11 @@ TINY_CONFIGS = {
         head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
         linear_value_head_dim=24, num_experts=10, num_experts_per_tok=3, moe_intermediate_size=20,
         shared_expert_intermediate_size=44, tie_word_embeddings=True)),
+    # dense with every NVFP4 site's rows a multiple of 128 and K of 64 (the nvfp4 profiles' tiny models)
+    "dense_q": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, dict(
+        vocab_size=1000, hidden_size=128, intermediate_size=192, num_hidden_layers=8, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=32, linear_value_head_dim=32)),
 }  # fmt: skip
 
 

@@ -151,7 +151,7 @@ def test_the_loader_frees_the_separate_weights_while_fusing(tiny, name, monkeypa
 
 
 def test_synthetic_models_are_fused():
-    from engine.synthetic import TINY_GEOMETRY, build_synthetic, synthetic_config
+    from engine.testing.synthetic import TINY_GEOMETRY, build_synthetic, synthetic_config
 
     model = build_synthetic(synthetic_config(TINY_GEOMETRY), device="cpu", dtype=torch.float32)
     names = _leaf_names(model)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import kernels.gdn
-from engine.artifact.tiny import build_tiny
 from engine.core import load_artifact
 from engine.model import allocate_model_cache, make_forward_batch
 from engine.model.mlp import _experts_grouped
+from engine.testing.tiny import build_tiny
 from kernels.moe import moe_experts_ref, moe_route_ref
 
 pytestmark = pytest.mark.gpu

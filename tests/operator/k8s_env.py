@@ -154,6 +154,10 @@ def run_operator(cluster: Cluster, api: Api, state: Path) -> Iterator[Any]:
     with pytest.MonkeyPatch.context() as mp:
         for key, value in env.items():
             mp.setenv(key, value)
+        # NOTE: the client looks up proxies (iterating os.environ) on every call, from the operator's threads,
+        # while pytest sets and deletes PYTEST_CURRENT_TEST in the same process: a KeyError race that only
+        # this in-process harness has. The tests use no proxy.
+        mp.setattr("kubernetes.client.configuration.getproxies", dict)
         args = ["run", "--standalone", "--all-namespaces", "--verbose", str(REPO / "operator" / "main.py")]
         with KopfRunner(args, timeout=60) as runner:
             yield runner

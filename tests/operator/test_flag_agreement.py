@@ -53,7 +53,8 @@ def on_this_machine(argv: list[str], layout: dict[str, str]) -> list[str]:
 
 
 def check_args(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    with pytest.raises(SystemExit) as done:
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(SystemExit) as done:
+        mp.setenv("NINFER_API_KEY", "from-the-secret")  # what the pod's Secret-backed env var holds
         serve.main([*argv, "--check-args"])
     captured = capsys.readouterr()
     return int(done.value.code or 0), captured.out + captured.err
@@ -99,11 +100,12 @@ def test_each_table_row_renders_an_argv_the_server_accepts_or_is_refused_by_both
         {"routing": {"gateway": {"name": "gw"}}},  # --metrics-vllm-aliases
         {"routing": {"ingress": {"sessionHeader": "X-Session-Id"}}},
         {"routing": None},
-        {"apiKeySecret": {"name": "key"}},  # --api-key $(NINFER_API_KEY)
+        {"apiKeySecret": {"name": "key"}},  # $NINFER_API_KEY from the Secret; nothing on the command line
+        {"drainSeconds": 5},
         {"engine": {**SAMPLE["engine"], "extraArgs": ["--prefill-chunk", "2048", "--no-thinking"]}},
         {"engine": {}},  # nothing set: the server's defaults
     ],
-    ids=["gateway", "ingress", "no-routing", "api-key", "extra-args", "defaults"],
+    ids=["gateway", "ingress", "no-routing", "api-key", "drain", "extra-args", "defaults"],
 )
 def test_settings_outside_the_engine_render_accepted_argv(
     setting: dict[str, Any], layout: dict[str, str], capsys: pytest.CaptureFixture[str]
@@ -145,8 +147,4 @@ def test_the_installed_console_script_validates_the_rendered_argv(layout: dict[s
     script = Path(sys.executable).with_name("ninfer-serve")
     argv = on_this_machine(rendered_argv(copy.deepcopy(SAMPLE)), layout)
     ok = subprocess.run([str(script), *argv, "--check-args"], capture_output=True, text=True, timeout=300)
-    assert ok.returncode == 0 and "arguments OK" in ok.stdout, ok.stderr
-    bad = subprocess.run(
-        [str(script), *argv, "--vision", "--check-args"], capture_output=True, text=True, timeout=300
-    )
-    assert bad.returncode == 2 and "--vision" in bad.stderr
+    assert ok.returncode == 0 and "arguments OK" in ok.stdout, ok.stderr  # (refusals: the in-process cases)

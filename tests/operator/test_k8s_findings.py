@@ -133,7 +133,8 @@ def test_production_settings_reach_the_pods(api: Api, operator: Any, ns: str) ->
     assert pod.image_pull_secrets[0].name == "regcred"
     server = next(c for c in pod.containers if c.name == "server")
     assert server.env[0].value_from.secret_key_ref.name == "ninfer-key"
-    assert "$(NINFER_API_KEY)" in server.command and "--request-log-max-mib" in server.command
+    assert server.env[0].name == "NINFER_API_KEY" and "--api-key" not in server.command
+    assert "--request-log-max-mib" in server.command and "--shutdown-timeout-s" in server.command
 
 
 def test_resources_carry_no_finalizer_so_uninstalling_the_operator_first_leaves_nothing_stuck(

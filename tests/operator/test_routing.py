@@ -125,3 +125,16 @@ def test_name_rules_match_the_crd() -> None:
     assert names.name_errors("qwen3.6-27b") == []
     assert "63" in names.name_errors("a" * 69)[0]
     assert names.name_errors("Bad_Name")
+
+
+def test_the_operator_watches_only_its_children_server_side() -> None:
+    import kopf
+    from ninfer_operator.handlers import watch_selectors
+
+    settings = kopf.OperatorSettings()
+    watch_selectors(settings)
+    collect = settings.watching.label_selectors.collect
+    for group, plural in (("apps", "deployments"), ("batch", "jobs"), ("", "services"), ("", "configmaps")):
+        assert collect(kopf.Resource(group, "v1", plural)) == ["app.kubernetes.io/managed-by=ninfer-operator"]
+    assert collect(kopf.Resource("", "v1", "nodes")) == ["nvidia.com/gpu.product"]
+    assert collect(kopf.Resource("ninfer.io", "v1alpha1", "ninferdeployments")) == []

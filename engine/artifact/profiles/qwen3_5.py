@@ -258,23 +258,33 @@ def _nvfp4_38b(layer: int, role: str) -> str:
 
 
 def _full(
-    c: ModelConfig, text: list[TensorSpec], extra: tuple[TensorSpec, ...] = ()
+    c: ModelConfig, text: list[TensorSpec], complete: bool, extra: tuple[TensorSpec, ...] = ()
 ) -> tuple[ObjectSpec, ...]:
+    """The whole file (``complete``: what the published artifacts hold) or, for a development model converted
+    from a text checkpoint, the text tower and the MTP block alone."""
     mtp = _mtp(c) if c.mtp_num_hidden_layers > 0 else []
+    if not complete:
+        return (*text, *mtp)
     return (*FRONTEND, *text, *_draft_head(c), *mtp, *_vision(c.hidden_size), *extra)
 
 
-def dense_groupwise(vocab: str) -> Callable[[ModelConfig], tuple[ObjectSpec, ...]]:
-    return lambda c: _full(c, _text(c, _groupwise_dense(vocab), fused=False, ab_fused=False))
+Builder = Callable[[ModelConfig, bool], tuple[ObjectSpec, ...]]
 
 
-def dense_nvfp4_27b(c: ModelConfig) -> tuple[ObjectSpec, ...]:
-    return _full(c, _text(c, _nvfp4_27b, fused=True, ab_fused=False))
+def dense_groupwise(vocab: str) -> Builder:
+    return lambda c, complete: _full(
+        c, _text(c, _groupwise_dense(vocab), fused=False, ab_fused=False), complete
+    )
 
 
-def dense_nvfp4_38b(c: ModelConfig) -> tuple[ObjectSpec, ...]:
-    return _full(c, _text(c, _nvfp4_38b, fused=True, ab_fused=True))
+def dense_nvfp4_27b(c: ModelConfig, complete: bool) -> tuple[ObjectSpec, ...]:
+    return _full(c, _text(c, _nvfp4_27b, fused=True, ab_fused=False), complete)
 
 
-def moe_groupwise(c: ModelConfig) -> tuple[ObjectSpec, ...]:
-    return _full(c, _text(c, _groupwise_moe, fused=True, ab_fused=True), tuple(_dflash(c.hidden_size)))
+def dense_nvfp4_38b(c: ModelConfig, complete: bool) -> tuple[ObjectSpec, ...]:
+    return _full(c, _text(c, _nvfp4_38b, fused=True, ab_fused=True), complete)
+
+
+def moe_groupwise(c: ModelConfig, complete: bool) -> tuple[ObjectSpec, ...]:
+    text = _text(c, _groupwise_moe, fused=True, ab_fused=True)
+    return _full(c, text, complete, tuple(_dflash(c.hidden_size)) if complete else ())

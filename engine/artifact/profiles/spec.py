@@ -63,7 +63,7 @@ class WeightProfile:
 
     model_id: str
     weights_id: str
-    build: Callable[[ModelConfig], tuple[ObjectSpec, ...]] = field(repr=False)
+    build: Callable[[ModelConfig, bool], tuple[ObjectSpec, ...]] = field(repr=False)
     published: ModelConfig | None = field(default=None, repr=False)
     resource_bytes: int | None = None
     notes: str = ""
@@ -73,10 +73,13 @@ class WeightProfile:
         return f"{self.model_id}/{self.weights_id}"
 
     def objects(self, config: ModelConfig | None = None) -> tuple[ObjectSpec, ...]:
+        """The inventory at ``config`` (default: the published geometry). At the published geometry it is the
+        whole published file; at another (a development model converted from a text checkpoint) the text
+        tower and MTP block alone: no frontend resources, draft head, vision tower or DFlash drafter."""
         geometry = config if config is not None else self.published
         if geometry is None:
             raise ValueError(f"profile {self.key}: no published geometry; pass a ModelConfig")
-        return self.build(geometry)
+        return self.build(geometry, geometry == self.published)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.artifact.container import write_artifact
-from engine.artifact.tiny import TINY_MODEL_IDS, frontend_resources, tiny_hf_config, tiny_weights
+from engine.artifact.convert import frontend_resources
+from engine.testing.tiny import TINY_MODEL_IDS, tiny_hf_config, tiny_weights
 
 if TYPE_CHECKING:
     from engine.model.config import ModelConfig

@@ -1,6 +1,6 @@
 """`build-tiny`: small random-weight models of the real Qwen3.5 family layout, deterministic for a seed.
 
-The tiny models keep everything that makes the family what it is — Gated DeltaNet and gated full attention
+(engine/testing: a tool beside the engine, never imported by its core.) The tiny models keep everything that makes the family what it is — Gated DeltaNet and gated full attention
 in the 3:1 pattern, partial interleaved mRoPE, GQA, the MTP module, the real 248,320-row vocabulary with the
 real Qwen3.5 tokenizer and our chat template — and shrink only the widths. They are the demo model and the
 test models; their identities (`ninfer-tiny-dense/*`, `ninfer-tiny-moe/*`) are development entries of the
@@ -12,7 +12,6 @@ same bytes across library versions.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.artifact.container import write_artifact
+from engine.artifact.convert import frontend_resources
 
 if TYPE_CHECKING:
     from transformers import PreTrainedConfig
@@ -117,27 +117,6 @@ def tiny_weights(config: dict[str, Any], seed: int) -> list[tuple[str, torch.Ten
         value = _init_tensor(name, tuple(shape), gen)
         out.append((name, value if name.endswith("A_log") else value.to(torch.bfloat16)))
     return out
-
-
-def frontend_resources(config: dict[str, Any], *, moe: bool) -> list[tuple[str, bytes]]:
-    """config.json plus the Qwen3.5 tokenizer, tokenizer config, chat template and generation defaults."""
-    from engine.chat.qwen35 import (
-        build_qwen35_tokenizer_json,
-        qwen35_chat_template,
-        qwen35_generation_config,
-        qwen35_tokenizer_config,
-    )
-
-    def as_json(obj: Any) -> bytes:
-        return json.dumps(obj, indent=2, sort_keys=True).encode("utf-8")
-
-    return [
-        ("config.json", as_json(config)),
-        ("tokenizer.json", build_qwen35_tokenizer_json()),
-        ("tokenizer_config.json", as_json(qwen35_tokenizer_config())),
-        ("chat_template.jinja", qwen35_chat_template().encode("utf-8")),
-        ("generation_config.json", as_json(qwen35_generation_config(moe=moe))),
-    ]
 
 
 def build_tiny(out: str | os.PathLike[str], *, arch: str = "dense", seed: int = 0) -> Path:

@@ -30,7 +30,7 @@ def demo_artifact_path() -> Path:
             return path
         except ArtifactError as exc:
             print(f"demo model at {path} is unreadable ({exc}); rebuilding", file=sys.stderr)
-    from engine.artifact.tiny import build_tiny
+    from engine.testing.tiny import build_tiny
 
     path.parent.mkdir(parents=True, exist_ok=True)
     print(f"building the embedded demo model (tiny {DEMO_ARCH}, seed {DEMO_SEED}) at {path}", file=sys.stderr)

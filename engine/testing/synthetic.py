@@ -1,6 +1,6 @@
 """Synthetic models: random weights of a real Qwen3.5-family geometry, drawn directly on the device.
 
-Used by `ninfer-bench --synthetic` (engine/bench.py) and `ninfer-serve --synthetic` (api/serve.py): the
+Used by `ninfer-bench --synthetic` (engine/testing/bench/) and `ninfer-serve --synthetic` (api/serve.py): the
 speed of a step does not depend on the weight values, so the real geometries can be measured and load-tested
 without the checkpoints. The weights are noise; whatever serves them must say so (model id
 ``<geometry>-synthetic``, ``synthetic`` in /v1/models, /stats and the request log).
@@ -17,11 +17,27 @@ import torch
 
 from engine.model.config import ModelConfig
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.testing.geometry import (
+    REAL_GEOMETRIES,
+    SYNTHETIC_NAMES,
+    SYNTHETIC_WEIGHTS_ID,
+    TINY_GEOMETRY,
+    needs_cuda,
+    synthetic_model_id,
+)
 from engine.tokenizer import Tokenizer
 
-SYNTHETIC_SUFFIX = "-synthetic"
-SYNTHETIC_WEIGHTS_ID = "random-synthetic"
-TINY_GEOMETRY = "tiny-dense"
+__all__ = [
+    "GEOMETRIES",
+    "SYNTHETIC_NAMES",
+    "SYNTHETIC_WEIGHTS_ID",
+    "TINY_GEOMETRY",
+    "build_synthetic",
+    "load_synthetic",
+    "needs_cuda",
+    "synthetic_config",
+    "synthetic_model_id",
+]
 
 
 def _layer_types(num_layers: int, interval: int = 4) -> tuple[str, ...]:
@@ -65,7 +81,7 @@ GEOMETRIES: dict[str, ModelConfig] = {
     ),  # fmt: skip
 }
 
-SYNTHETIC_NAMES: tuple[str, ...] = (*sorted(GEOMETRIES), TINY_GEOMETRY)
+assert tuple(GEOMETRIES) == REAL_GEOMETRIES, "geometry.py names the geometries built here"
 
 
 def synthetic_config(name: str) -> ModelConfig:
@@ -73,19 +89,10 @@ def synthetic_config(name: str) -> ModelConfig:
     if name in GEOMETRIES:
         return GEOMETRIES[name]
     if name == TINY_GEOMETRY:
-        from engine.artifact.tiny import tiny_hf_config
+        from engine.testing.tiny import tiny_hf_config
 
         return ModelConfig.from_hf(tiny_hf_config("dense"))
     raise ValueError(f"synthetic geometry {name!r}: expected one of {', '.join(SYNTHETIC_NAMES)}")
-
-
-def needs_cuda(name: str) -> bool:
-    """Whether the geometry is too large to serve anywhere but on a GPU."""
-    return name in GEOMETRIES
-
-
-def synthetic_model_id(name: str) -> str:
-    return name + SYNTHETIC_SUFFIX
 
 
 def build_synthetic(

@@ -1,0 +1,136 @@
+"""The device cache tensors: the paged KV pool and the GDN state slots (`ModelCache`), and their size.
+
+Owns: the shapes and dtypes of every cache tensor, built from a small `KVSpec` (layers, KV heads,
+head_dim, dtypes, the int8 group size, GDN state shapes) rather than from the model's config, so this
+package never imports engine.model (`.importlinter`); the model builds the spec from its config
+(`engine.model.forward.kv_spec`). Also owns the one page-bytes formula (`KVSpec.page_bytes`) and the
+page count `--kv-capacity` resolves to (`resolve_num_pages`). Must not touch: which page or slot holds
+what (engine/cache/pages.py, state.py), the writes (the model's layers), requests.
+
+`kv_dtype` is the user's word, validated once in `CacheConfig` (`bf16 | int8`): "bf16" keeps K/V in
+the model's compute dtype (bf16 on the GPU; float32 in CPU tests), "int8" stores int8 codes plus one
+fp16 scale per `int8_group_size` values along head_dim.
+
+    key_cache[i], value_cache[i]    [num_pages, page_size, num_kv_heads, head_dim]   (i: attention layer,
+    key_scale[i], value_scale[i]    [num_pages, page_size, num_kv_heads, head_dim / group]  then MTP)
+    conv_state[j]                   [num_slots, conv_dim, conv_kernel - 1]  model dtype (j: GDN layer)
+    recurrent_state[j]              [num_slots, Hv, Dk, Dv]  fp32
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import CacheConfig, KVDtype
+
+CPU_AUTO_KV_BYTES = 256 * 1024**2  # `--kv-capacity auto` on the CPU: this much KV
+GPU_HEADROOM_BYTES = 1024**3  # `--kv-capacity auto` on CUDA: leave this much device memory free
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """What the cache tensors look like, in plain numbers (one page and one state slot)."""
+
+    num_kv_layers: int  # attention layers that own a KV entry (with the MTP layers when allocated)
+    num_kv_heads: int
+    head_dim: int
+    num_gdn_layers: int
+    conv_shape: tuple[int, int]  # per slot: (conv_dim, conv_kernel - 1), in `dtype`
+    recurrent_shape: tuple[int, int, int]  # per slot: (Hv, Dk, Dv), fp32
+    dtype: torch.dtype  # the model's compute dtype: K/V with kv_dtype "bf16", the conv state
+    kv_dtype: KVDtype = "bf16"
+    int8_group_size: int = 64  # values per fp16 scale along head_dim (int8 only)
+
+    @property
+    def num_int8_groups(self) -> int:
+        return self.head_dim // self.int8_group_size
+
+    def page_bytes(self, page_size: int) -> int:
+        """Device bytes of one KV page across every KV entry of this spec (K and V, plus int8 scales)."""
+        values = page_size * self.num_kv_heads * self.head_dim
+        if self.kv_dtype == "int8":
+            per_kv = values + page_size * self.num_kv_heads * self.num_int8_groups * 2  # codes + fp16 scales
+        else:
+            per_kv = values * torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_kv_layers * per_kv
+
+
+@dataclass
+class ModelCache:
+    """Device tensors the model reads and writes; nothing else (shapes in the module docstring).
+
+    With int8 KV the attention layer hands ``key_scale`` / ``value_scale`` to ``store_kv`` (quantises)
+    and to the attention kernels or references (dequantise where they read).
+    """
+
+    page_size: int
+    key_cache: list[torch.Tensor]
+    value_cache: list[torch.Tensor]
+    conv_state: list[torch.Tensor]
+    recurrent_state: list[torch.Tensor]
+    kv_dtype: KVDtype = "bf16"
+    key_scale: list[torch.Tensor] | None = None  # int8 only, one per KV entry
+    value_scale: list[torch.Tensor] | None = None
+
+    @property
+    def num_pages(self) -> int:
+        return self.key_cache[0].shape[0] if self.key_cache else 0
+
+    @property
+    def num_state_slots(self) -> int:
+        return self.conv_state[0].shape[0] if self.conv_state else 0
+
+    @property
+    def device(self) -> torch.device:
+        return (self.conv_state or self.key_cache)[0].device
+
+
+def allocate_cache(
+    spec: KVSpec, num_pages: int, page_size: int, num_state_slots: int = 1, device: torch.device | str = "cpu"
+) -> ModelCache:
+    """Zeroed cache tensors for every KV entry and GDN layer of `spec`."""
+    if num_pages < 1 or page_size < 1 or num_state_slots < 1:
+        raise ValueError(
+            f"allocate_cache: num_pages={num_pages}, page_size={page_size}, "
+            f"num_state_slots={num_state_slots}: all must be >= 1"
+        )
+    kv_shape = (num_pages, page_size, spec.num_kv_heads, spec.head_dim)
+    int8 = spec.kv_dtype == "int8"
+    kv_torch_dtype = torch.int8 if int8 else spec.dtype
+
+    def zeros(shape: tuple[int, ...], dtype: torch.dtype, n: int) -> list[torch.Tensor]:
+        return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
+
+    scale_shape = (*kv_shape[:3], spec.num_int8_groups)
+    return ModelCache(
+        page_size=page_size,
+        key_cache=zeros(kv_shape, kv_torch_dtype, spec.num_kv_layers),
+        value_cache=zeros(kv_shape, kv_torch_dtype, spec.num_kv_layers),
+        conv_state=zeros((num_state_slots, *spec.conv_shape), spec.dtype, spec.num_gdn_layers),
+        recurrent_state=zeros((num_state_slots, *spec.recurrent_shape), torch.float32, spec.num_gdn_layers),
+        kv_dtype=spec.kv_dtype,
+        key_scale=zeros(scale_shape, torch.float16, spec.num_kv_layers) if int8 else None,
+        value_scale=zeros(scale_shape, torch.float16, spec.num_kv_layers) if int8 else None,
+    )
+
+
+def auto_num_pages(bytes_per_page: int, device: torch.device) -> int:
+    """Pages for `--kv-capacity auto`: free memory after the weights minus headroom (CPU: a default)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = free - GPU_HEADROOM_BYTES
+    else:
+        budget = CPU_AUTO_KV_BYTES
+    return max(0, budget // bytes_per_page)
+
+
+def resolve_num_pages(
+    cache_config: CacheConfig, max_context: int, spec: KVSpec, *, device: torch.device
+) -> int:
+    """The KV pool's page count for this config (fixed at startup)."""
+    auto_pages = None
+    if cache_config.kv_capacity == "auto":
+        auto_pages = auto_num_pages(spec.page_bytes(cache_config.page_size), device)
+    return cache_config.num_pages(max_context, auto_pages=auto_pages)

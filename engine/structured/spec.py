@@ -1,0 +1,163 @@
+"""What a request's output must look like, as plain data: `StructuredSpec` and the grammars it carries.
+
+Owns: building the llguidance Lark grammar for each constraint the APIs offer (a JSON schema, any JSON
+object, Qwen XML tool calls whose parameters follow each tool's schema), and the phases around it.
+Must not touch: tokenizers, matchers, tensors (engine/structured/compiler.py and matchers.py do). This
+module imports nothing heavy: `engine.request` carries a `StructuredSpec` in `SamplingParams`.
+
+Phases of one constrained generation (Qwen3.5 chat format):
+  1. reasoning (`in_reasoning`: the prompt opened `<think>`): free text until the `</think>` token;
+  2. spans constrained by `grammar`. Without a `trigger`, one span covers everything after the reasoning
+     up to the end of the turn (response formats, `tool_choice` required / named). With a `trigger`
+     (a special token such as `<tool_call>`), text is free and each sampled trigger token starts a span
+     (the grammar covers what follows the trigger); after `max_spans` spans only the end of turn may follow.
+
+Tool calls follow the chat template byte for byte:
+  <tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>
+A VALUE is raw text for a string parameter (engine/chat/parse.py keeps it as is) and JSON otherwise;
+raw text can never contain `</parameter>`. Values follow their schema for every tool; a tool that is not
+`strict` has its schema compiled leniently (keywords the grammar cannot enforce are ignored, not refused).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# JSON between tokens: flexible (models pretty-print) but bounded, so no generation runs away in blanks.
+JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,24}"
+LEAD = r"LEAD: /[ \n]{1,4}/"  # the blank line the template puts after `</think>`
+_RAW_TEXT = "RAW: /(?s:.*)/ & ~/(?s:.*)<\\/parameter>(?s:.*)/"  # a string parameter's raw value
+_NAME = "PNAME: /[^<>\\n]{1,128}/"  # a parameter name of a free-form (schema-less) tool
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredSpec:
+    """A request's output constraint. `grammar` is llguidance Lark text (hashable: the compile cache key)."""
+
+    grammar: str
+    strict: bool = True  # unsupported schema keywords are refused (False: ignored, best effort)
+    in_reasoning: bool = False  # generation starts inside `<think>`: free until `</think>`
+    trigger: str | None = None  # special token opening each span; None: one span after the reasoning
+    max_spans: int | None = None  # with a trigger: after this many spans only the end of turn follows
+    what: str = "response_format"  # the request field it came from (errors name it)
+
+
+def _lark_str(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _json(schema: Mapping[str, Any], strict: bool) -> str:
+    options: dict[str, Any] = {"whitespace_pattern": JSON_WHITESPACE}
+    if not strict:
+        options["lenient"] = True
+    body = {**schema, "x-guidance": options}
+    return "%json " + json.dumps(body, ensure_ascii=False)
+
+
+def json_schema_spec(
+    schema: Mapping[str, Any], *, strict: bool, what: str = "response_format"
+) -> StructuredSpec:
+    """The output is one JSON value valid against `schema` (after the reasoning)."""
+    grammar = f"start: LEAD? body\nbody: {_json(schema, strict)}\n{LEAD}\n"
+    return StructuredSpec(grammar, strict=strict, what=what)
+
+
+def json_object_spec(what: str = "response_format") -> StructuredSpec:
+    """The output is one JSON object (`response_format: {"type": "json_object"}`)."""
+    return json_schema_spec({"type": "object"}, strict=False, what=what)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDef:
+    """One callable tool: its name, its parameters schema, and whether the schema must hold (`strict`)."""
+
+    name: str
+    parameters: Mapping[str, Any]
+    strict: bool
+
+
+def _defs(root: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: root[k] for k in ("$defs", "definitions") if isinstance(root.get(k), Mapping)}
+
+
+def _string_only(schema: Mapping[str, Any]) -> bool:
+    """Raw text is right for this value: parse.py keeps it a string (no `$ref`, `string` among its types)."""
+    kind = schema.get("type")
+    types = {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else set()
+    for key in ("anyOf", "oneOf"):
+        for option in schema.get(key) or ():
+            if isinstance(option, Mapping) and isinstance(option.get("type"), str):
+                types.add(option["type"])
+    constrained = any(k in schema for k in ("enum", "const", "pattern", "format", "minLength", "maxLength"))
+    return "string" in types and "$ref" not in schema and not constrained
+
+
+def _value_rule(name: str, schema: Any, root: Mapping[str, Any], strict: bool, rules: list[str]) -> str:
+    if not isinstance(schema, Mapping) or _string_only(schema):
+        return "RAW"
+    kind = schema.get("type")
+    if kind == "string" and "$ref" not in schema:
+        options = schema.get("enum", [schema["const"]] if "const" in schema else None)
+        if isinstance(options, list) and options and all(isinstance(o, str) for o in options):
+            rules.append(f"{name}: " + " | ".join(_lark_str(o) for o in options))
+            return name
+    rules.append(f"{name}: {_json({**schema, **_defs(root)}, strict)}")
+    return name
+
+
+def _parameters_rule(index: int, tool: ToolDef, rules: list[str]) -> str:
+    """Rule for the parameter blocks of `tool`: declared ones in schema order, required ones mandatory."""
+    schema = tool.parameters
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping) or not properties:
+        closed = schema.get("additionalProperties") is False or tool.strict
+        if closed:
+            return '""'
+        rules.append(f'free_params: ("<parameter=" PNAME ">\\n" RAW "\\n</parameter>\\n")*\n{_NAME}')
+        return "free_params"
+    required = set(schema.get("required") or ())
+    parts = []
+    for j, (prop, prop_schema) in enumerate(properties.items()):
+        value = _value_rule(f"v{index}_{j}", prop_schema, schema, tool.strict, rules)
+        block = f'"<parameter=" {_lark_str(prop)} ">\\n" {value} "\\n</parameter>\\n"'
+        parts.append(block if prop in required else f"({block})?")
+    rules.append(f"params{index}: " + " ".join(parts))
+    return f"params{index}"
+
+
+def _call_body(tools: Sequence[ToolDef], rules: list[str]) -> str:
+    """`\\n<function=NAME>\\n PARAMS </function>\\n </tool_call>` for any of `tools` (after `<tool_call>`)."""
+    options = []
+    for i, tool in enumerate(tools):
+        params = _parameters_rule(i, tool, rules)
+        rules.append(f"fn{i}: {_lark_str(tool.name + '>' + chr(10))} {params}")
+        options.append(f"fn{i}")
+    return '"\\n<function=" (' + " | ".join(options) + ') "</function>\\n" </tool_call>'
+
+
+def tool_call_spec(
+    tools: Sequence[ToolDef], *, parallel: bool, forced: bool, what: str = "tool_choice"
+) -> StructuredSpec:
+    """Tool calls in Qwen's XML format, each parameter following its tool's schema where `strict`.
+
+    forced: the answer is tool calls only (`tool_choice` required / named / any / tool): at least one,
+    exactly one unless `parallel`. Otherwise (strict tools under `auto`) text is free and each call the
+    model opens is constrained; without `parallel`, at most one call.
+    """
+    if not tools:
+        raise ValueError("tool_call_spec needs at least one tool")
+    rules: list[str] = []
+    body = _call_body(tools, rules)
+    strict = all(tool.strict for tool in tools)
+    lines = [*rules, _RAW_TEXT]
+    if forced:
+        more = ' ("\\n" call)*' if parallel else ""
+        head = [f"start: LEAD? call{more}", f"call: <tool_call> {body}", LEAD]
+        return StructuredSpec("\n".join([*head, *lines]) + "\n", strict=strict, what=what)
+    grammar = "\n".join([f"start: {body}", *lines]) + "\n"
+    return StructuredSpec(
+        grammar, strict=strict, trigger="<tool_call>", max_spans=None if parallel else 1, what=what
+    )

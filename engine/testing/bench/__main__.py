@@ -1,0 +1,7 @@
+"""`python -m engine.testing.bench`: `ninfer-bench`."""
+
+import sys
+
+from engine.testing.bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,235 @@
+"""`ninfer-bench`'s command line: the arguments, the run (limits, prefill, decode, ``--vs-hf``) and its JSON."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.testing.bench.hf import add_speedups, round_sig, time_hf
+from engine.testing.bench.steps import (
+    PAGE_SIZE,
+    decode_step_bytes,
+    make_runner,
+    measure_limits,
+    prefill_flops_per_token,
+    profile_kernels,
+    run_decode,
+    run_prefill,
+    weight_bytes,
+)
+from engine.testing.synthetic import GEOMETRIES, build_synthetic
+
+_DESCRIPTION = "speed at the real Qwen3.6-27B and 35B-A3B geometries, with random weights built on the GPU"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers")
+    return values
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ninfer-bench", description=_DESCRIPTION)
+    p.add_argument("--synthetic", required=True, choices=sorted(GEOMETRIES), help="geometry, random weights")
+    p.add_argument("--kv-dtype", default="bf16", choices=("bf16", "int8"))
+    p.add_argument("--prompt-len", type=_ints, default=[7680], help="prefill lengths, comma-separated")
+    p.add_argument("--prefill-chunk", type=int, default=8192, help="tokens per prefill step")
+    p.add_argument("--prefill-runs", type=int, default=3, help="timed prefill runs per length (median)")
+    p.add_argument("--concurrency", type=_ints, default=[1, 2, 4, 8], help="decode concurrencies")
+    p.add_argument("--decode-tokens", type=int, default=64, help="timed decode steps per concurrency")
+    p.add_argument("--decode-warmup", type=int, default=4, help="untimed decode steps first")
+    p.add_argument("--decode-context", type=int, default=1024, help="tokens already cached per sequence")
+    p.add_argument("--eager-decode-tokens", type=int, default=8,
+                   help="also time this many eager (no-graph) decode steps per concurrency (0 = skip)")  # fmt: skip
+    p.add_argument("--no-cuda-graph", action="store_true", help="decode eagerly")
+    p.add_argument("--profile", action="store_true", help="kernel-time breakdown of decode (C=1) and prefill")
+    p.add_argument("--skip-prefill", action="store_true")
+    p.add_argument("--skip-decode", action="store_true")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--vs-hf", action="store_true", help="also time HF transformers on the same geometry")
+    p.add_argument("--hf-max-prompt-len", type=int, default=16384,
+                   help="--vs-hf: skip HF prefill above this length (one unchunked forward)")  # fmt: skip
+    p.add_argument("--hf-concurrency", type=_ints, default=None,
+                   help="--vs-hf: HF decode concurrencies (default: --concurrency)")  # fmt: skip
+    p.add_argument("--hf-attn-implementation", default=None,
+                   help="--vs-hf: HF attn_implementation (default: transformers' own, sdpa)")  # fmt: skip
+    return p.parse_args(argv)
+
+
+# ---- main ----------------------------------------------------------------------------------------
+
+
+def _commit() -> str:
+    if os.environ.get("NINFER_COMMIT"):
+        return os.environ["NINFER_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _log(msg: str) -> None:
+    print(f"[ninfer-bench] {msg}", flush=True)
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    config = GEOMETRIES[args.synthetic]
+    result: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(),
+        "commit": _commit(),
+        "command": "ninfer-bench " + " ".join(sys.argv[1:]),
+        "software": {"torch": torch.__version__, "python": platform.python_version()},
+        "geometry": args.synthetic,
+        "kv_dtype": args.kv_dtype,
+        "cuda_graph": not args.no_cuda_graph,
+    }
+    try:
+        import triton
+
+        result["software"]["triton"] = triton.__version__
+        import fla
+
+        result["software"]["fla"] = getattr(fla, "__version__", "?")
+    except ImportError:
+        pass
+    limits = measure_limits()
+    result["limits"] = {k: round(v, 1) for k, v in limits.items()}
+    _log(f"limits: {result['limits']}")
+    model = build_synthetic(config)
+    weights = weight_bytes(model)
+    result["weights_GB"] = {k: round(v / 1e9, 3) for k, v in weights.items()}
+    _log(f"built {args.synthetic}: {result['weights_GB']} GB")
+    bandwidth = limits["read_GBps"] * 1e9
+    flop_rate = limits["bf16_matmul_TFLOPs"] * 1e12
+
+    if not args.skip_prefill:
+        longest = max(args.prompt_len)
+        runner = make_runner(model, -(-longest // PAGE_SIZE) + 1, 2, args.kv_dtype, False, longest)
+        rows = []
+        for length in args.prompt_len:
+            run_prefill(runner, config.vocab_size, length, args.prefill_chunk)  # warm-up: compiles, autotunes
+            times = [run_prefill(runner, config.vocab_size, length, args.prefill_chunk)
+                     for _ in range(args.prefill_runs)]  # fmt: skip
+            seconds = statistics.median(times)
+            limit = flop_rate / prefill_flops_per_token(config, weights, length)
+            row = {"prompt_len": length, "chunk": args.prefill_chunk, "seconds": round_sig(seconds),
+                   "tok_s": round(length / seconds, 1), "limit_tok_s": round(limit, 1),
+                   "fraction_of_limit": round(length / seconds / limit, 3),
+                   "runs_s": [round_sig(t) for t in times]}  # fmt: skip
+            _log(f"prefill {row}")
+            rows.append(row)
+        result["prefill"] = rows
+        if args.profile:
+            length = args.prompt_len[0]
+            result["profile_prefill"] = {
+                "prompt_len": length,
+                **profile_kernels(lambda: run_prefill(runner, config.vocab_size, length, args.prefill_chunk)),
+            }
+            _log(f"prefill profile: {result['profile_prefill']['by_category_ms']}")
+        del runner
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    if not args.skip_decode:
+        max_c = max(args.concurrency)
+        steps_budget = args.decode_warmup + max(args.decode_tokens, args.eager_decode_tokens) + 1
+        max_context = args.decode_context + steps_budget
+        pages = max_c * -(-max_context // PAGE_SIZE) + 1
+        rows = []
+        for graphs in (False,) if args.no_cuda_graph else (True, False):
+            steps = args.decode_tokens if graphs or args.no_cuda_graph else args.eager_decode_tokens
+            if steps <= 0:
+                continue
+            t0 = time.perf_counter()
+            runner = make_runner(model, pages, max_c + 1, args.kv_dtype, graphs, max_context)
+            if graphs:
+                result["graph_capture_s"] = round(time.perf_counter() - t0, 2)
+            for c in args.concurrency:
+                per_step = run_decode(
+                    runner, config.vocab_size, c, args.decode_context, args.decode_warmup, steps
+                )
+                nbytes = decode_step_bytes(config, weights, c, args.decode_context + steps // 2)
+                limit = c * bandwidth / nbytes
+                row = {"concurrency": c, "cuda_graph": graphs and runner.graphs_captured,
+                       "context": args.decode_context, "steps": steps, "step_ms": round(per_step * 1e3, 3),
+                       "tok_s": round(c / per_step, 1), "bytes_per_step_GB": round(nbytes / 1e9, 3),
+                       "limit_tok_s": round(limit, 1), "fraction_of_limit": round(c / per_step / limit, 3)}  # fmt: skip
+                _log(f"decode {row}")
+                rows.append(row)
+            if args.profile and not graphs:
+                result["profile_decode_eager_c1"] = profile_kernels(
+                    lambda r=runner: run_decode(r, config.vocab_size, 1, args.decode_context, 0, 1)
+                )
+                _log(f"decode profile: {result['profile_decode_eager_c1']['by_category_ms']}")
+            del runner
+            gc.collect()
+            torch.cuda.empty_cache()
+        result["decode"] = rows
+
+    if args.vs_hf:
+        del model  # 27B is ~54 GB in bf16: ours goes before HF's is built
+        gc.collect()
+        torch.cuda.empty_cache()
+        result["hf"] = time_hf(
+            config,
+            prompt_lens=() if args.skip_prefill else args.prompt_len,
+            max_prompt_len=args.hf_max_prompt_len,
+            prefill_runs=args.prefill_runs,
+            concurrency=() if args.skip_decode else (args.hf_concurrency or args.concurrency),
+            decode_context=args.decode_context,
+            decode_tokens=args.decode_tokens,
+            decode_warmup=args.decode_warmup,
+            attn_implementation=args.hf_attn_implementation,
+            log=_log,
+        )
+        add_speedups(result["hf"], result.get("prefill", ()), result.get("decode", ()))
+        for kind in ("prefill", "decode"):
+            for row in result["hf"][kind]:
+                _log(f"hf {kind} vs ours {row}")
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print(
+            "ninfer-bench: needs a CUDA device (the synthetic geometries are built on the GPU)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.vs_hf:
+        try:
+            from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM  # noqa: F401
+        except ImportError as exc:
+            print(f"ninfer-bench: --vs-hf needs transformers with the qwen3_5 models: {exc}", file=sys.stderr)
+            return 2
+    result = bench(args)
+    text = json.dumps(result, indent=1)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""`ninfer-bench`'s measurements: the device's limits, the bytes and FLOPs a step must move, the engine's own
+prefill and decode steps through ``ModelRunner.execute``, and a kernel-time profile of a step."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from engine.config import KVDtype
+from engine.model.config import ModelConfig
+from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.request import SamplingParams
+from engine.runner import ModelRunner
+from engine.step import RowPlan, StepPlan
+
+PAGE_SIZE = 64
+GREEDY = SamplingParams(temperature=0.0)
+
+
+# ---- device limits -------------------------------------------------------------------------------
+
+
+def _time_cuda(fn: Any, reps: int, warmup: int = 2) -> list[float]:
+    """Seconds per call, one CUDA-event pair per call."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return times
+
+
+def _read_seconds() -> tuple[float, int]:
+    x = torch.empty(1 << 30, dtype=torch.float32, device="cuda").uniform_()
+    return min(_time_cuda(x.sum, reps=10)), x.numel() * 4
+
+
+def _matmul_seconds(n: int = 8192) -> float:
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    return statistics.median(_time_cuda(lambda: torch.matmul(a, b), reps=20, warmup=5))
+
+
+def measure_limits() -> dict[str, float]:
+    read_s, nbytes = _read_seconds()
+    mm_s = _matmul_seconds(8192)
+    torch.cuda.empty_cache()
+    return {"read_GBps": nbytes / read_s / 1e9, "bf16_matmul_TFLOPs": 2 * 8192**3 / mm_s / 1e12}
+
+
+# ---- the synthetic model (engine/testing/synthetic.py builds it) ------------------------------------------
+
+
+def weight_bytes(model: Qwen3_5ForCausalLM) -> dict[str, float]:
+    """Bytes of every parameter, split into what a decode step reads whatever the routing is, the embedding
+    table (only the fed rows are read) and the routed experts (only the chosen ones are read)."""
+    dense = embed = experts = 0
+    for name, param in model.named_parameters():
+        size = param.numel() * param.element_size()
+        if name.endswith("embed_tokens.weight"):
+            embed += size
+        elif ".experts." in name:
+            experts += size
+        else:
+            dense += size
+    return {"dense": dense, "embedding": embed, "experts": experts}
+
+
+def decode_step_bytes(
+    config: ModelConfig, weights: dict[str, float], concurrency: int, context: int
+) -> float:
+    """Bytes one decode step of ``concurrency`` rows at ``context`` cached tokens must move."""
+    total = weights["dense"] + concurrency * config.hidden_size * 2  # + the embedding rows fed
+    if config.is_moe:
+        e, k = config.num_experts, config.num_experts_per_tok
+        reached = e * (1 - (1 - k / e) ** concurrency)  # expected distinct experts per layer
+        total += weights["experts"] * reached / e
+    kv_per_token = config.num_attention_layers * 2 * config.num_key_value_heads * config.head_dim * 2
+    total += concurrency * context * kv_per_token
+    state = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim * 4
+    conv = config.conv_dim * (config.linear_conv_kernel_dim - 1) * 2
+    total += concurrency * config.num_linear_layers * 2 * (state + conv)  # read + write
+    return total
+
+
+def prefill_flops_per_token(config: ModelConfig, weights: dict[str, float], prompt_len: int) -> float:
+    """Matmul FLOPs per prompt token: linears each token runs (active experts only), causal attention
+    (QK^T and PV over half the prompt on average), and the lm_head once per prompt. The GDN recurrence
+    (chunked, ~3% of the linears at 27B) is left out."""
+    linear_params = weights["dense"] / 2 - (config.vocab_size * config.hidden_size)  # bf16; lm_head apart
+    if config.is_moe:
+        linear_params += weights["experts"] / 2 * config.num_experts_per_tok / config.num_experts
+    attention = (
+        config.num_attention_layers * 4 * config.num_attention_heads * config.head_dim * prompt_len / 2
+    )
+    lm_head = 2 * config.vocab_size * config.hidden_size / prompt_len
+    return 2 * linear_params + attention + lm_head
+
+
+# ---- the engine steps ----------------------------------------------------------------------------
+
+
+def _request(
+    rid: str, tokens: Sequence[int], start: int, pages: tuple[int, ...], slot: int, reset: bool, sample: bool
+) -> RowPlan:
+    return RowPlan(
+        request_id=rid, lane=slot, token_ids=tuple(tokens), start_pos=start, page_ids=pages, state_slot=slot,
+        reset_state=reset, copy_state_from=None, save_state_to=None, num_sample=int(sample), sampling_params=GREEDY,
+        num_output_tokens=0,
+    )  # fmt: skip
+
+
+def _step(runner: ModelRunner, step_id: int, rows: Sequence[RowPlan]) -> list[int]:
+    result = runner.execute(StepPlan(step_id, tuple(rows), (), ()))
+    return [token for tokens in result.sampled_token_ids for token in tokens]
+
+
+def run_prefill(runner: ModelRunner, vocab: int, prompt_len: int, chunk: int) -> float:
+    """Seconds for one cold prefill of ``prompt_len`` tokens (every chunk one engine step)."""
+    pages = tuple(range(-(-prompt_len // PAGE_SIZE)))
+    tokens = torch.randint(0, vocab, (prompt_len,)).tolist()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for step, pos in enumerate(range(0, prompt_len, chunk)):
+        end = min(pos + chunk, prompt_len)
+        _step(runner, step, [_request("p", tokens[pos:end], pos, pages, 0, pos == 0, end == prompt_len)])
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def run_decode(
+    runner: ModelRunner, vocab: int, concurrency: int, context: int, warmup: int, steps: int
+) -> float:
+    """Seconds per decode step of ``concurrency`` rows (greedy, sampled tokens fed back)."""
+    pages_per_seq = -(-(context + warmup + steps + 1) // PAGE_SIZE)
+    pages = [tuple(range(i * pages_per_seq, (i + 1) * pages_per_seq)) for i in range(concurrency)]
+    tokens = torch.randint(0, vocab, (concurrency,)).tolist()
+    elapsed = 0.0
+    for step in range(warmup + steps):
+        if step == warmup:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+        rows = [
+            _request(f"d{i}", [tokens[i]], context + step, pages[i], i, False, True)
+            for i in range(concurrency)
+        ]
+        tokens = _step(runner, step, rows)
+    elapsed = time.perf_counter() - start
+    return elapsed / steps
+
+
+def make_runner(model: Qwen3_5ForCausalLM, num_pages: int, slots: int, kv_dtype: KVDtype, graphs: bool,
+                max_context: int) -> ModelRunner:  # fmt: skip
+    return ModelRunner(
+        model, num_pages=num_pages, page_size=PAGE_SIZE, num_state_slots=slots, kv_dtype=kv_dtype,
+        cuda_graph=graphs, max_context=max_context,
+    )  # fmt: skip
+
+
+# ---- profile -------------------------------------------------------------------------------------
+
+_CATEGORIES = (
+    ("gdn", ("gated_delta", "chunk_", "recompute", "kkt", "solve_tril", "fwd_h", "fwd_o", "l2norm")),
+    ("attention", ("paged_attention", "flash", "fmha", "attention", "sdpa", "cutlass_sm90_fmha")),
+    ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "sm90_", "cublas", "splitk")),
+    ("norm", ("rms_norm",)),
+    ("conv", ("conv", "causal_conv")),
+    ("store_kv", ("store_kv",)),
+)
+
+
+def _category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in _CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "elementwise/other"
+
+
+def profile_kernels(fn: Any) -> dict[str, Any]:
+    """Device time of every kernel ``fn`` launches, by category and the top 15 by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    wall = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - wall
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(event.name, []).append(event.device_time_total if hasattr(event, "device_time_total")
+                                                     else event.cuda_time_total)  # fmt: skip
+    totals: dict[str, float] = {}
+    for name, times in kernels.items():
+        totals[_category(name)] = totals.get(_category(name), 0.0) + sum(times)
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:15]
+    return {
+        "wall_ms_under_profiler": round(wall * 1e3, 2),
+        "kernel_ms_total": round(sum(totals.values()) / 1e3, 3),
+        "num_kernels": sum(len(t) for t in kernels.values()),
+        "by_category_ms": {k: round(v / 1e3, 3) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [
+            {"name": name[:120], "calls": len(t), "ms": round(sum(t) / 1e3, 3), "category": _category(name)}
+            for name, t in top
+        ],
+    }

@@ -1,0 +1,303 @@
+"""``paged_attention_decode``: one new token per sequence, split-K ("flash decoding") over its pages, batch
+invariant (a sequence's splits depend on its own length only)."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._dispatch import HAS_TRITON, use_triton
+from kernels.attention.int8 import _int8_scales
+from kernels.attention.ref import paged_attention_ref
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    from kernels.attention.int8 import _dequantize_tile
+
+
+def paged_attention_decode_ref(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    key_scale: torch.Tensor | None = None,
+    value_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode attention: ``paged_attention_ref`` with exactly one new token per sequence.
+
+    query: [B, Hq, D] (sequence b's token is at position seq_lens[b] - 1); caches: [num_pages,
+    page_size, Hkv, D] in a float dtype, or int8 codes with key_scale/value_scale ([num_pages,
+    page_size, Hkv, G] fp16, see ``store_kv_ref``); page_table: [B, max_pages]; seq_lens: [B] (a
+    sequence of 0 keys gets zeros) -> out [B, Hq, D] in query.dtype.
+    """
+    cu_seqlens_q = torch.arange(query.shape[0] + 1, device=query.device)
+    return paged_attention_ref(
+        query, key_cache, value_cache, page_table, cu_seqlens_q, seq_lens, scale, key_scale, value_scale
+    )
+
+
+DECODE_MAX_SPLITS = 64  # the most splits one sequence's keys are cut into (the reduce kernel's BLOCK_S)
+
+
+def decode_block_n(head_dim: int) -> int:
+    """Keys per tile of the decode kernel (and its default split unit): 64, or 32 for heads over 128."""
+    return 64 if head_dim <= 128 else 32
+
+
+def decode_split_tokens(seq_len: int, split_unit: int, max_splits: int = DECODE_MAX_SPLITS) -> int:
+    """Keys per split of a sequence of ``seq_len`` keys: the fewest whole ``split_unit``s that cut it
+    into at most ``max_splits`` splits. A function of the sequence's own length only (the decode and reduce
+    kernels compute the same); its splits are ``[i * n, min((i + 1) * n, seq_len))``."""
+    units = -(-seq_len // split_unit)
+    return max(1, -(-units // max_splits)) * split_unit
+
+
+# ---------------------------------------------------------------------------------------------------
+# Triton
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _paged_attention_decode_kernel(
+        q_ptr,
+        key_cache_ptr,
+        value_cache_ptr,
+        key_scale_ptr,
+        value_scale_ptr,
+        page_table_ptr,
+        seq_lens_ptr,
+        part_out_ptr,
+        part_lse_ptr,
+        q_stride_b,
+        q_stride_h,
+        cache_stride_page,
+        cache_stride_row,
+        cache_stride_head,
+        scale_stride_page,
+        scale_stride_row,
+        scale_stride_head,
+        page_table_stride,
+        part_splits,
+        scale_log2,
+        NUM_Q_HEADS: tl.constexpr,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        PAGE_SIZE: tl.constexpr,
+        KV_INT8: tl.constexpr,
+        NUM_SCALES: tl.constexpr,
+        BLOCK_SCALES: tl.constexpr,
+        SPLIT_UNIT: tl.constexpr,
+        MAX_SPLITS: tl.constexpr,
+        BLOCK_G: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        # grid (B, Hkv, part_splits): one program runs online softmax for the GROUP query heads that share
+        # one KV head, over one split of the sequence's keys (each K/V row read once, for all heads), and
+        # writes the split's normalised output and log2-sum-exp for _paged_attention_reduce_kernel. The
+        # split's bounds come from the sequence's length alone (decode_split_tokens); programs past the
+        # sequence's last split exit at once and write nothing. With KV_INT8 the caches hold int8 codes,
+        # dequantised per tile in registers (fp32), then cast to the query dtype for the dots.
+        row = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+        seq_len = tl.load(seq_lens_ptr + row)
+        # decode_split_tokens: a function of the sequence's own length, never of the batch. (Written out
+        # here and in the reduce kernel, without tl.cdiv or a helper: the interpreter pays ~4 ms a jit call.)
+        units = (seq_len + SPLIT_UNIT - 1) // SPLIT_UNIT
+        split_tokens = tl.maximum((units + MAX_SPLITS - 1) // MAX_SPLITS, 1) * SPLIT_UNIT
+        start = split * split_tokens
+        if start >= seq_len:
+            return
+        end = tl.minimum(start + split_tokens, seq_len)
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_d = tl.arange(0, BLOCK_D)
+        g_mask = offs_g < GROUP
+        d_mask = offs_d < HEAD_DIM
+        heads = kv_head * GROUP + offs_g
+        q = tl.load(
+            q_ptr + row * q_stride_b + heads[:, None] * q_stride_h + offs_d[None, :],
+            mask=g_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        l_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        for tok0 in range(start, end, BLOCK_N):
+            toks = tok0 + tl.arange(0, BLOCK_N)
+            t_mask = toks < end
+            pages = tl.load(
+                page_table_ptr + row * page_table_stride + toks // PAGE_SIZE, mask=t_mask, other=0
+            ).to(tl.int64)
+            rows = pages * cache_stride_page + (toks % PAGE_SIZE) * cache_stride_row
+            kv_offs = (rows + kv_head * cache_stride_head)[:, None] + offs_d[None, :]
+            kv_mask = t_mask[:, None] & d_mask[None, :]
+            keys = tl.load(key_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+            if KV_INT8:
+                scale_rows = (
+                    pages * scale_stride_page
+                    + (toks % PAGE_SIZE) * scale_stride_row
+                    + kv_head * scale_stride_head
+                )
+                keys = _dequantize_tile(
+                    keys, key_scale_ptr, scale_rows, t_mask, NUM_SCALES, BLOCK_SCALES, BLOCK_N, BLOCK_D
+                ).to(q.dtype)
+            scores = tl.dot(q, tl.trans(keys)) * scale_log2  # [BLOCK_G, BLOCK_N], log2 domain
+            scores = tl.where(t_mask[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(scores - m_new[:, None])
+            l_sum = l_sum * alpha + tl.sum(p, axis=1)
+            values = tl.load(value_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+            if KV_INT8:
+                values = _dequantize_tile(
+                    values, value_scale_ptr, scale_rows, t_mask, NUM_SCALES, BLOCK_SCALES, BLOCK_N, BLOCK_D
+                ).to(q.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values)
+            m = m_new
+        part = (row * NUM_Q_HEADS + heads) * part_splits + split  # [BLOCK_G]
+        out = acc / tl.maximum(l_sum, 1e-30)[:, None]
+        tl.store(
+            part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+            out,
+            mask=g_mask[:, None] & d_mask[None, :],
+        )
+        tl.store(part_lse_ptr + part, m + tl.log2(l_sum), mask=g_mask)
+
+    @triton.jit
+    def _paged_attention_reduce_kernel(
+        part_out_ptr,
+        part_lse_ptr,
+        seq_lens_ptr,
+        out_ptr,
+        out_stride_b,
+        out_stride_h,
+        part_splits,
+        NUM_Q_HEADS: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        SPLIT_UNIT: tl.constexpr,
+        MAX_SPLITS: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        # grid (B, Hq, cdiv(HEAD_DIM, BLOCK_D)): one program merges the splits of one query head over
+        # BLOCK_D columns (weights 2^(lse - max lse)). The sequence's split count comes from its length, as
+        # in the decode kernel; BLOCK_S is a constant (not the grid's split count), so the sums over splits
+        # are one fixed reduction tree whatever the batch or the page table's width. A sequence of no keys
+        # has no splits and gets zeros.
+        row = tl.program_id(0)
+        head = tl.program_id(1)
+        d_block = tl.program_id(2)
+        seq_len = tl.load(seq_lens_ptr + row)
+        units = (seq_len + SPLIT_UNIT - 1) // SPLIT_UNIT
+        split_tokens = tl.maximum((units + MAX_SPLITS - 1) // MAX_SPLITS, 1) * SPLIT_UNIT
+        num_splits = tl.minimum((seq_len + split_tokens - 1) // split_tokens, part_splits)
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_d = d_block * BLOCK_D + tl.arange(0, BLOCK_D)
+        s_mask = offs_s < num_splits
+        d_mask = offs_d < HEAD_DIM
+        base = (row * NUM_Q_HEADS + head) * part_splits
+        lse = tl.load(part_lse_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
+        weight = tl.exp2(lse - tl.maximum(tl.max(lse, axis=0), -1e30))
+        parts = tl.load(
+            part_out_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=s_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        out = tl.sum(parts * weight[:, None], axis=0) / tl.maximum(tl.sum(weight, axis=0), 1e-30)
+        tl.store(
+            out_ptr + row * out_stride_b + head * out_stride_h + offs_d,
+            out.to(out_ptr.dtype.element_ty),
+            mask=d_mask,
+        )
+
+
+def paged_attention_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    key_scale: torch.Tensor | None = None,
+    value_scale: torch.Tensor | None = None,
+    *,
+    max_splits: int = DECODE_MAX_SPLITS,
+    split_unit: int | None = None,
+) -> torch.Tensor:
+    """Launcher for ``paged_attention_decode_ref`` (same contract; split-K "flash decoding"), float or
+    int8 KV (int8: pass the scales; tiles are dequantised in registers).
+
+    Batch invariance: sequence ``b``'s keys are cut into splits of ``decode_split_tokens(seq_lens[b],
+    split_unit, max_splits)`` keys, a function of its own length only, and the reduce kernel merges its
+    splits over a constant ``BLOCK_S = next_pow2(max_splits)`` (one fixed reduction tree). Nothing a
+    sequence's output goes through depends on the batch size, on the other rows (CUDA-graph padding
+    rows included) or on the page table's width, so it is bitwise the same alone or batched.
+
+    The split rule, and its trade-off: a split is the fewest whole ``split_unit``s (default one tile,
+    ``decode_block_n``: 32 keys at head_dim 256) that keep a sequence at ``max_splits`` (64) splits or
+    fewer. Short sequences get one-tile splits, for parallelism where it is scarce: batch 1, 4 KV heads,
+    1k keys = 32 splits = 128 programs; 2k-8k keys = 64 splits = 256 programs (~2 per SM on 132 SMs;
+    64 splits at 8k was the measured best of the old batch-dependent choice). Long sequences get longer
+    splits, never more of them: 128k keys = 64 splits of 2048, so BLOCK_S and the partial buffers
+    ([B, Hq, <= 64, D] fp32, 1.5 MiB a row at 24 x 256) stay bounded whatever the capacity. The cost: a
+    large batch no longer trades splits for rows (the old rule used 8 splits at B=8), so at B=8, 8k keys it
+    runs 2048 programs of 128 keys and moves ~9% extra bytes as partials (mostly in L2); the reduce reads
+    64 partials a head where 8 would do. One fixed split length could not serve both ends (1k keys need
+    splits of 32 for 128 programs; 128k keys would then be 4096 splits), hence a split length that grows
+    with the sequence's own length. ``max_splits``/``split_unit`` are tuning knobs (constants across a
+    deployment: varying them per call would break the invariance).
+
+    The grid is sized from shapes only (``min(max_splits, cdiv(capacity, split_unit))`` splits), so the
+    launch needs no host sync and can be captured in a CUDA graph; programs past a sequence's last
+    split exit at once.
+    """
+    if not use_triton(query, key_cache, value_cache, page_table, seq_lens, key_scale, value_scale):
+        return paged_attention_decode_ref(
+            query, key_cache, value_cache, page_table, seq_lens, scale, key_scale, value_scale
+        )
+    batch, num_q_heads, head_dim = query.shape
+    num_pages, page_size, num_kv_heads = key_cache.shape[:3]
+    assert key_cache.shape[3] == head_dim and num_q_heads % num_kv_heads == 0, (
+        f"query {tuple(query.shape)} vs cache {tuple(key_cache.shape)}"
+    )
+    assert key_cache.shape == value_cache.shape and key_cache.stride() == value_cache.stride()
+    assert key_cache.stride(3) == 1 and query.stride(2) == 1
+    assert page_table.shape[0] == batch and seq_lens.shape == (batch,) and page_table.stride(1) == 1
+    num_scales = _int8_scales(key_cache, key_scale, value_scale)
+    block_n = decode_block_n(head_dim)
+    split_unit = block_n if split_unit is None else split_unit
+    assert split_unit % block_n == 0 and max_splits >= 1, f"split_unit={split_unit}, max_splits={max_splits}"
+    capacity = page_table.shape[1] * page_size
+    part_splits = max(1, min(max_splits, triton.cdiv(capacity, split_unit)))
+    part_out = torch.empty(
+        batch, num_q_heads, part_splits, head_dim, dtype=torch.float32, device=query.device
+    )
+    part_lse = torch.empty(batch, num_q_heads, part_splits, dtype=torch.float32, device=query.device)
+    out = torch.empty(batch, num_q_heads, head_dim, dtype=query.dtype, device=query.device)
+    if batch == 0:
+        return out
+    if key_scale is not None:
+        scale_args = (key_scale, value_scale, key_scale.stride(0), key_scale.stride(1), key_scale.stride(2))
+    else:
+        scale_args = (key_cache, value_cache, 0, 0, 0)  # placeholders: KV_INT8 is off
+    block_d, group = triton.next_power_of_2(head_dim), num_q_heads // num_kv_heads
+    _paged_attention_decode_kernel[(batch, num_kv_heads, part_splits)](
+        query, key_cache, value_cache, scale_args[0], scale_args[1], page_table, seq_lens, part_out, part_lse,
+        query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        *scale_args[2:], page_table.stride(0), part_splits, scale * 1.4426950408889634,
+        NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+        KV_INT8=key_scale is not None, NUM_SCALES=num_scales, BLOCK_SCALES=triton.next_power_of_2(num_scales),
+        SPLIT_UNIT=split_unit, MAX_SPLITS=max_splits, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4,
+    )  # fmt: skip
+    reduce_block_d = min(64, block_d)
+    _paged_attention_reduce_kernel[(batch, num_q_heads, triton.cdiv(head_dim, reduce_block_d))](
+        part_out, part_lse, seq_lens, out, out.stride(0), out.stride(1), part_splits,
+        NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, SPLIT_UNIT=split_unit, MAX_SPLITS=max_splits,
+        BLOCK_S=triton.next_power_of_2(max_splits), BLOCK_D=reduce_block_d,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,139 @@
+"""Protocol points fixed to what the official APIs do, through the official SDKs on the scripted server:
+several system messages, `top_k` above 20, stop strings that cut only the answer, the legacy `functions` /
+`function_call`, and reasoning-effort tiers as thinking budgets (Chat and Responses)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from api_helpers import API_KEY, Server
+from scripted import SCRIPTS
+
+FUNCTION = {
+    "name": "get_weather",
+    "description": "Weather forecast for a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    },
+}
+ARGS = {"city": "Paris", "days": 3}
+MODEL = "ninfer-tiny-dense"
+
+
+@pytest.fixture(scope="module")
+def client(scripted_server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=scripted_server.v1, api_key=API_KEY, max_retries=0)
+
+
+def user(text: str) -> list[Any]:
+    return [{"role": "user", "content": text}]
+
+
+def test_several_system_messages_join_into_the_system_turn(client: openai.OpenAI) -> None:
+    two = [{"role": "system", "content": "Be brief."}, {"role": "developer", "content": "Be kind."}]
+    joined = [{"role": "system", "content": "Be brief.\n\nBe kind."}]
+    late = [*user("[[plain]] hi"), {"role": "system", "content": "Answer in French."}]
+    counts = []
+    for messages in (two + user("[[plain]] hi"), joined + user("[[plain]] hi")):
+        reply = client.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
+        assert reply.choices[0].message.content == "Hello! I am a scripted model."
+        counts.append(reply.usage.prompt_tokens)  # type: ignore[union-attr]
+    assert counts[0] == counts[1]
+    assert client.chat.completions.create(model=MODEL, messages=late).choices[0].finish_reason == "stop"  # type: ignore[arg-type]
+
+
+def test_top_k_above_twenty_is_accepted(client: openai.OpenAI, scripted_server: Server) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=user("[[plain]] hi"), extra_body={"top_k": 50}
+    )
+    assert reply.choices[0].message.content == "Hello! I am a scripted model."
+    claude = anthropic.Anthropic(base_url=scripted_server.url, api_key=API_KEY, max_retries=0)
+    message = claude.messages.create(
+        model=MODEL, max_tokens=100, messages=user("[[plain]] hi"), extra_body={"top_k": 64}
+    )
+    assert message.content[0].text == "Hello! I am a scripted model."  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError) as info:  # beyond any vocabulary: a 400, not a crash
+        client.chat.completions.create(model=MODEL, messages=user("hi"), extra_body={"top_k": 10**20})
+    assert info.value.body["param"] == "top_k"  # type: ignore[index]
+
+
+def test_a_stop_string_in_the_reasoning_does_not_cut_it(client: openai.OpenAI) -> None:
+    for stream in (False, True):
+        kwargs: dict[str, Any] = dict(model=MODEL, messages=user("[[stop]] count"), stop=["Count", "STOP"])
+        if stream:
+            chunks = list(client.chat.completions.create(stream=True, **kwargs))
+            deltas = [c.choices[0].delta for c in chunks if c.choices]
+            reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+            content = "".join(d.content or "" for d in deltas)
+            finish = next(
+                c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+            )
+        else:
+            message = client.chat.completions.create(**kwargs).choices[0]
+            reasoning = message.message.reasoning_content  # type: ignore[attr-defined]
+            content, finish = message.message.content, message.finish_reason
+        assert reasoning == "Counting."  # holds "Count": the reasoning is not matched
+        assert content == "one two" and finish == "stop"  # the answer is
+
+
+def test_legacy_functions_are_tools_and_answer_with_function_call(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=user("[[tool]] weather?"), functions=[FUNCTION]
+    )  # type: ignore[list-item]
+    choice = reply.choices[0]
+    assert choice.finish_reason == "function_call" and choice.message.tool_calls is None
+    call = choice.message.function_call
+    assert call is not None and call.name == "get_weather" and json.loads(call.arguments) == ARGS
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=user("[[tool]] weather?"),
+            functions=[FUNCTION],
+            stream=True,  # type: ignore[list-item]
+        )
+    )
+    calls = [
+        c.choices[0].delta.function_call for c in chunks if c.choices and c.choices[0].delta.function_call
+    ]
+    assert [(c.name, json.loads(c.arguments or "")) for c in calls] == [("get_weather", ARGS)]
+    assert chunks[-1].choices[0].finish_reason == "function_call"
+    # function_call "none": the function is not offered, so the markup is not parsed as a call
+    off = client.chat.completions.create(
+        model=MODEL,
+        messages=user("[[tool]] weather?"),
+        functions=[FUNCTION],
+        function_call="none",  # type: ignore[list-item]
+    )
+    assert off.choices[0].finish_reason == "stop" and "<tool_call>" in (off.choices[0].message.content or "")
+    # history in the legacy shape: an assistant function_call and a function result
+    history = [
+        *user("[[tool]] weather?"),
+        {"role": "assistant", "content": None, "function_call": {"name": "get_weather", "arguments": "{}"}},
+        {"role": "function", "name": "get_weather", "content": "sunny"},
+    ]
+    after = client.chat.completions.create(model=MODEL, messages=history, functions=[FUNCTION])  # type: ignore[arg-type, list-item]
+    assert after.choices[0].message.content == "It will be sunny in Paris."
+
+
+def test_reasoning_effort_tiers_are_thinking_budgets(client: openai.OpenAI) -> None:
+    full = SCRIPTS["overthink"][0].strip()
+    capped = client.chat.completions.create(
+        model=MODEL, messages=user("[[overthink]] q"), reasoning_effort="minimal"
+    )
+    message = capped.choices[0].message
+    assert message.content == "Final answer."
+    reasoning = message.reasoning_content  # type: ignore[attr-defined]
+    assert full.startswith(reasoning) and len(reasoning) < len(full)
+    assert 512 <= capped.usage.completion_tokens_details.reasoning_tokens <= 512 + 4  # type: ignore[union-attr]
+    response = client.responses.create(model=MODEL, input="[[overthink]] q", reasoning={"effort": "minimal"})
+    assert response.output_text == "Final answer."
+    assert 512 <= response.usage.output_tokens_details.reasoning_tokens <= 512 + 4  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=user("q"), reasoning_effort="extreme")  # type: ignore[arg-type]
+    assert info.value.body["param"] == "reasoning_effort"  # type: ignore[index]

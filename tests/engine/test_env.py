@@ -1,0 +1,23 @@
+"""The kernel switches have one reading: kernels/_dispatch.py parses NINFER_KERNELS and NINFER_GEMV once at
+import, and engine/env.py (the list of every variable) reports those values rather than parsing again."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import env
+from kernels import _dispatch
+
+
+def test_engine_env_reports_what_the_kernels_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_dispatch, "KERNELS_MODE", "ref")
+    monkeypatch.setattr(_dispatch, "GEMV_MODE", "on")
+    assert (env.kernels_mode(), env.gemv_mode()) == ("ref", "on")
+
+
+def test_kernel_switches_are_normalised_or_refused_with_the_variable_named() -> None:
+    assert _dispatch.parse_kernels_mode(" REF ") == "ref" and _dispatch.parse_gemv_mode("Auto") == "auto"
+    with pytest.raises(ValueError, match=r"^NINFER_KERNELS='fast': expected 'auto', 'ref', 'triton'$"):
+        _dispatch.parse_kernels_mode("fast")
+    with pytest.raises(ValueError, match=r"^NINFER_GEMV='1': expected 'auto', 'on', 'off'$"):
+        _dispatch.parse_gemv_mode("1")

@@ -1,0 +1,70 @@
+"""Host parking decided by the scheduler (`HostIndex`, pure Python) and executed by the fake runner.
+
+No model and no torch: `scheduler_harness.FakeRunner` copies pages and states to and from its `host`
+dict at the blocks' keys, and checks every row's KV against its state, so a wrong restore fails loudly.
+"""
+
+from __future__ import annotations
+
+from scheduler_harness import Driver, context_token, make_scheduler, request
+
+from engine.cache.host import HostIndex
+from engine.cache.host_blocks import HostBudget
+from engine.cache.host_layout import CacheGeometry
+
+PAGE = 4
+# One page: 64 bytes, one state snapshot: 32 bytes (the numbers only size the entries).
+GEOMETRY = CacheGeometry(page_size=PAGE, paged=(("int64", (PAGE,)),), state=(("int64", (4,)),),
+                         page_bytes=(64,), state_bytes=(32,))  # fmt: skip
+
+
+def host_scheduler(num_blocks: int):
+    sched = make_scheduler(lanes=1, num_pages=8, page_size=PAGE, max_context=32)
+    index = HostIndex(GEOMETRY, HostBudget(num_blocks * 32, slab_bytes=num_blocks * 32, block_bytes=32))
+    sched.attach_host(index)
+    return sched, index
+
+
+def cold_tokens(prompt: list[int], max_tokens: int) -> list[int]:
+    drv = Driver(make_scheduler(lanes=1, num_pages=8, page_size=PAGE, max_context=32, prefix_reuse=False))
+    drv.add(request("cold", prompt, max_tokens=max_tokens))
+    drv.run()
+    return drv.tokens["cold"]
+
+
+def test_a_parked_session_restores_into_new_pages_and_gives_the_cold_tokens() -> None:
+    sched, index = host_scheduler(num_blocks=10)  # one 3-page entry (7 blocks) fits
+    drv = Driver(sched)
+    b = list(range(100, 110))
+    drv.add(request("b", b, max_tokens=2))
+    drv.run()  # retained: 11 tokens computed, 3 pages
+    c = list(range(200, 208))
+    drv.add(request("c", c, max_tokens=14, stop_token_ids=[context_token(tuple(c))]))  # reserves 6 pages
+    drv.run()
+    assert len(index) == 1 and drv.runner.host, "b was evicted for c's pages and parked"
+    r = b + drv.tokens["b"] + [300, 301, 302]
+    drv.add(request("r", r, max_tokens=3))
+    drv.run()
+    assert drv.reason("r").num_host_cached_tokens == 11 and drv.runner.num_unparks == 1
+    assert drv.tokens["r"] == cold_tokens(r, 3)
+
+
+def test_admission_holds_the_entry_it_restores_while_its_reclaim_parks_others() -> None:
+    """r continues the parked b and needs pages that only evicting the retained c frees; parking c would
+    need b's host blocks. b is held for r: c's park is refused, b is restored, r equals a cold run."""
+    sched, index = host_scheduler(num_blocks=10)  # b (7 blocks) + c (5 blocks) do not both fit
+    drv = Driver(sched)
+    b = list(range(100, 110))
+    drv.add(request("b", b, max_tokens=2))
+    drv.run()
+    c = list(range(200, 208))
+    drv.add(request("c", c, max_tokens=14, stop_token_ids=[context_token(tuple(c))]))
+    drv.run()  # c retained: 8 tokens, 2 pages; b parked
+    (key,) = index.entry_keys
+    r = b + drv.tokens["b"] + [300, 301, 302]  # 15 tokens + 11 output: 7 pages, 6 free
+    drv.add(request("r", r, max_tokens=11))
+    drv.run()
+    assert drv.reason("r").num_host_cached_tokens == 11
+    assert index.stats().refusals == {"pinned": 1} and key not in index  # restored, then freed
+    assert drv.tokens["r"] == cold_tokens(r, 11)
+    sched.check_integrity()
