@@ -95,6 +95,15 @@ class EngineStats:
     # Evicted device checkpoints not parked, by reason: "covered" (its tokens stay on the device in longer
     # checkpoints), "on_host" (already parked); engine/scheduler/host.py says which are parked together.
     host_kv_park_skips: dict[str, int] = field(default_factory=dict)
+    # Speculative decoding (`--spec`; all zero when off): verify rounds, drafts fed / accepted, decode rows
+    # whose drafts were dropped near the length limit, rounds accepting each draft position.
+    spec_method: str | None = None
+    spec_draft_tokens: int = 0
+    spec_rounds: int = 0
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_fallback_steps: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -351,6 +360,7 @@ class EngineCore:
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()
         planner = self.scheduler.host
+        spec = self.scheduler.spec_stats
         return EngineStats(
             num_running=s.num_running,
             num_waiting=s.num_waiting,
@@ -375,6 +385,13 @@ class EngineCore:
             num_requests_rejected=dict(self.rejected),
             **host_stat_fields(self.host, self.runner.host_copies),
             host_kv_park_skips=dict(planner.park_skips) if planner is not None else {},
+            spec_method=self.config.spec,
+            spec_draft_tokens=spec.num_draft_tokens,
+            spec_rounds=spec.rounds,
+            spec_drafted_tokens=spec.drafted,
+            spec_accepted_tokens=spec.accepted,
+            spec_fallback_steps=spec.fallbacks,
+            spec_accepted_per_position=tuple(spec.accepted_per_position),
         )
 
     def check_integrity(self) -> None:

@@ -372,12 +372,11 @@ class Scheduler:
         return self.prefix.reclaim_pages(num_pages)
 
     def _decode_row(self, lane: Lane, copies: list[tuple[int, int]]) -> RowPlan:
-        """A decode-ready lane's row: its last token, plus its drafts when speculating (a verify row of
-        k + 1 positions, every one sampled; k = 0 near the length limit: one token per step)."""
+        """A decode-ready lane's row: its last token, plus its drafts when speculating (engine/scheduler/spec.py)."""
         if not self.num_draft_tokens:
             return self._row(lane, 1, copies)
         k = num_drafts(lane.drafts, lane.request, lane.max_num_tokens, self.reasoning_tokens is not None)
-        self.spec_stats.plan(len(lane.drafts), k)
+        self.spec_stats.plan(lane.request, len(lane.drafts), k)
         return self._row(lane, 1, copies, drafts=lane.drafts[:k])
 
     def _row(
@@ -564,6 +563,7 @@ class Scheduler:
             queue_seconds=max(queued_until - request.arrival_time, 0.0),
             prefill_seconds=None if admitted is None or first is None else max(first - admitted, 0.0),
             num_host_cached_tokens=request.num_host_cached_tokens,
+            speculative=self.spec_stats.finish(request.request_id),
         )
 
     # ---- introspection --------------------------------------------------------------------------

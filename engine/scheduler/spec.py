@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from engine.cache.prefix import PrefixMatch
-from engine.request import Request
+from engine.request import Request, SpecRequestStats
 from engine.step import RowPlan
 
 
@@ -66,18 +66,39 @@ class SpecCounters:
     accepted: int = 0  # drafts accepted
     fallbacks: int = 0  # decode rows whose drafts were all dropped (near the length limit)
     accepted_per_position: list[int] = field(default_factory=list)  # [K]: rounds accepting draft j
+    # per running request: [rounds, drafted, accepted, fallbacks, accepted at position 0 .. K-1]
+    per_request: dict[str, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.accepted_per_position = [0] * self.num_draft_tokens
 
-    def plan(self, available: int, k: int) -> None:
+    def _row(self, request_id: str) -> list[int]:
+        return self.per_request.setdefault(request_id, [0] * (4 + self.num_draft_tokens))
+
+    def plan(self, request: Request, available: int, k: int) -> None:
         """A decode row planned with k of `available` drafts."""
         if available and k == 0:
             self.fallbacks += 1
+            self._row(request.request_id)[3] += 1
 
     def verified(self, request: Request, drafted: int, accepted: int) -> None:
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
+        row = self._row(request.request_id)
+        row[0] += 1
+        row[1] += drafted
+        row[2] += accepted
         for j in range(accepted):
             self.accepted_per_position[j] += 1
+            row[4 + j] += 1
+
+    def finish(self, request_id: str) -> SpecRequestStats | None:
+        """The ended request's numbers (None without speculation); forgets them."""
+        if not self.num_draft_tokens:
+            return None
+        row = self.per_request.pop(request_id, None) or [0] * (4 + self.num_draft_tokens)
+        rounds, drafted, accepted, fallbacks = row[:4]
+        return SpecRequestStats(
+            "mtp", self.num_draft_tokens, rounds, drafted, accepted, fallbacks, tuple(row[4:])
+        )

@@ -233,3 +233,25 @@ def test_sampled_spec_is_reproducible_with_a_seed():
     a = run(spec_core("dense", 3), p, params)[0]
     b = run(spec_core("dense", 3), p, params)[0]
     assert a == b and len(a[0]) == 12
+
+
+def test_round_statistics_per_request_and_in_engine_stats():
+    """Oracle drafts right for 2 of 3 per round: every round accepts 2, positions 0 and 1 count each round."""
+    want = _baseline("dense", tuple(LENGTHS), PARAMS.max_tokens)
+    core = spec_core("dense", 3, max_concurrency=3)
+    _oracle(core, {f"r{i}": w for i, w in enumerate(want)}, lambda _r, _n: 2)
+    got, finish = run(core, [prompt(n, s) for s, n in enumerate(LENGTHS)], PARAMS)
+    assert got == want
+    per_request = [finish[f"r{i}"].speculative for i in range(3)]
+    assert all(s is not None for s in per_request)
+    stats = core.stats()
+    assert stats.spec_method == "mtp" and stats.spec_draft_tokens == 3
+    assert stats.spec_rounds == sum(s.rounds for s in per_request) > 0
+    assert stats.spec_accepted_tokens == sum(s.accepted_tokens for s in per_request)
+    for s in per_request:
+        assert s.accepted_per_position[:2] == (s.rounds, s.rounds) and s.accepted_per_position[2] == 0
+        assert s.accepted_tokens == 2 * s.rounds and s.tokens_per_round == 3.0
+        # 13 tokens after the first: rounds of 3, then the length limit leaves room for fewer drafts
+        assert s.rounds + s.fallback_steps >= 4
+    plain = make_core("dense")
+    assert plain.stats().spec_rounds == 0 and run(plain, [prompt(5, 0)], PARAMS)[1]["r0"].speculative is None
