@@ -101,6 +101,7 @@ def build_synthetic(
     *,
     device: torch.device | str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
+    with_mtp: bool = False,
 ) -> Qwen3_5ForCausalLM:
     """The geometry with random weights, allocated and drawn on `device` (no host copy on a GPU), its
     projections then fused (``Qwen3_5ForCausalLM.fuse_projections``: the same weights, one GEMM each)."""
@@ -108,7 +109,7 @@ def build_synthetic(
     torch.set_default_dtype(dtype)
     try:
         with torch.device("meta"):
-            model = Qwen3_5ForCausalLM(config)
+            model = Qwen3_5ForCausalLM(config, with_mtp=with_mtp)
     finally:
         torch.set_default_dtype(previous)
     dev = torch.device(device)
