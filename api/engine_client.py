@@ -67,7 +67,7 @@ def load_synthetic_engine(name: str, config: EngineConfig, server_sampling: Samp
     from engine.serving import AsyncEngine
     from engine.testing.synthetic import SYNTHETIC_WEIGHTS_ID, load_synthetic
 
-    model, tokenizer, model_id = load_synthetic(name)
+    model, tokenizer, model_id = load_synthetic(name, with_mtp=config.spec == "mtp")
     engine: EngineClient = AsyncEngine(
         model,
         tokenizer,

@@ -137,6 +137,7 @@ def load_synthetic(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     seed: int = 0,
+    with_mtp: bool = False,
 ) -> tuple[Qwen3_5ForCausalLM, Tokenizer, str]:
     """(model, the real Qwen3.5 tokenizer and chat template, model id) for geometry `name`.
 
@@ -152,7 +153,7 @@ def load_synthetic(
             f"synthetic geometry {name!r} needs a CUDA device (use {TINY_GEOMETRY!r} on the CPU)"
         )
     model = build_synthetic(
-        config, seed, device=dev, dtype=dtype if dtype is not None else default_dtype(dev)
+        config, seed, device=dev, dtype=dtype if dtype is not None else default_dtype(dev), with_mtp=with_mtp
     )
     tokenizer = Tokenizer.qwen35(moe=config.is_moe)
     return model, tokenizer, synthetic_model_id(name)
