@@ -225,6 +225,7 @@ class ModelRunner:
     def _sample(self, logits: torch.Tensor, rows: Sequence[RowPlan]) -> list[list[int]]:
         """The one seam into the `Sampler`: `logits` [sum of rows' num_sample, vocab] fp32, rows in order,
         each row's positions in order. Returns each row's tokens (today's plans sample one per row)."""
+        self._take_forced_tokens(rows)
         positions = [row for row in rows for _ in range(row.num_sample)]  # one entry per logits row
         params: list[SamplingParams] = [row.sampling_params for row in positions]
         penalized = any(p.presence_penalty or p.frequency_penalty for p in params)
@@ -256,6 +257,26 @@ class ModelRunner:
             self._output_token_ids.setdefault(row.request_id, []).extend(tokens)
             out.append(tokens)
         return out
+
+    def _take_forced_tokens(self, rows: Sequence[RowPlan]) -> None:
+        """Output tokens the scheduler committed that this runner did not sample: the thinking budget's forced
+        `</think>` replaces the last sampled token with the template's close (fed this step as a short row). The
+        penalty history and the grammar matcher must see the committed tokens, not the replaced one (a
+        grammar starts after `</think>`). A sampling row feeds up to the end of the known tokens, so its last
+        min(fed, num_output_tokens) fed tokens are output tokens; when they disagree with what this runner
+        sampled, its last sampled token was replaced by them. (The replaced token reached the matcher while
+        it was still inside the reasoning, where only `</think>` changes its state.)"""
+        for row in rows:
+            history = self._output_token_ids.get(row.request_id)
+            n = min(row.num_tokens, row.num_output_tokens)
+            if not row.sample or not history or n == 0:
+                continue
+            fed = list(row.token_ids[-n:])
+            if history[-n:] == fed:
+                continue
+            history[-1:] = fed
+            if row.sampling_params.structured is not None:
+                self.sampler.commit([row.request_id] * len(fed), fed)
 
     def _copy_page(self, src: int, dst: int) -> None:
         cache = self.cache

@@ -226,3 +226,20 @@ def test_token_logprobs_are_the_raw_log_softmax_with_the_best_alternatives():
     best = expect[0].topk(2)
     assert [t for t, _ in first.top] == best.indices.tolist()
     assert all(abs(v - w) < 1e-6 for (_, v), w in zip(first.top, best.values.tolist(), strict=True))
+
+
+def test_a_thinking_budget_closes_the_reasoning_and_the_grammar_starts_after_it(llm):
+    """The budget's forced `</think>` is committed by the scheduler, never sampled: the runner hands those
+    tokens to the grammar, so the answer after the forced close is still valid JSON (a random-weight model
+    never writes `</think>` by itself, so without the hand-off the answer would be unconstrained text)."""
+    spec = replace(json_schema_spec(SCHEMA, strict=True), in_reasoning=True)
+    params = SamplingParams(temperature=0.0, max_tokens=300, thinking_budget=3, structured=spec)
+    with one_thread():
+        out = llm.generate("<think>\n", params)[0]
+    think_end = llm.tokenizer.encode("</think>")
+    assert len(think_end) == 1 and think_end[0] in out.token_ids, out.token_ids
+    answer_ids = out.token_ids[out.token_ids.index(think_end[0]) + 1 :]
+    if answer_ids and answer_ids[-1] in llm.tokenizer.eos_token_ids:
+        answer_ids = answer_ids[:-1]
+    assert out.finish_reason == "stop", out.text
+    jsonschema.validate(json.loads(llm.tokenizer.decode(answer_ids)), SCHEMA)
