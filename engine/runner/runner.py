@@ -157,6 +157,8 @@ class ModelRunner:
         for row in plan.rows:
             if row.copy_state_from is not None:
                 self._copy_state(row.copy_state_from, row.state_slot)
+        # a forced </think> fed as a row of its own (rows with drafts feed drafts, not committed output)
+        self._take_forced_tokens([row for row in plan.rows if row.num_sample <= 1])
         out = self.spec.run(plan.rows, self._output_token_ids, self._sample)
         for row in plan.rows:
             if row.save_state_to is not None:

@@ -145,3 +145,41 @@ def test_speculative_sampling_keeps_the_target_distribution(case):
     q2 = _dist(DRAFT, list(range(V)), [[t] for t in range(V)], p)
     draft_only = torch.round((q1[:, None] * q2).double() * len(pairs))
     assert bool(draft_only[expected == 0].sum() > 0) or _chi_square_p_value(draft_only, expected) < 1e-3
+
+
+def test_structured_and_logprobs_requests_under_spec_match_the_plain_engine():
+    """Grammar-constrained and logprobs rows never draft under --spec mtp (one token per step through the
+    runner's sampler): their output is valid and equal to the plain engine's, beside a drafting free row."""
+    import json
+
+    import jsonschema
+    from engine_harness import one_thread, tiny_artifact
+    from test_structured import SCHEMA as schema  # its greedy answer on this model closes within 300 tokens
+
+    from engine import LLM
+    from engine.structured import json_schema_spec
+
+    spec = json_schema_spec(schema, strict=True)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=300, structured=spec),
+        SamplingParams(temperature=0.0, max_tokens=10, logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=10),
+    ]
+    prompts = ["Describe a colour", "Another", "Free text here"]
+    with one_thread():
+        plain = LLM(tiny_artifact("dense"), max_context=512, max_concurrency=3, device="cpu")
+        want = plain.generate(prompts, params)
+        fast = LLM(
+            tiny_artifact("dense"),
+            max_context=512,
+            max_concurrency=3,
+            device="cpu",
+            spec="mtp",
+            draft_tokens=3,
+        )
+        got = fast.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert got[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(got[0].text), schema)
+    stats = fast.core.scheduler.spec_stats
+    assert stats.rounds > 0  # the free row drafted
