@@ -61,13 +61,16 @@ def load_engine(path: str, config: EngineConfig, server_sampling: SamplingParams
     return engine
 
 
-def load_synthetic_engine(name: str, config: EngineConfig, server_sampling: SamplingParams) -> EngineClient:
+def load_synthetic_engine(
+    name: str, config: EngineConfig, server_sampling: SamplingParams, weights_id: str | None = None
+) -> EngineClient:
     """The real engine over random weights of geometry `name` (engine/testing/synthetic.py), built on the
-    device, with the real Qwen3.5 tokenizer and chat template; model id `<name>-synthetic`."""
+    device, with the real Qwen3.5 tokenizer and chat template; model id `<name>-synthetic`. `weights_id`: a
+    weight profile (`--weights-id`): random payloads in its formats (engine/testing/synthetic_quant.py)."""
     from engine.serving import AsyncEngine
     from engine.testing.synthetic import SYNTHETIC_WEIGHTS_ID, load_synthetic
 
-    model, tokenizer, model_id = load_synthetic(name, with_mtp=config.spec == "mtp")
+    model, tokenizer, model_id = load_synthetic(name, weights_id=weights_id, with_mtp=config.spec == "mtp")
     engine: EngineClient = AsyncEngine(
         model,
         tokenizer,
@@ -75,6 +78,6 @@ def load_synthetic_engine(name: str, config: EngineConfig, server_sampling: Samp
         model_id=model_id,
         server_sampling=server_sampling,
         synthetic=name,
-        weights_id=SYNTHETIC_WEIGHTS_ID,
+        weights_id=SYNTHETIC_WEIGHTS_ID if weights_id is None else f"{SYNTHETIC_WEIGHTS_ID}:{weights_id}",
     )
     return engine

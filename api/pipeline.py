@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -51,6 +51,13 @@ class Turn:
     thinking_budget: int | None = None
     log_fields: Mapping[str, Any] = field(default_factory=dict)  # protocol-specific request_start fields
     n: int = 1  # choices (Chat `n`, non-streamed): the others reuse the first one's prompt KV
+
+    @classmethod
+    def from_plan(cls, plan: object, **given: Any) -> Turn:
+        """A turn from a route's converted request: every `Turn` field the plan has (messages, tools,
+        thinking, params, ...), then `given` (protocol, stream, log_fields and what the route sets itself)."""
+        planned = {f.name: getattr(plan, f.name) for f in fields(cls) if hasattr(plan, f.name)}
+        return cls(**{**planned, **given})
 
 
 class Adapter(Protocol):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -99,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=SYNTHETIC_NAMES,
         help="serve RANDOM weights of this geometry, built on the device, instead of an artifact (load tests "
         f"and benchmarks; model id GEOMETRY-synthetic; {TINY_GEOMETRY} runs on the CPU, the others need a GPU)",
+    )
+    p.add_argument(
+        "--weights-id",
+        metavar="PROFILE",
+        help="with --synthetic: random weights in this weight profile's formats (e.g. qwen3.6-27b/groupwise-int, "
+        "or a kind: groupwise-int, nvfp4, nvfp4-mixed), costing what the real quantized weights cost",
     )
     net = p.add_argument_group("network and identity")
     net.add_argument("--host", default="127.0.0.1")
@@ -187,6 +194,10 @@ def _check_server_flags(args: argparse.Namespace) -> None:
             raise ValueError(
                 f"--synthetic {args.synthetic} needs a CUDA device; use --synthetic {TINY_GEOMETRY} on the CPU"
             )
+    if args.weights_id is not None and args.synthetic is None:
+        raise ValueError(
+            f"--weights-id {args.weights_id} needs --synthetic (an artifact names its own profile)"
+        )
     if args.model_id is not None and not args.model_id.strip():
         raise ValueError("--model-id must not be empty")
     if args.request_log_jsonl is None and (args.request_log_max_mib or args.request_log_keep != 4):
@@ -308,7 +319,7 @@ def main(argv: Sequence[str] | None = None, *, engine_factory: EngineFactory | N
     try:
         if args.synthetic is not None:
             # engine_factory (tests) receives the geometry name in place of the artifact path.
-            factory = engine_factory or _load_synthetic
+            factory = engine_factory or functools.partial(_load_synthetic, weights_id=args.weights_id)
             engine = factory(args.synthetic, config, options.sampling)
         else:
             assert artifact is not None
@@ -338,10 +349,12 @@ def _load(artifact: str, config: EngineConfig, sampling: SamplingParams) -> Any:
     return load_engine(artifact, config, sampling)
 
 
-def _load_synthetic(name: str, config: EngineConfig, sampling: SamplingParams) -> Any:
+def _load_synthetic(
+    name: str, config: EngineConfig, sampling: SamplingParams, weights_id: str | None = None
+) -> Any:
     from api.engine_client import load_synthetic_engine
 
-    return load_synthetic_engine(name, config, sampling)
+    return load_synthetic_engine(name, config, sampling, weights_id)
 
 
 if __name__ == "__main__":

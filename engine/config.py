@@ -231,9 +231,21 @@ class EngineConfig:
     draft_tokens: int | None = (
         None  # --draft-tokens: drafts per round (None: DEFAULT_DRAFT_TOKENS with --spec)
     )
+    # --gpu-memory-limit GiB: cap the engine's device memory (weights, KV pool, activations) at this much, as if
+    # the card had it (torch's per-process memory fraction; `--kv-capacity auto` sizes the pool within it).
+    # None = the whole device. CUDA only (ignored on the CPU); the CUDA context itself is outside the cap.
+    gpu_memory_limit: float | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.greedy, bool), "greedy", self.greedy, "must be a bool")
+        limit = self.gpu_memory_limit
+        _require(
+            limit is None
+            or (isinstance(limit, int | float) and not isinstance(limit, bool) and 0 < limit < 1e6),
+            "gpu_memory_limit",
+            limit,
+            "must be a positive number of GiB, or None for the whole device",
+        )
         _require(isinstance(self.cuda_graph, bool), "cuda_graph", self.cuda_graph, "must be a bool")
         _require(self.warmup in (None, True, False), "warmup", self.warmup, "must be None, True or False")
         # Rules across the groups.
@@ -270,6 +282,11 @@ class EngineConfig:
         if self.spec is None:
             return 0
         return self.draft_tokens if self.draft_tokens is not None else DEFAULT_DRAFT_TOKENS
+
+    @property
+    def gpu_memory_limit_bytes(self) -> int | None:
+        """``gpu_memory_limit`` in bytes (GiB = 2^30), None when unset."""
+        return None if self.gpu_memory_limit is None else int(self.gpu_memory_limit * 1024**3)
 
     @property
     def num_pages(self) -> int:

@@ -46,6 +46,7 @@ from engine.request import (
 )
 from engine.runner import ModelRunner, WarmupReport
 from engine.runner.host_copies import host_budget, host_stat_fields
+from engine.runner.sizing import measure_auto_pages
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
 from engine.structured.compiler import GrammarCompiler
@@ -124,21 +125,10 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def tokenizer_from_artifact(artifact: Artifact) -> Tokenizer:
-    names = set(artifact.resource_names())
-
-    def get(name: str) -> bytes | None:
-        return artifact.resource(name) if name in names else None
-
-    tokenizer_json = get("tokenizer.json")
-    if tokenizer_json is None:
-        raise ValueError(f"{artifact.path.name}: the artifact carries no tokenizer.json")
-    template = get("chat_template.jinja")
-    return Tokenizer(
-        tokenizer_json,
-        get("tokenizer_config.json"),
-        template.decode("utf-8") if template is not None else None,
-        get("generation_config.json"),
-    )
+    """The artifact's tokenizer and chat template: its resources at the top level or under ``frontend/`` (the
+    published files' layout, which carries no ``config.json``: the geometry then comes from the weight profile
+    its identity names, ``engine.model.loader.load_model``)."""
+    return Tokenizer.from_resources(artifact.resource_names(), artifact.resource, artifact.path.name)
 
 
 THINK_CLOSE = "\n</think>\n\n"  # how the chat template closes a reasoning before the answer
@@ -169,6 +159,38 @@ def load_artifact(
     return LoadedArtifact(artifact, model, tokenizer_from_artifact(artifact), artifact.model_id)
 
 
+def apply_memory_limit(config: EngineConfig, device: torch.device) -> int | None:
+    """Cap this process's device memory at ``config.gpu_memory_limit`` (torch's per-process memory fraction: an
+    allocation past it raises out-of-memory as on a card of that size). Returns the cap in bytes (None: no
+    cap, or not on CUDA). ValueError when what is already allocated (the weights) exceeds it."""
+    limit = config.gpu_memory_limit_bytes
+    if limit is None or device.type != "cuda":
+        return None
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.empty_cache()  # cached blocks freed by loading are not the weights
+    used = torch.cuda.memory_reserved(device)
+    if used > limit:
+        raise ValueError(
+            f"gpu_memory_limit={config.gpu_memory_limit!r}: the weights already take {used / 1024**3:.2f} GiB"
+        )
+    torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+    return limit
+
+
+def check_pool_fits(config: EngineConfig, pool_bytes: int, device: torch.device) -> None:
+    """ValueError (naming the cap) when the KV pool would not fit under ``--gpu-memory-limit``: refused at
+    startup with the numbers rather than as an out-of-memory error from the allocator."""
+    limit = config.gpu_memory_limit_bytes
+    assert limit is not None
+    room = limit - torch.cuda.memory_reserved(device)
+    if pool_bytes > room:
+        raise ValueError(
+            f"gpu_memory_limit={config.gpu_memory_limit!r}: the KV pool needs {pool_bytes / 1024**3:.2f} GiB, "
+            f"{room / 1024**3:.2f} GiB is left after the weights (lower --max-context / --kv-capacity, use "
+            "--kv-dtype int8, or --kv-capacity auto)"
+        )
+
+
 class EngineCore:
     """Use: `add_request` / `abort`, then `step()` while `has_work()`; each step returns its events."""
 
@@ -193,7 +215,44 @@ class EngineCore:
         self.server_sampling = server_sampling
         param = next(model.parameters())
         spec = kv_spec(self.model_config, param.dtype, config.cache.kv_dtype)
-        num_pages = resolve_num_pages(config.cache, config.scheduler.max_context, spec, device=param.device)
+        limit = apply_memory_limit(config, param.device)
+        budget = host_budget(config.cache)
+        # Structured outputs: the API checks specs with it (400 before admission), the sampler enforces them.
+        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)
+
+        def make_runner(num_pages: int) -> ModelRunner:
+            return ModelRunner(
+                model,
+                num_pages=num_pages,
+                page_size=config.cache.page_size,
+                num_state_slots=Scheduler.num_state_slots(config.scheduler, config.cache),
+                kv_dtype=config.cache.kv_dtype,
+                seed=seed,
+                cuda_graph=config.cuda_graph,
+                max_context=config.scheduler.max_context,
+                spec=config.spec,
+                num_draft_tokens=config.num_draft_tokens,
+                num_lanes=config.scheduler.max_concurrency,
+                host_budget=budget,
+                grammars=self.grammars,
+            )
+
+        warm = config.warmup if config.warmup is not None else param.device.type == "cuda"
+        # measured: engine/runner/sizing.py (under --gpu-memory-limit the pool is sized within the cap instead)
+        if config.cache.kv_capacity == "auto" and param.device.type == "cuda" and limit is None:
+            num_pages = measure_auto_pages(
+                make_runner,
+                lambda probe: probe.warm_up(config.scheduler.prefill_chunk) if warm else None,
+                min_pages=config.cache.num_pages(config.scheduler.max_context, auto_pages=0),
+                page_bytes=spec.page_bytes(config.cache.page_size),
+                device=param.device,
+            )
+        else:
+            num_pages = resolve_num_pages(
+                config.cache, config.scheduler.max_context, spec, device=param.device, memory_limit=limit
+            )
+        if limit is not None:
+            check_pool_fits(config, num_pages * spec.page_bytes(config.cache.page_size), param.device)
         self.scheduler = Scheduler(
             config.scheduler,
             config.cache,
@@ -202,24 +261,7 @@ class EngineCore:
             num_draft_tokens=config.num_draft_tokens,
             reasoning_tokens=reasoning_tokens(tokenizer),
         )
-        # Structured outputs: the API checks specs with it (400 before admission), the sampler enforces them.
-        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size)
-        self.runner = ModelRunner(
-            model,
-            num_pages=num_pages,
-            page_size=config.cache.page_size,
-            num_state_slots=self.scheduler.slots.num_slots,
-            kv_dtype=config.cache.kv_dtype,
-            seed=seed,
-            cuda_graph=config.cuda_graph,
-            max_context=config.scheduler.max_context,
-            spec=config.spec,
-            num_draft_tokens=config.num_draft_tokens,
-            num_lanes=config.scheduler.max_concurrency,
-            host_budget=(budget := host_budget(config.cache)),
-            grammars=self.grammars,
-        )
-        warm = config.warmup if config.warmup is not None else param.device.type == "cuda"
+        self.runner = make_runner(num_pages)
         self.warmup: WarmupReport | None = None
         if warm:  # before host parking attaches and before any request: its scratch pages are free after
             logger.info("warming up: running the first-use step shapes (kernel compilation, autotuning)")

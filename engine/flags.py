@@ -38,6 +38,14 @@ def int_or_text(text: str) -> int | str:
         return text
 
 
+def float_or_text(text: str) -> float | str:
+    """A number where `text` is one; else the text, for the config to refuse naming the field."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
@@ -109,6 +117,14 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
         "draft_tokens",
         f"drafts per speculative round, 1..5 with --spec mtp (default {DEFAULT_DRAFT_TOKENS})",
         metavar="K",
+    ),
+    EngineFlag(
+        "--gpu-memory-limit",
+        "gpu_memory_limit",
+        "cap the engine's device memory at this many GiB, as on a smaller card (e.g. 32 for an RTX 5090); "
+        "--kv-capacity auto sizes the KV pool within it; the CUDA context is outside the cap",
+        parse=float_or_text,
+        metavar="GiB",
     ),
     EngineFlag("--max-concurrency", "max_concurrency", "lanes, 1..8", section="server"),
     EngineFlag("--max-pending-requests", "max_pending_requests", "queued requests", section="server"),

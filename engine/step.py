@@ -52,7 +52,9 @@ class RowPlan:
     lane: int  # 0 .. max_concurrency-1
     token_ids: tuple[int, ...]  # tokens to feed this step
     start_pos: int  # position of token_ids[0] (= tokens already computed)
-    page_ids: tuple[int, ...]  # the request's whole page-table row; constant for its lifetime
+    page_ids: tuple[
+        int, ...
+    ]  # the request's page-table row: covers every fed position; only grows at the end
     state_slot: int  # GDN working state
     reset_state: bool  # first step of a cold request: zero state_slot before the forward
     copy_state_from: int | None  # first step of a prefix hit: copy this snapshot slot first

@@ -1,7 +1,8 @@
 """The tokenizer of a served model: encode, decode, chat template, special ids, incremental detokenizing.
 
 A `Tokenizer` is built from an artifact's resources (HF-style `tokenizer.json`, `tokenizer_config.json`,
-chat template text, `generation_config.json`); it owns no request state. `IncrementalDetokenizer` turns
+chat template text, `generation_config.json`; at the top level, or under `frontend/` as the published files
+keep them: `Tokenizer.from_resources`); it owns no request state. `IncrementalDetokenizer` turns
 one request's generated ids into text deltas: it never splits a UTF-8 character across deltas and holds
 back any tail that could still become a stop string, so a stop string never leaks to the client.
 
@@ -15,7 +16,7 @@ import codecs
 import functools
 import json
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.chat.template import render_chat_template
+
+FRONTEND_PREFIX = "frontend/"  # where the published artifacts keep the tokenizer, chat template and configs
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,33 @@ class Tokenizer:
         added = self._hf.get_added_tokens_decoder()
         self._special_ids = frozenset(i for i, tok in added.items() if tok.special)
         self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
+
+    @classmethod
+    def from_resources(cls, names: Iterable[str], read: Callable[[str], bytes], where: str) -> Tokenizer:
+        """Load from an artifact's resources (``names``; ``read(name)`` -> bytes): each file at the top level
+        (what ``ninfer-artifact convert`` writes) or under ``frontend/`` (the published artifacts' layout:
+        ``frontend/tokenizer.json``, ``frontend/chat_template.jinja``, ...). ValueError naming ``where`` when
+        there is no ``tokenizer.json`` in either place."""
+        present = set(names)
+
+        def get(name: str) -> bytes | None:
+            for candidate in (name, FRONTEND_PREFIX + name):
+                if candidate in present:
+                    return read(candidate)
+            return None
+
+        tokenizer_json = get("tokenizer.json")
+        if tokenizer_json is None:
+            raise ValueError(
+                f"{where}: the artifact carries no tokenizer.json (nor {FRONTEND_PREFIX}tokenizer.json)"
+            )
+        template = get("chat_template.jinja")
+        return cls(
+            tokenizer_json,
+            get("tokenizer_config.json"),
+            template.decode("utf-8") if template is not None else None,
+            get("generation_config.json"),
+        )
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:

@@ -27,17 +27,11 @@ async def create_message(request: Request) -> Any:
     state = server_state(request)
     req = validate(MessagesRequest, await read_json(request))
     plan = convert.messages_plan(req, state.options)
-    turn = Turn(
+    turn = Turn.from_plan(
+        plan,
         protocol="anthropic.messages",
-        messages=plan.messages,
-        tools=plan.tools,
-        thinking=plan.thinking,
-        preserve_thinking=state.options.preserve_thinking,
-        params=plan.params,
-        max_tokens=plan.max_tokens,
         stream=req.stream,
-        prefill=plan.prefill,
-        thinking_budget=plan.thinking_budget,
+        preserve_thinking=state.options.preserve_thinking,
         log_fields={
             "model": req.model,
             "thinking_type": (req.thinking or {}).get("type"),

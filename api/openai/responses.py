@@ -482,15 +482,12 @@ async def create(state: ServerState, request: Request, req: ResponsesRequest) ->
         raise invalid(f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs")
     logprobs = (req.top_logprobs or 0) if wants else None
     params = replace(params, structured=output_spec(req, plan), logprobs=logprobs)
-    turn = Turn(
+    turn = Turn.from_plan(
+        plan,
         protocol="openai.responses",
-        messages=plan.messages,
-        tools=plan.tools,
-        thinking=plan.thinking,
-        preserve_thinking=plan.preserve_thinking,
+        stream=req.stream,
         params=params,
         max_tokens=max_tokens,
-        stream=req.stream,
         prompt_param="input",
         thinking_budget=budget,
         log_fields={"model": req.model, "continued": req.previous_response_id is not None},

@@ -59,19 +59,7 @@ async def chat_completions(request: Request) -> Any:
     state.check_model(req.model)
     plan = convert.chat_plan(req, state.options)
     model = req.model or state.served_model_id
-    turn = Turn(
-        protocol="chat.completions",
-        messages=plan.messages,
-        tools=plan.tools,
-        parse_tools=plan.parse_tools,
-        thinking=plan.thinking,
-        preserve_thinking=plan.preserve_thinking,
-        params=plan.params,
-        max_tokens=plan.max_tokens,
-        stream=req.stream,
-        log_fields={"model": model},
-        n=plan.n,
-    )
+    turn = Turn.from_plan(plan, protocol="chat.completions", stream=req.stream, log_fields={"model": model})
     include_usage = bool((req.stream_options or {}).get("include_usage"))
     adapter = ChatAdapter(new_id("chatcmpl-"), model, include_usage, legacy=plan.legacy_functions)
     return await pipeline.run(state, request, turn, adapter)

@@ -116,10 +116,13 @@ def allocate_cache(
     )
 
 
-def auto_num_pages(bytes_per_page: int, device: torch.device) -> int:
-    """Pages for `--kv-capacity auto`: free memory after the weights minus headroom (CPU: a default)."""
+def auto_num_pages(bytes_per_page: int, device: torch.device, memory_limit: int | None = None) -> int:
+    """Pages for `--kv-capacity auto`: free memory after the weights minus headroom (CPU: a default); with
+    `memory_limit` (bytes, `--gpu-memory-limit`) free memory within that cap."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
+        if memory_limit is not None:
+            free = min(free, memory_limit - torch.cuda.memory_reserved(device))
         budget = free - GPU_HEADROOM_BYTES
     else:
         budget = CPU_AUTO_KV_BYTES
@@ -127,10 +130,15 @@ def auto_num_pages(bytes_per_page: int, device: torch.device) -> int:
 
 
 def resolve_num_pages(
-    cache_config: CacheConfig, max_context: int, spec: KVSpec, *, device: torch.device
+    cache_config: CacheConfig,
+    max_context: int,
+    spec: KVSpec,
+    *,
+    device: torch.device,
+    memory_limit: int | None = None,
 ) -> int:
     """The KV pool's page count for this config (fixed at startup)."""
     auto_pages = None
     if cache_config.kv_capacity == "auto":
-        auto_pages = auto_num_pages(spec.page_bytes(cache_config.page_size), device)
+        auto_pages = auto_num_pages(spec.page_bytes(cache_config.page_size), device, memory_limit)
     return cache_config.num_pages(max_context, auto_pages=auto_pages)

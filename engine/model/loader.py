@@ -12,10 +12,13 @@ parameters (mmap views or device copies) are dropped module by module.
 An artifact whose identity names a weight profile (the published quantized files, or a development model
 converted to one: ``engine.artifact.profiles.profile_for``) loads through ``profile_load.load_profile_model``
 instead: checked against the profile's inventory, then bound object by object (fused parents stay one layer).
+Its geometry: ``config.json`` (or ``frontend/config.json``) when the file carries one, else the profile's
+published geometry (the published files carry no config: their resources are ``frontend/*``).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -48,6 +51,11 @@ class TensorSource(Protocol):
     def tensor(self, name: str) -> torch.Tensor: ...
 
     def raw_bytes(self, name: str) -> memoryview: ...
+
+    def resource(self, name: str) -> bytes: ...
+
+
+FRONTEND_CONFIG = "frontend/config.json"
 
 
 def build_model(
@@ -94,8 +102,12 @@ def load_model(
     from engine.artifact.profiles import profile_for
     from engine.model.profile_load import load_profile_model
 
-    has_config = "config.json" in artifact.resource_names()
-    config = ModelConfig.from_hf(artifact.hf_config()) if has_config else None
+    names = artifact.resource_names()
+    config = None
+    if "config.json" in names:
+        config = ModelConfig.from_hf(artifact.hf_config())
+    elif FRONTEND_CONFIG in names:  # the published layout keeps its resources under frontend/
+        config = ModelConfig.from_hf(json.loads(artifact.resource(FRONTEND_CONFIG)))
     profile = profile_for(artifact.model_id, artifact.weights_id, moe=config is not None and config.is_moe)
     if profile is not None:
         if config is None:

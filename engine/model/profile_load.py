@@ -50,6 +50,10 @@ class ProfileSource(Protocol):
     def raw_bytes(self, name: str) -> memoryview: ...
 
 
+# A source may also offer ``payload(name, device) -> torch.Tensor`` (a quantized object's payload already on
+# ``device``): ``engine.testing.synthetic_quant`` draws random payloads there instead of reading a file.
+
+
 def check_inventory(directory: Directory, profile: WeightProfile, config: ModelConfig) -> list[TensorSpec]:
     """The profile's tensor specs, after checking that ``directory`` holds exactly them (ArtifactError naming
     the objects otherwise)."""
@@ -90,6 +94,9 @@ class _Loader:
         return nn.Parameter(t.to(device=self.device, dtype=target), requires_grad=False)
 
     def payload(self, name: str) -> torch.Tensor:
+        draw = getattr(self.source, "payload", None)  # a synthetic source builds payloads on the device
+        if draw is not None:
+            return cast(torch.Tensor, draw(name, self.device))
         raw = torch.frombuffer(self.source.raw_bytes(name), dtype=torch.uint8)
         return raw.to(self.device) if self.device.type != "cpu" else raw
 

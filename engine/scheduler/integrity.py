@@ -31,11 +31,14 @@ def check_integrity(scheduler: Scheduler) -> None:
             continue
         request = lane.request
         running.add(request.request_id)
-        want = scheduler.pages.pages_for(lane.max_num_tokens - 1)
-        if len(lane.page_ids) != want or request.status is not RequestStatus.RUNNING:
+        low = scheduler.pages.pages_for(request.num_computed_tokens)
+        high = scheduler.pages.pages_for(lane.max_num_tokens - 1)
+        if not low <= len(lane.page_ids) <= high or request.status is not RequestStatus.RUNNING:
             raise RuntimeError(
-                f"lane {lane.lane_id}: {len(lane.page_ids)} pages (want {want}), status {request.status}"
+                f"lane {lane.lane_id}: {len(lane.page_ids)} pages (want {low}..{high}), status {request.status}"
             )
+        if len(set(lane.page_ids)) != len(lane.page_ids):
+            raise RuntimeError(f"lane {lane.lane_id}: a page twice in its row {lane.page_ids}")
         if not 0 <= request.num_computed_tokens < request.num_tokens < lane.max_num_tokens + 1:
             raise RuntimeError(
                 f"lane {lane.lane_id}: computed {request.num_computed_tokens}, tokens {request.num_tokens}, "
@@ -64,8 +67,8 @@ def check_integrity(scheduler: Scheduler) -> None:
         raise RuntimeError(f"page ref counts disagree with holders (page, holders, ref_count): {wrong[:8]}")
     scheduler.slots.check_integrity(held_slots)
     waiting = {r.request_id for r in scheduler.waiting}
-    if any(r.status is not RequestStatus.WAITING for r in scheduler.waiting):
-        raise RuntimeError("a queued request is not WAITING")
+    if any(r.status is not RequestStatus.WAITING or r.num_computed_tokens for r in scheduler.waiting):
+        raise RuntimeError("a queued request is not WAITING or holds computed tokens")
     if waiting & running or waiting | running != set(scheduler.requests):
         raise RuntimeError(
             f"{len(waiting)} waiting + {len(running)} running != {len(scheduler.requests)} known requests"

@@ -15,7 +15,9 @@ class Lane:
 
     lane_id: int
     request: Request
-    page_ids: tuple[int, ...]  # covers positions [0, max_num_tokens - 1)
+    page_ids: tuple[
+        int, ...
+    ]  # covers at least the computed positions; grows at the end (never past max_num_tokens - 1)
     state_slot: int
     max_num_tokens: int  # finish when the sequence reaches this length
     limit_kind: FinishKind  # LENGTH (max_tokens) or CONTEXT (max_context) at max_num_tokens

@@ -22,11 +22,16 @@ whole step, prefill included (an 8,192-token chunk at 100k context took 0.7-0.8 
 geometry). It is >= 1, so a prefill always advances; the step never exceeds `max_num_batched_tokens`.
 
 Admission (strict FCFS, the oldest waiting request is protected: nothing younger is admitted while it
-is blocked) reserves everything a request can need up front: a lane, a state slot, and the pages for
-`prompt + max output - 1` token positions (mapped at once, so its page-table row never changes). An
-admitted request can therefore always finish; there is no preemption. A request that could not fit
-even in an empty pool is refused at `add_request` with the numbers. A blocked admission scan is not
-retried every step: only after an arrival, a release (finish / abort / unpin) or a queue timeout.
+is blocked) reserves a lane, a state slot and the pages of the known tokens (the prompt; for a resumed
+request, prompt + output so far), beside any reused prefix pages. A lane then grows page by page as it
+decodes (`_grow`, at the start of each step, oldest lane first; its page-table row only ever gains
+pages at the end). When the pool runs short, unpinned checkpoints are reclaimed first, then the newest
+admitted lane is preempted (vLLM's order): its computed tokens become a prefix checkpoint (parked to
+host RAM when host parking is on and the pages are reclaimed) and it goes back to the head of the
+queue with every token it has; resuming recomputes (or restores) them and samples the next token, so
+its output is unchanged. A request that could not finish even alone in an empty pool is refused at
+`add_request` with the numbers. A blocked admission scan is not retried every step: only after an
+arrival, a release (finish / abort / unpin / preemption) or a queue timeout.
 
 Thinking budget (`SamplingParams.thinking_budget`, given the tokenizer's `ReasoningTokens`): `commit` counts
 a request's reasoning tokens, and once the budget is spent inside the reasoning it appends the template's
@@ -64,6 +69,7 @@ from engine.request import (
     TokenEvent,
     TokenLogprob,
 )
+from engine.scheduler import limits, ondemand
 from engine.scheduler.host import HostPlanner
 from engine.scheduler.integrity import check_integrity
 from engine.scheduler.lane import Lane
@@ -99,7 +105,7 @@ class Scheduler:
         self.clock = clock
         self.pages = PagePool(num_pages, cache_config.page_size)
         num_checkpoints = cache_config.max_checkpoints if cache_config.prefix_reuse else 0
-        self.slots = StateSlotPool(config.max_concurrency + num_checkpoints)
+        self.slots = StateSlotPool(self.num_state_slots(config, cache_config))
         self.prefix = (
             PrefixIndex(self.pages, self.slots, num_checkpoints) if cache_config.prefix_reuse else None
         )
@@ -118,6 +124,15 @@ class Scheduler:
         self.num_prefill_tokens = 0
         self.num_decode_tokens = 0
         self.host: HostPlanner | None = None
+        # Preempted requests waiting to resume: id -> (cached tokens, host-cached tokens, admitted time)
+        # of their first admission, which is what their usage reports.
+        self._resumed: dict[str, tuple[int, int, float | None]] = {}
+        self.num_preemptions = 0
+
+    @staticmethod
+    def num_state_slots(config: SchedulerConfig, cache_config: CacheConfig) -> int:
+        """GDN state slots the scheduler hands out: one working slot per lane, one per checkpoint."""
+        return config.max_concurrency + (cache_config.max_checkpoints if cache_config.prefix_reuse else 0)
 
     def attach_host(self, host: HostIndex) -> None:
         """Park evicted checkpoints in `host` and restore from it at admission (needs prefix reuse)."""
@@ -143,30 +158,7 @@ class Scheduler:
         return None
 
     def _rejection(self, request: Request) -> FinishReason | None:
-        n, max_context = request.num_prompt_tokens, self.config.max_context
-        if n >= max_context:
-            return FinishReason.rejected(
-                RejectCode.CONTEXT_LENGTH,
-                f"prompt has {n} tokens; max_context is {max_context}, which leaves no room for output",
-            )
-        max_num_tokens, _ = self._limit(request)
-        need = self.pages.pages_for(max_num_tokens - 1)
-        if need > self.pages.num_pages:
-            return FinishReason.rejected(
-                RejectCode.TOO_LARGE,
-                f"needs {need} KV pages ({n} prompt + {max_num_tokens - n} output tokens at "
-                f"{self.pages.page_size} tokens per page) but the pool has {self.pages.num_pages} pages; "
-                "lower max_tokens",
-            )
-        # Every live request fits within max_concurrency + max_pending_requests (upstream's rule).
-        capacity = self.config.max_concurrency + self.config.max_pending_requests
-        if self.num_running + len(self.waiting) >= capacity:
-            return FinishReason.rejected(
-                RejectCode.OVERLOADED,
-                f"server is full: {self.num_running} running + {len(self.waiting)} waiting requests = "
-                f"{self.config.max_concurrency} lanes + {self.config.max_pending_requests} pending places",
-            )
-        return None
+        return limits.rejection(self, request)
 
     def _opens_reasoning(self, prompt_token_ids: Sequence[int]) -> bool:
         """The prompt's last reasoning marker is `<think>`: generation starts inside the reasoning."""
@@ -180,11 +172,7 @@ class Scheduler:
 
     def _limit(self, request: Request) -> tuple[int, FinishKind]:
         """The sequence length at which `request` must stop, and which limit that is."""
-        n = request.num_prompt_tokens
-        max_tokens = request.sampling_params.max_tokens or self.config.default_max_tokens
-        if n + max_tokens <= self.config.max_context:
-            return n + max_tokens, FinishKind.LENGTH
-        return self.config.max_context, FinishKind.CONTEXT
+        return limits.output_limit(self.config, request)
 
     def abort(self, request_id: str, message: str = "") -> FinishEvent | None:
         """End a waiting or running request now, freeing its lane, pages and slot. None if unknown."""
@@ -202,6 +190,8 @@ class Scheduler:
         if request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
             self._admission_dirty = True
+            if self._resumed.pop(request_id, None) is not None:
+                self._released.append(request_id)  # preempted: the runner still holds its sampler state
             return self._end(request, reason)
         lane = next(lane for lane in self.lanes if lane is not None and lane.request is request)
         return self._release(lane, reason, retain=retain)
@@ -213,11 +203,14 @@ class Scheduler:
         self._in_step = True
         self._step_id += 1
         self._expire_waiting()
+        starved = ondemand.grow(self)
         if self._admission_dirty:
             self._admit()
         rows: list[RowPlan] = []
         copies: list[tuple[int, int]] = []
-        running = [lane for lane in self.lanes if lane is not None and not lane.restoring]
+        running = [
+            lane for lane in self.lanes if lane is not None and not lane.restoring and lane not in starved
+        ]
         for lane in running:  # decode-ready first, compacted in lane order
             if lane.request.num_tokens - lane.request.num_computed_tokens == 1:
                 rows.append(self._decode_row(lane, copies))
@@ -240,7 +233,10 @@ class Scheduler:
     def _expire_waiting(self) -> None:
         now = self.clock()
         timeout_s = self.config.pending_timeout_ms / 1000.0
-        for request in [r for r in self.waiting if now - r.arrival_time >= timeout_s]:
+        expired = [
+            r for r in self.waiting if now - r.arrival_time >= timeout_s and r.request_id not in self._resumed
+        ]
+        for request in expired:
             self.waiting.remove(request)
             waited_ms = (now - request.arrival_time) * 1000.0
             reason = FinishReason.rejected(
@@ -249,6 +245,13 @@ class Scheduler:
             )
             self._outbox.append(self._end(request, reason))
             self._admission_dirty = True
+
+    # ---- pages on demand (engine/scheduler/ondemand.py) ------------------------------------------
+
+    def ensure_pages(self, lane: Lane, num_positions: int) -> bool:
+        """Map pages for positions [0, num_positions) of `lane`, preempting newer lanes if the pool is
+        short; False if `lane` cannot run this step (it was preempted, or waits for a host restore)."""
+        return ondemand.ensure_pages(self, lane, num_positions)
 
     def _admit(self) -> None:
         """Admit waiting requests in arrival order until the oldest one does not fit."""
@@ -278,7 +281,7 @@ class Scheduler:
         self, request: Request, lane_id: int, match: PrefixMatch | None, host_match: HostMatch | None
     ) -> bool:
         max_num_tokens, limit_kind = self._limit(request)
-        num_pages = self.pages.pages_for(max_num_tokens - 1)  # the last token is never fed
+        num_pages = self.pages.pages_for(request.num_tokens)  # the known tokens; decoding grows the row
         if host_match is not None and match is not None:
             self.prefix.unpin(match.checkpoint)  # type: ignore[union-attr]
             match = None  # the parked entry holds a longer prefix
@@ -335,13 +338,16 @@ class Scheduler:
         if reused:
             self.num_prefix_hits += 1
             self.num_prefix_hit_tokens += reused
+        first = self._resumed.pop(request.request_id, None)
+        if first is not None:  # a resume: usage reports the first admission
+            request.num_cached_tokens, request.num_host_cached_tokens, request.admitted_time = first
         return True
 
     def _lookup(self, request: Request) -> PrefixMatch | None:
         """Longest checkpoint match, pinned; at least one prompt token is left to compute (logits)."""
         if self.prefix is None or len(self.prefix) == 0:
             return None
-        limit = request.num_prompt_tokens - 1
+        limit = request.num_tokens - 1  # a resumed request may match its own output too
         extend_page_hashes(request.page_hashes, request.token_ids, limit, self.pages.page_size)
         match = self.prefix.lookup(request.token_ids, request.page_hashes, limit)
         if match is not None:
@@ -354,7 +360,7 @@ class Scheduler:
         """A parked checkpoint longer than the device match (pure: nothing pinned, nothing moved)."""
         if self.host is None:
             return None
-        limit = request.num_prompt_tokens - 1
+        limit = request.num_tokens - 1  # a resumed request may match its own output too
         extend_page_hashes(request.page_hashes, request.token_ids, limit, self.pages.page_size)
         found = self.host.match(request.token_ids, request.page_hashes, limit)
         best = match.num_tokens if match is not None else 0

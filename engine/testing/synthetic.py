@@ -138,11 +138,14 @@ def load_synthetic(
     dtype: torch.dtype | None = None,
     seed: int = 0,
     with_mtp: bool = False,
+    weights_id: str | None = None,
 ) -> tuple[Qwen3_5ForCausalLM, Tokenizer, str]:
-    """(model, the real Qwen3.5 tokenizer and chat template, model id) for geometry `name`.
+    """(model, the real Qwen3.5 tokenizer and chat template, model id) for geometry `name`; with `weights_id`
+    (a weight profile key or kind) the weights are random payloads in that profile's formats
+    (engine/testing/synthetic_quant.py), else dense.
 
     Defaults: the GPU when there is one, bf16 there and float32 on the CPU (engine.core's defaults).
-    ValueError when the geometry needs a GPU and there is none.
+    ValueError when the geometry needs a GPU and there is none, or `weights_id` names no profile.
     """
     from engine.core import default_device, default_dtype
 
@@ -152,8 +155,16 @@ def load_synthetic(
         raise ValueError(
             f"synthetic geometry {name!r} needs a CUDA device (use {TINY_GEOMETRY!r} on the CPU)"
         )
-    model = build_synthetic(
-        config, seed, device=dev, dtype=dtype if dtype is not None else default_dtype(dev), with_mtp=with_mtp
-    )
+    dtype = dtype if dtype is not None else default_dtype(dev)
+    if weights_id is not None:
+        if with_mtp:
+            raise ValueError(
+                f"weights_id={weights_id!r}: quantized synthetic weights carry no MTP head (--spec mtp)"
+            )
+        from engine.testing.synthetic_quant import build_synthetic_quantized
+
+        model = build_synthetic_quantized(config, weights_id, seed, device=dev, dtype=dtype)
+    else:
+        model = build_synthetic(config, seed, device=dev, dtype=dtype, with_mtp=with_mtp)
     tokenizer = Tokenizer.qwen35(moe=config.is_moe)
     return model, tokenizer, synthetic_model_id(name)

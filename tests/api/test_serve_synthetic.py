@@ -62,6 +62,7 @@ def test_synthetic_tiny_serves_and_says_it_is_synthetic(tmp_path: Path) -> None:
         (["m.ninfer", "--synthetic", "tiny-dense"], "give one, not both"),
         (["--synthetic", "tiny-dense", "--expected-sha256", "0" * 64], "drop --expected-sha256"),
         (["--synthetic", "llama-70b"], "invalid choice"),
+        (["--weights-id", "groupwise-int"], "needs --synthetic"),
     ],
 )
 def test_bad_synthetic_combinations_exit_2(

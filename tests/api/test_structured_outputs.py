@@ -33,7 +33,9 @@ class Pet(BaseModel):
     name: str = Field(max_length=6)
 
 
-class Verdict(BaseModel):  # finite values only: the Anthropic SDK moves numeric and length bounds into descriptions
+class Verdict(
+    BaseModel
+):  # finite values only: the Anthropic SDK moves numeric and length bounds into descriptions
     kind: Literal["cat", "dog", "fish"]
     indoor: bool
 

@@ -38,6 +38,11 @@ SHARED = [
         {"spec": "mtp", "draft_tokens": 6},
         "draft_tokens=6: must be in 1..5 with --spec mtp",
     ),
+    (
+        ["--gpu-memory-limit", "lots"],
+        {"gpu_memory_limit": "lots"},
+        "gpu_memory_limit='lots': must be a positive",
+    ),
 ]
 # Flags only the server offers (lanes, queueing, host parking): the server and LLM() agree.
 SERVER_ONLY = [

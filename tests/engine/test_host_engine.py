@@ -129,15 +129,15 @@ def test_branching_from_earlier_checkpoints_of_parked_sessions():
 def test_evicting_restore_next_to_a_running_lane():
     """C=2: lane 0 runs a long request throughout; sessions A and B take turns on lane 1 in a pool too
     small for both, so each return parks the other (never the running lane) and restores itself."""
-    core = make_core(page_size=PAGE, max_context=256, kv_capacity=384, max_concurrency=2, host_kv_cache_mib=1)
+    core = make_core(page_size=PAGE, max_context=256, max_concurrency=2, host_kv_cache_mib=1)  # 16 pages
     d = Driver(core)
-    running, running_params = prompt(20, 21), long_params(200)  # 14 of 24 pages, all along
+    running, running_params = prompt(20, 21), long_params(200)  # grows page by page: ~7 pages by the end
     d.add("r", running, running_params)
     a1, b1 = prompt(60, 22), prompt(60, 23)
     out_a1 = d.run("a1", a1)
-    out_b1 = d.run("b1", b1, long_params(60))  # needs 8 pages, 5 free: A is parked
+    out_b1 = d.run("b1", b1, long_params(60))  # B grows to 8 pages beside r's 6: A (5) is parked
     a2 = a1 + out_a1 + prompt(10, 24)
-    out_a2 = d.run("a2", a2)  # 2 pages free, needs 6: B (idle) is parked, A restored
+    out_a2 = d.run("a2", a2)  # 2 pages free, needs 5: B (idle) is parked, A restored
     b2 = b1 + out_b1 + prompt(10, 25)
     out_b2 = d.run("b2", b2)  # and the other way round
     assert "r" not in d.finish, "the running lane must outlive the sessions' turns"
@@ -157,7 +157,7 @@ def test_probe_storm_moves_no_bytes():
     d = Driver(core)
     turn1 = prompt(60, 31)
     out1 = d.run("a1", turn1)
-    d.add("busy", prompt(30, 32), long_params(200))  # 15 of 16 pages: the session is parked
+    d.add("busy", prompt(200, 32), long_params(40))  # its prompt takes 13 of 16 pages: the session is parked
     d.step()
     base = core.stats()
     assert base.host_kv_parks == 1 and base.num_running == 1

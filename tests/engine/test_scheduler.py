@@ -35,9 +35,9 @@ def test_hundred_queued_requests_at_one_lane_all_finish_without_spinning() -> No
 def test_admission_scan_is_not_rerun_on_decode_steps_while_the_head_is_blocked() -> None:
     sched = make_scheduler(lanes=2, num_pages=8, prefix_reuse=False)
     drv = Driver(sched)
-    drv.add(request("long", [1] * 4, max_tokens=21))  # 24 positions = 6 pages
+    drv.add(request("long", [1] * 17, max_tokens=8))  # its prompt: 5 pages, growing to 6
     drv.step()
-    drv.add(request("blocked", [2] * 4, max_tokens=9))  # needs 3 pages, 2 are free
+    drv.add(request("blocked", [2] * 16, max_tokens=2))  # its prompt needs 4 pages, 3 are free
     drv.step()
     scans = sched.num_admission_scans
     for _ in range(5):

@@ -38,8 +38,8 @@ def test_a_parked_session_restores_into_new_pages_and_gives_the_cold_tokens() ->
     b = list(range(100, 110))
     drv.add(request("b", b, max_tokens=2))
     drv.run()  # retained: 11 tokens computed, 3 pages
-    c = list(range(200, 208))
-    drv.add(request("c", c, max_tokens=14, stop_token_ids=[context_token(tuple(c))]))  # reserves 6 pages
+    c = list(range(200, 222))
+    drv.add(request("c", c, max_tokens=4, stop_token_ids=[context_token(tuple(c))]))  # its prompt: 6 pages
     drv.run()
     assert len(index) == 1 and drv.runner.host, "b was evicted for c's pages and parked"
     r = b + drv.tokens["b"] + [300, 301, 302]
@@ -57,14 +57,18 @@ def test_admission_holds_the_entry_it_restores_while_its_reclaim_parks_others() 
     b = list(range(100, 110))
     drv.add(request("b", b, max_tokens=2))
     drv.run()
+    d = list(range(400, 422))
+    drv.add(request("d", d, max_tokens=4))
+    drv.step()  # d's prompt (6 pages) evicts b: parked
+    drv.record(sched.abort("d"))
     c = list(range(200, 208))
-    drv.add(request("c", c, max_tokens=14, stop_token_ids=[context_token(tuple(c))]))
-    drv.run()  # c retained: 8 tokens, 2 pages; b parked
+    drv.add(request("c", c, max_tokens=4, stop_token_ids=[context_token(tuple(c))]))
+    drv.run()  # c retained: 8 tokens, 2 pages
     (key,) = index.entry_keys
-    r = b + drv.tokens["b"] + [300, 301, 302]  # 15 tokens + 11 output: 7 pages, 6 free
-    drv.add(request("r", r, max_tokens=11))
+    r = b + drv.tokens["b"] + list(range(300, 314))  # 25 known tokens: 7 pages, 6 free
+    drv.add(request("r", r, max_tokens=7))
     drv.run()
     assert drv.reason("r").num_host_cached_tokens == 11
     assert index.stats().refusals == {"pinned": 1} and key not in index  # restored, then freed
-    assert drv.tokens["r"] == cold_tokens(r, 11)
+    assert drv.tokens["r"] == cold_tokens(r, 7)
     sched.check_integrity()

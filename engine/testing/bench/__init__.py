@@ -1,6 +1,7 @@
 """`ninfer-bench` (engine/testing/bench/): speed at the real Qwen3.6-27B and 35B-A3B geometries, with random weights built on the GPU.
 
-    ninfer-bench --synthetic qwen3.6-27b [--kv-dtype bf16|int8] [--prompt-len 7680,65536]
+    ninfer-bench --synthetic qwen3.6-27b [--weights-id PROFILE] [--gpu-memory-limit GiB]
+                 [--kv-dtype bf16|int8] [--prompt-len 7680,65536]
                  [--concurrency 1,2,4,8] [--decode-tokens 64] [--decode-context 1024] [--json OUT]
                  [--vs-hf [--hf-max-prompt-len 16384] [--hf-concurrency 1,8]]
 
@@ -29,10 +30,14 @@ What one run measures, in order, on one CUDA device:
 ``--profile`` adds a kernel-time breakdown (torch.profiler) of one eager decode step at C=1 and of one
 prefill at the first prompt length: where the step spends its time when it falls short.
 
+``--weights-id PROFILE``: the weights are random payloads in that weight profile's formats
+(engine/testing/synthetic_quant.py), bound as a real artifact of the profile is; bytes per step count the
+payloads. ``--gpu-memory-limit GiB``: last, under that cap, the largest KV pool that runs (fit.py).
+
 Weights are random (normal, std 0.02; a decode or prefill step costs the same whatever they are). The KV
 of the "cached" decode context is zeros: reading it costs the same.
 
-Files: cli.py (arguments, the run, the JSON), steps.py (device limits, bytes and FLOPs a step must move, the
+Files: cli.py (arguments, the run, the JSON), fit.py (what fits under --gpu-memory-limit), steps.py (device limits, bytes and FLOPs a step must move, the
 engine steps timed through ``ModelRunner.execute``, the kernel profile), hf.py (``--vs-hf``).
 """
 

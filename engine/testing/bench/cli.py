@@ -18,6 +18,9 @@ from typing import Any
 
 import torch
 
+from engine.config import EngineConfig
+from engine.core import apply_memory_limit
+from engine.testing.bench.fit import fit_report
 from engine.testing.bench.hf import add_speedups, round_sig, time_hf
 from engine.testing.bench.spec import ACCEPTANCE_LENGTH, make_spec_runner, run_spec_rounds
 from engine.testing.bench.steps import (
@@ -32,6 +35,7 @@ from engine.testing.bench.steps import (
     weight_bytes,
 )
 from engine.testing.synthetic import GEOMETRIES, build_synthetic
+from engine.testing.synthetic_quant import build_synthetic_quantized, synthetic_profile
 
 _DESCRIPTION = "speed at the real Qwen3.6-27B and 35B-A3B geometries, with random weights built on the GPU"
 
@@ -49,6 +53,12 @@ def _ints(text: str) -> list[int]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ninfer-bench", description=_DESCRIPTION)
     p.add_argument("--synthetic", required=True, choices=sorted(GEOMETRIES), help="geometry, random weights")
+    p.add_argument("--weights-id", default=None,
+                   help="random weights in this profile's formats (a profile key, e.g. qwen3.6-27b/groupwise-int, "
+                        "or a kind: groupwise-int, nvfp4, nvfp4-mixed); default: bf16")  # fmt: skip
+    p.add_argument("--gpu-memory-limit", type=float, default=None, metavar="GiB",
+                   help="cap device memory at this much (as --gpu-memory-limit does for the engine), run under "
+                        "it, and report the largest context and lanes that fit (e.g. 32 for an RTX 5090)")  # fmt: skip
     p.add_argument("--kv-dtype", default="bf16", choices=("bf16", "int8"))
     p.add_argument("--prompt-len", type=_ints, default=[7680], help="prefill lengths, comma-separated")
     p.add_argument("--prefill-chunk", type=int, default=8192, help="tokens per prefill step")
@@ -103,6 +113,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "command": "ninfer-bench " + " ".join(sys.argv[1:]),
         "software": {"torch": torch.__version__, "python": platform.python_version()},
         "geometry": args.synthetic,
+        "weights_id": args.weights_id or "bf16",
         "kv_dtype": args.kv_dtype,
         "cuda_graph": not args.no_cuda_graph,
     }
@@ -118,10 +129,14 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     limits = measure_limits()
     result["limits"] = {k: round(v, 1) for k, v in limits.items()}
     _log(f"limits: {result['limits']}")
-    model = build_synthetic(config, with_mtp=args.spec_rounds > 0)
+    if args.weights_id is not None:
+        model = build_synthetic_quantized(config, args.weights_id)
+    else:
+        model = build_synthetic(config, with_mtp=args.spec_rounds > 0)
     weights = weight_bytes(model)
-    result["weights_GB"] = {k: round(v / 1e9, 3) for k, v in weights.items()}
-    _log(f"built {args.synthetic}: {result['weights_GB']} GB")
+    result["weights_GB"] = {k: round(v / 1e9, 3) for k, v in weights.items() if not k.startswith("params")}
+    _log(f"built {args.synthetic} ({result['weights_id']}): {result['weights_GB']} GB")
+
     bandwidth = limits["read_GBps"] * 1e9
     flop_rate = limits["bf16_matmul_TFLOPs"] * 1e12
 
@@ -171,7 +186,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 per_step = run_decode(
                     runner, config.vocab_size, c, args.decode_context, args.decode_warmup, steps
                 )
-                nbytes = decode_step_bytes(config, weights, c, args.decode_context + steps // 2)
+                nbytes = decode_step_bytes(
+                    config, weights, c, args.decode_context + steps // 2, args.kv_dtype
+                )
                 limit = c * bandwidth / nbytes
                 row = {"concurrency": c, "cuda_graph": graphs and runner.graphs_captured,
                        "context": args.decode_context, "steps": steps, "step_ms": round(per_step * 1e3, 3),
@@ -191,6 +208,19 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.spec_rounds:
         result["spec"] = _bench_spec(model, config.vocab_size, args, result.get("decode", ()))
+
+    if args.gpu_memory_limit is not None:  # last: the speed rows above survive whatever happens here
+        try:
+            cap = apply_memory_limit(
+                EngineConfig(gpu_memory_limit=args.gpu_memory_limit), torch.device("cuda")
+            )
+            assert cap is not None
+            result["fit"] = fit_report(model, cap, args.kv_dtype, args.prefill_chunk, _log)
+        except Exception as exc:  # noqa: BLE001 - recorded in the JSON, the run's other results kept
+            result["fit"] = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+        _log(f"fit under {args.gpu_memory_limit} GiB: {result['fit']}")
 
     if args.vs_hf:
         del model  # 27B is ~54 GB in bf16: ours goes before HF's is built
@@ -249,6 +279,18 @@ def _bench_spec(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        if args.weights_id is not None:
+            synthetic_profile(args.weights_id, GEOMETRIES[args.synthetic])
+            if args.spec_rounds:
+                raise ValueError(
+                    "--spec-rounds needs dense weights: quantized synthetic weights carry no MTP head"
+                )
+        if args.gpu_memory_limit is not None:
+            EngineConfig(gpu_memory_limit=args.gpu_memory_limit)
+    except ValueError as exc:
+        print(f"ninfer-bench: {exc}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print(
             "ninfer-bench: needs a CUDA device (the synthetic geometries are built on the GPU)",

@@ -12,6 +12,7 @@ import torch
 
 from engine.config import KVDtype
 from engine.model.config import ModelConfig
+from engine.model.forward import kv_spec
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
 from engine.runner import ModelRunner
@@ -61,22 +62,52 @@ def measure_limits() -> dict[str, float]:
 
 
 def weight_bytes(model: Qwen3_5ForCausalLM) -> dict[str, float]:
-    """Bytes of every parameter, split into what a decode step reads whatever the routing is, the embedding
-    table (only the fed rows are read) and the routed experts (only the chosen ones are read)."""
+    """Bytes of every parameter and quantized payload, split into what a decode step reads whatever the routing
+    is, the embedding table (only the fed rows are read) and the routed experts (only the chosen ones are
+    read); ``params``: the model's logical weight count (a quantized [N, K] counts N * K), for FLOPs."""
     dense = embed = experts = 0
-    for name, param in model.named_parameters():
+    tensors: list[tuple[str, torch.Tensor]] = list(model.named_parameters())
+    tensors += [(n, t) for n, t in model.named_buffers() if n.rsplit(".", 1)[-1] == "payload"]
+    for name, param in tensors:
         size = param.numel() * param.element_size()
-        if name.endswith("embed_tokens.weight"):
+        if ".embed_tokens." in f".{name}":
             embed += size
         elif ".experts." in name:
             experts += size
         else:
             dense += size
-    return {"dense": dense, "embedding": embed, "experts": experts}
+    return {"dense": dense, "embedding": embed, "experts": experts, **logical_params(model.config)}
+
+
+def logical_params(config: ModelConfig) -> dict[str, float]:
+    """The geometry's weight counts (a meta-device model: no memory): ``params_dense`` (all but the embedding
+    and the routed experts) and ``params_experts``."""
+    with torch.device("meta"):
+        meta = Qwen3_5ForCausalLM(config)
+    dense = experts = 0
+    for name, param in meta.named_parameters():
+        if ".experts." in name:
+            experts += param.numel()
+        elif "embed_tokens." not in name:
+            dense += param.numel()
+    return {"params_dense": dense, "params_experts": experts}
+
+
+def kv_bytes_per_token(config: ModelConfig, kv_dtype: KVDtype = "bf16") -> float:
+    """KV bytes one cached token takes over every KV layer, as the engine's pool stores it (int8: one byte a
+    value plus the fp16 group scales)."""
+    return kv_spec(config, torch.bfloat16, kv_dtype).page_bytes(PAGE_SIZE) / PAGE_SIZE
+
+
+def lane_state_bytes(config: ModelConfig) -> float:
+    """GDN recurrent (fp32) and conv (bf16) state one lane holds over all linear-attention layers."""
+    state = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim * 4
+    conv = config.conv_dim * (config.linear_conv_kernel_dim - 1) * 2
+    return config.num_linear_layers * (state + conv)
 
 
 def decode_step_bytes(
-    config: ModelConfig, weights: dict[str, float], concurrency: int, context: int
+    config: ModelConfig, weights: dict[str, float], concurrency: int, context: int, kv_dtype: KVDtype = "bf16"
 ) -> float:
     """Bytes one decode step of ``concurrency`` rows at ``context`` cached tokens must move."""
     total = weights["dense"] + concurrency * config.hidden_size * 2  # + the embedding rows fed
@@ -84,11 +115,8 @@ def decode_step_bytes(
         e, k = config.num_experts, config.num_experts_per_tok
         reached = e * (1 - (1 - k / e) ** concurrency)  # expected distinct experts per layer
         total += weights["experts"] * reached / e
-    kv_per_token = config.num_attention_layers * 2 * config.num_key_value_heads * config.head_dim * 2
-    total += concurrency * context * kv_per_token
-    state = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim * 4
-    conv = config.conv_dim * (config.linear_conv_kernel_dim - 1) * 2
-    total += concurrency * config.num_linear_layers * 2 * (state + conv)  # read + write
+    total += concurrency * context * kv_bytes_per_token(config, kv_dtype)
+    total += concurrency * 2 * lane_state_bytes(config)  # read + write
     return total
 
 
@@ -96,9 +124,9 @@ def prefill_flops_per_token(config: ModelConfig, weights: dict[str, float], prom
     """Matmul FLOPs per prompt token: linears each token runs (active experts only), causal attention
     (QK^T and PV over half the prompt on average), and the lm_head once per prompt. The GDN recurrence
     (chunked, ~3% of the linears at 27B) is left out."""
-    linear_params = weights["dense"] / 2 - (config.vocab_size * config.hidden_size)  # bf16; lm_head apart
+    linear_params = weights["params_dense"] - (config.vocab_size * config.hidden_size)  # lm_head apart
     if config.is_moe:
-        linear_params += weights["experts"] / 2 * config.num_experts_per_tok / config.num_experts
+        linear_params += weights["params_experts"] * config.num_experts_per_tok / config.num_experts
     attention = (
         config.num_attention_layers * 4 * config.num_attention_heads * config.head_dim * prompt_len / 2
     )

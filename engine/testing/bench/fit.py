@@ -1,0 +1,83 @@
+"""`ninfer-bench --gpu-memory-limit GiB`: what fits a smaller card (the RTX 5090's 32 GiB) under the engine's cap.
+
+With the cap applied (``engine.core.apply_memory_limit``, as ``ninfer-serve --gpu-memory-limit`` does) after the
+weights are built, ``fit_report`` sizes the largest KV pool that still runs: pages from the room left under the
+cap less ``GPU_HEADROOM_BYTES`` (what ``--kv-capacity auto`` leaves), every lane's GDN state slot plus the
+engine's default prefix checkpoints, then proves it by building that runner (CUDA graphs captured, as served)
+and running one ``--prefill-chunk`` prefill and one decode step of every lane; on out-of-memory the pool shrinks
+by 5% and it tries again. Reported: the pool's tokens (the longest one context), and per lane count the longest
+context every lane can hold at once (pool / lanes, at most the model's ``max_position_embeddings``).
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import torch
+
+from engine.cache.kv import GPU_HEADROOM_BYTES
+from engine.config import MAX_CONCURRENCY_LIMIT, CacheConfig, KVDtype
+from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.runner import ModelRunner
+from engine.testing.bench.steps import (
+    PAGE_SIZE,
+    kv_bytes_per_token,
+    lane_state_bytes,
+    make_runner,
+    run_decode,
+    run_prefill,
+)
+
+MAX_TRIES = 8
+
+
+def fit_report(
+    model: Qwen3_5ForCausalLM, limit_bytes: int, kv_dtype: KVDtype, prefill_chunk: int, log: Any = print
+) -> dict[str, Any]:
+    config = model.config
+    lanes = MAX_CONCURRENCY_LIMIT
+    slots = lanes + CacheConfig().max_checkpoints
+    per_token = kv_bytes_per_token(config, kv_dtype)
+    gc.collect()
+    torch.cuda.empty_cache()  # the weights' build temporaries are not the weights
+    weights = torch.cuda.memory_reserved()
+    room = limit_bytes - weights - GPU_HEADROOM_BYTES - slots * lane_state_bytes(config)
+    pages = max(1, int(room // (per_token * PAGE_SIZE)))
+    report: dict[str, Any] = {
+        "limit_GiB": round(limit_bytes / 1024**3, 2),
+        "weights_reserved_GiB": round(weights / 1024**3, 3),
+        "kv_dtype": kv_dtype,
+        "kv_bytes_per_token": per_token,
+        "state_slots": slots,
+        "state_bytes_per_slot": lane_state_bytes(config),
+        "proved": False,
+    }
+    runner: ModelRunner | None = None
+    for attempt in range(MAX_TRIES):
+        tokens = pages * PAGE_SIZE
+        chunk = min(prefill_chunk, tokens - PAGE_SIZE)
+        report["attempts"] = attempt + 1
+        try:
+            runner = make_runner(model, pages, slots, kv_dtype, True, tokens)
+            run_prefill(runner, config.vocab_size, chunk, chunk)
+            run_decode(runner, config.vocab_size, lanes, 0, 1, 1)
+            report["proved"] = True
+            report["peak_reserved_GiB"] = round(torch.cuda.max_memory_reserved() / 1024**3, 3)
+            break
+        except torch.OutOfMemoryError:
+            log(f"fit: {pages} pages ({tokens} tokens) ran out of memory under the cap; trying 5% fewer")
+            pages = int(pages * 0.95)
+        finally:
+            runner = None
+            gc.collect()
+            torch.cuda.empty_cache()
+    tokens = pages * PAGE_SIZE
+    longest = config.max_position_embeddings
+    report["pool_tokens"] = tokens
+    report["max_context"] = min(tokens, longest)
+    report["per_lanes"] = [
+        {"lanes": n, "max_context_each": min(tokens // n // PAGE_SIZE * PAGE_SIZE, longest)}
+        for n in range(1, lanes + 1)
+    ]
+    return report

@@ -1,0 +1,48 @@
+"""On the GPU: synthetic quantized weights drawn on the device run the Triton kernels and match their dequantized
+bf16 twin; the bench's fit report proves a pool under a memory cap (run by the lead on an H200:
+``pytest -m gpu tests/engine/test_synthetic_quant_gpu.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.core import apply_memory_limit
+from engine.testing.bench.fit import fit_report
+from engine.testing.bench.steps import make_runner, run_decode
+from engine.testing.synthetic import synthetic_config
+from engine.testing.synthetic_quant import build_synthetic_quantized, dequantized_twin
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("weights_id", ["groupwise-int", "qwen3.8-27b/groupwise-int"])
+def test_tiny_quantized_decode_matches_its_twin_on_the_gpu(weights_id):
+    config = synthetic_config("tiny-dense")
+    model = build_synthetic_quantized(config, weights_id, device="cuda")
+    assert model.model.embed_tokens.payload.is_cuda
+    twin = dequantized_twin(model)
+    for m in (model, twin):  # the engine's decode step runs (Triton GEMV on the quantized layers)
+        assert run_decode(make_runner(m, 64, 9, "bf16", False, 1024), config.vocab_size, 4, 16, 0, 2) > 0
+    for name in ("mlp.down_proj", "mlp.gate_up_proj", "linear_attn.out_proj"):
+        layer, twin_layer = (
+            model.model.layers[0].get_submodule(name),
+            twin.model.layers[0].get_submodule(name),
+        )
+        for rows in (1, 8, 40):  # the GEMV, and the GEMM above 8 rows
+            h = torch.randn(rows, layer.in_features, device="cuda", dtype=torch.bfloat16)
+            torch.testing.assert_close(layer(h), twin_layer(h), rtol=2e-2, atol=2e-2)
+
+
+def test_fit_report_proves_a_pool_under_a_cap():
+    config = synthetic_config("tiny-dense")
+    model = build_synthetic_quantized(config, "groupwise-int", device="cuda")
+    limit = apply_memory_limit(EngineConfig(gpu_memory_limit=3), torch.device("cuda"))
+    try:
+        assert limit == 3 * 1024**3
+        report = fit_report(model, limit, "int8", 1024)
+        assert report["proved"] and report["pool_tokens"] > 1024
+        assert report["per_lanes"][3]["max_context_each"] <= report["pool_tokens"] // 4
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
