@@ -24,7 +24,15 @@ from api.engine_client import EngineClient
 from api.errors import ApiError
 from api.prompt import Prompt
 from engine.chat.parse import StreamEvent, StreamingParser
-from engine.request import FinishEvent, FinishKind, RejectCode, SamplingParams, TokenEvent, TokenLogprob
+from engine.request import (
+    FinishEvent,
+    FinishKind,
+    RejectCode,
+    SamplingParams,
+    SpecRequestStats,
+    TokenEvent,
+    TokenLogprob,
+)
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger("ninfer.api")
@@ -68,6 +76,7 @@ class Outcome:
     completion_tokens: int = 0
     cached_tokens: int = 0
     host_cached_tokens: int = 0  # of cached_tokens, restored from host RAM (host KV parking)
+    speculative: SpecRequestStats | None = None  # `--spec`: the request's rounds, drafts, acceptance
     reasoning_tokens: int = 0
     tool_parse_fallbacks: tuple[str, ...] = ()
     logprobs: list[dict[str, Any]] | None = None  # the answer's tokens (`logprob_entry`), when asked for
@@ -229,6 +238,7 @@ class Generation:
         outcome.completion_tokens = max(outcome.completion_tokens, event.num_output_tokens)
         outcome.cached_tokens = event.num_cached_tokens
         outcome.host_cached_tokens = event.num_host_cached_tokens
+        outcome.speculative = event.speculative
         outcome.queue, outcome.prefill = event.queue_seconds, event.prefill_seconds
         events: list[StreamEvent] = []
         if self._detok.stop_matched is None:

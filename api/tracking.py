@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -100,6 +101,8 @@ class Tracker:
             },
             timings_seconds=outcome.timings(),
         )
+        if outcome.speculative is not None:  # upstream's request-log block; feeds ninfer_spec_decode_*
+            record["speculative"] = dataclasses.asdict(outcome.speculative)
         observe_request(state.metrics, {"event": "request_done", **record})
         state.log("request_done", request_id=self.request_id, **record)
         if self.span is not None:

@@ -81,7 +81,7 @@ def run(
     messages, tools = _messages(args)
     print(f"loading {args.artifact} ...", file=err)
     start = time.perf_counter()
-    loaded = load_artifact(args.artifact, device=args.device)
+    loaded = load_artifact(args.artifact, device=args.device, with_mtp=config.spec == "mtp")
     core = EngineCore(loaded.model, loaded.tokenizer, config)
     print(f"loaded {loaded.model_id} in {time.perf_counter() - start:.1f} s", file=err)
 
@@ -141,6 +141,14 @@ def run(
         f"time to first token {first_token_s or 0.0:.3f} s, decode {rate:.1f} tok/s",
         file=err,
     )
+    spec = finish.speculative
+    if spec is not None:
+        print(
+            f"[spec {spec.backend} K={spec.draft_window}] {spec.rounds} rounds, {spec.accepted_tokens}/"
+            f"{spec.drafted_tokens} drafts accepted ({spec.acceptance:.1%}), {spec.tokens_per_round:.2f} tokens "
+            f"per round, accepted per position {list(spec.accepted_per_position)}, {spec.fallback_steps} fallbacks",
+            file=err,
+        )
     return 0
 
 

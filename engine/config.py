@@ -19,7 +19,9 @@ from typing import Any, Literal, get_args
 # (bf16 on the GPU, float32 in CPU tests), "int8" = int8 codes plus fp16 group scales (engine/cache/kv.py).
 KVDtype = Literal["bf16", "int8"]
 KV_DTYPES: tuple[str, ...] = get_args(KVDtype)
-SPEC_METHODS = ("mtp", "dflash")  # --spec: speculative decoding methods (none is available in this build yet)
+SPEC_METHODS = ("mtp", "dflash")  # --spec: speculative decoding methods (dflash is refused in this build)
+MAX_DRAFT_TOKENS = {"mtp": 5, "dflash": 15}  # --draft-tokens range per method (upstream's)
+DEFAULT_DRAFT_TOKENS = 3  # --spec mtp without --draft-tokens (upstream's measured MTP3)
 MAX_CONCURRENCY_LIMIT = 8  # startup-fixed lanes 1..8 (upstream kMaximumConcurrency)
 # The served models' native context (max_position_embeddings of every registered Qwen3.5-family checkpoint).
 # Longer would need RoPE scaling (YaRN), which this build does not do: positions past it were never trained.
@@ -225,7 +227,10 @@ class EngineConfig:
     # Run the first-use step shapes before serving (ModelRunner.warm_up): None = on a GPU only (where
     # kernels compile and autotune on first use), True = always, False (--no-warmup) = never.
     warmup: bool | None = None
-    spec: str | None = None  # --spec: speculative decoding method (SPEC_METHODS); refused in this build
+    spec: str | None = None  # --spec: speculative decoding method (SPEC_METHODS); "mtp" only in this build
+    draft_tokens: int | None = (
+        None  # --draft-tokens: drafts per round (None: DEFAULT_DRAFT_TOKENS with --spec)
+    )
     # --gpu-memory-limit GiB: cap the engine's device memory (weights, KV pool, activations) at this much, as if
     # the card had it (torch's per-process memory fraction; `--kv-capacity auto` sizes the pool within it).
     # None = the whole device. CUDA only (ignored on the CPU); the CUDA context itself is outside the cap.
@@ -260,7 +265,23 @@ class EngineConfig:
             f"cannot run with host_kv_cache_mib={host_mib}: host parking does not capture DFlash draft "
             "caches, so a restored session would continue with a stale draft",
         )
-        _require(spec is None, "spec", spec, "speculative decoding is not available in this build")
+        _require(spec != "dflash", "spec", spec, "DFlash is not available in this build (use 'mtp')")
+        k = self.draft_tokens
+        _require(k is None or spec is not None, "draft_tokens", k, "needs speculative decoding (--spec mtp)")
+        if spec is not None:
+            _require(
+                k is None or (_is_int(k) and 1 <= k <= MAX_DRAFT_TOKENS[spec]),
+                "draft_tokens",
+                k,
+                f"must be in 1..{MAX_DRAFT_TOKENS[spec]} with --spec {spec}",
+            )
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Drafts per speculative round (0 without --spec)."""
+        if self.spec is None:
+            return 0
+        return self.draft_tokens if self.draft_tokens is not None else DEFAULT_DRAFT_TOKENS
 
     @property
     def gpu_memory_limit_bytes(self) -> int | None:

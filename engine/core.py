@@ -96,6 +96,15 @@ class EngineStats:
     # Evicted device checkpoints not parked, by reason: "covered" (its tokens stay on the device in longer
     # checkpoints), "on_host" (already parked); engine/scheduler/host.py says which are parked together.
     host_kv_park_skips: dict[str, int] = field(default_factory=dict)
+    # Speculative decoding (`--spec`; all zero when off): verify rounds, drafts fed / accepted, decode rows
+    # whose drafts were dropped near the length limit, rounds accepting each draft position.
+    spec_method: str | None = None
+    spec_draft_tokens: int = 0
+    spec_rounds: int = 0
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_fallback_steps: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,12 +147,15 @@ def load_artifact(
     *,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
+    with_mtp: bool = False,
 ) -> LoadedArtifact:
     """Open `path`, load the text model and the tokenizer. (The embedded demo model is the entry points'
     default, engine/testing/demo.py: `LLM()`, `ninfer-serve`.)"""
     dev = torch.device(device) if device is not None else default_device()
     artifact = read_artifact(path)
-    model = load_model(artifact, device=dev, dtype=dtype if dtype is not None else default_dtype(dev))
+    model = load_model(
+        artifact, device=dev, dtype=dtype if dtype is not None else default_dtype(dev), with_mtp=with_mtp
+    )
     return LoadedArtifact(artifact, model, tokenizer_from_artifact(artifact), artifact.model_id)
 
 
@@ -218,6 +230,9 @@ class EngineCore:
                 seed=seed,
                 cuda_graph=config.cuda_graph,
                 max_context=config.scheduler.max_context,
+                spec=config.spec,
+                num_draft_tokens=config.num_draft_tokens,
+                num_lanes=config.scheduler.max_concurrency,
                 host_budget=budget,
                 grammars=self.grammars,
             )
@@ -243,6 +258,7 @@ class EngineCore:
             config.cache,
             num_pages=num_pages,
             eos_token_ids=tokenizer.eos_token_ids,
+            num_draft_tokens=config.num_draft_tokens,
             reasoning_tokens=reasoning_tokens(tokenizer),
         )
         self.runner = make_runner(num_pages)
@@ -386,6 +402,7 @@ class EngineCore:
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()
         planner = self.scheduler.host
+        spec = self.scheduler.spec_stats
         return EngineStats(
             num_running=s.num_running,
             num_waiting=s.num_waiting,
@@ -410,6 +427,13 @@ class EngineCore:
             num_requests_rejected=dict(self.rejected),
             **host_stat_fields(self.host, self.runner.host_copies),
             host_kv_park_skips=dict(planner.park_skips) if planner is not None else {},
+            spec_method=self.config.spec,
+            spec_draft_tokens=spec.num_draft_tokens,
+            spec_rounds=spec.rounds,
+            spec_drafted_tokens=spec.drafted,
+            spec_accepted_tokens=spec.accepted,
+            spec_fallback_steps=spec.fallbacks,
+            spec_accepted_per_position=tuple(spec.accepted_per_position),
         )
 
     def check_integrity(self) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from engine.config import KV_DTYPES, SPEC_METHODS, EngineConfig
+from engine.config import DEFAULT_DRAFT_TOKENS, KV_DTYPES, SPEC_METHODS, EngineConfig
 from engine.request import SamplingParams
 from engine.sampling import EFFORT_THINKING_BUDGETS, REASONING_EFFORTS, effort_thinking
 
@@ -107,9 +107,16 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(
         "--spec",
         "spec",
-        "speculative decoding (not available in this build: refused at startup with the reason)",
+        "speculative decoding: 'mtp' drafts with the model's MTP head and verifies with the full model "
+        "(greedy output unchanged; sampling keeps the target distribution); 'dflash' is refused in this build",
         parse=str,
         metavar="{" + ",".join(SPEC_METHODS) + "}",
+    ),
+    EngineFlag(
+        "--draft-tokens",
+        "draft_tokens",
+        f"drafts per speculative round, 1..5 with --spec mtp (default {DEFAULT_DRAFT_TOKENS})",
+        metavar="K",
     ),
     EngineFlag(
         "--gpu-memory-limit",

@@ -265,6 +265,28 @@ class TokenEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class SpecRequestStats:
+    """One request's speculative decoding (`--spec`): verify rounds, drafts fed and accepted, decode steps
+    whose drafts were dropped near the length limit, and per draft position the rounds that accepted it."""
+
+    backend: str
+    draft_window: int  # K
+    rounds: int
+    drafted_tokens: int
+    accepted_tokens: int
+    fallback_steps: int
+    accepted_per_position: tuple[int, ...]
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return 1.0 + self.accepted_tokens / self.rounds if self.rounds else 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class FinishEvent:
     """The one terminal event of a request. `queue_seconds`: arrival to admission (to the end if never
     admitted); `prefill_seconds`: admission to the first sampled token (None if none was sampled)."""
@@ -277,6 +299,7 @@ class FinishEvent:
     queue_seconds: float | None = None
     prefill_seconds: float | None = None
     num_host_cached_tokens: int = 0  # of num_cached_tokens, restored from host RAM (host parking)
+    speculative: SpecRequestStats | None = None  # None without --spec
 
 
 Event = TokenEvent | FinishEvent

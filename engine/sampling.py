@@ -256,32 +256,10 @@ class Sampler:
             if self.grammars is None:
                 raise ValueError("structured outputs need a Sampler built with a GrammarCompiler")
             mask = self.grammars.bitmask([p.structured for p in params], request_ids)  # (rows, [R, W])
-        logits = logits.float().clone()
-        presence = _column(params, "presence_penalty", 0.0, dev)
-        frequency = _column(params, "frequency_penalty", 0.0, dev)
-        if counts is not None and bool((presence != 0).any() or (frequency != 0).any()):
-            apply_penalties(logits, counts.to(dev, torch.float32), presence, frequency)
-        if mask is not None:
-            rows, bits = mask
-            if len(rows) == logits.shape[0]:
-                apply_token_bitmask_(logits, bits)
-            else:  # only the constrained rows pay for the unpacking
-                index = torch.tensor(rows, device=dev)
-                logits[index] = apply_token_bitmask_(logits[index], bits)
-        greedy_tokens = logits.argmax(dim=-1)
-        greedy = [p.temperature == 0.0 for p in params]
-        if all(greedy):
+        greedy_tokens, probs = processed_distribution(logits, params, counts, mask)
+        if probs is None:
             return greedy_tokens
-        temperature = _column(params, "temperature", 1.0, dev).masked_fill(
-            torch.tensor(greedy, device=dev), 1.0
-        )
-        ks = [p.top_k or 0 for p in params]
-        top_k = torch.tensor(ks, dtype=torch.long, device=dev)
-        top_p = _column(params, "top_p", 1.0, dev)
-        min_p = _column(params, "min_p", 0.0, dev)
-        sampled_ks = [k for k, g in zip(ks, greedy, strict=True) if not g]  # greedy rows ignore the filter
-        max_k = 0 if min(sampled_ks) <= 0 else max(sampled_ks)
-        probs = filter_logits(logits / temperature[:, None], top_k, top_p, min_p, max_k).softmax(dim=-1)
+        greedy = [p.temperature == 0.0 for p in params]
         noise = torch.empty_like(probs)
         for row, (p, request_id) in enumerate(zip(params, request_ids, strict=True)):
             if not greedy[row]:
@@ -290,3 +268,41 @@ class Sampler:
                 noise[row].fill_(1.0)
         sampled = (probs / noise).argmax(dim=-1)
         return torch.where(torch.tensor(greedy, device=dev), greedy_tokens, sampled)
+
+
+def processed_distribution(
+    logits: torch.Tensor,  # [B, V]
+    params: Sequence[SamplingParams],
+    counts: torch.Tensor | None = None,  # [B, V] output-token occurrences, for penalties
+    mask: tuple[Sequence[int], torch.Tensor] | None = None,  # (constrained rows, their packed token bitmask)
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The distribution each row samples from, after every warper: (greedy tokens [B] = argmax of the
+    penalized (and grammar-masked) logits, probs [B, V] fp32 or None when every row is greedy). A greedy
+    row's probs row is the filtered softmax at temperature 1 (unused: greedy rows take the argmax).
+    `Sampler.sample` and speculative verification (engine/spec/verify.py) both draw from exactly this."""
+    dev = logits.device
+    logits = logits.float().clone()
+    presence = _column(params, "presence_penalty", 0.0, dev)
+    frequency = _column(params, "frequency_penalty", 0.0, dev)
+    if counts is not None and bool((presence != 0).any() or (frequency != 0).any()):
+        apply_penalties(logits, counts.to(dev, torch.float32), presence, frequency)
+    if mask is not None:
+        rows, bits = mask
+        if len(rows) == logits.shape[0]:
+            apply_token_bitmask_(logits, bits)
+        else:  # only the constrained rows pay for the unpacking
+            index = torch.tensor(list(rows), device=dev)
+            logits[index] = apply_token_bitmask_(logits[index], bits)
+    greedy_tokens = logits.argmax(dim=-1)
+    greedy = [p.temperature == 0.0 for p in params]
+    if all(greedy):
+        return greedy_tokens, None
+    temperature = _column(params, "temperature", 1.0, dev).masked_fill(torch.tensor(greedy, device=dev), 1.0)
+    ks = [p.top_k or 0 for p in params]
+    top_k = torch.tensor(ks, dtype=torch.long, device=dev)
+    top_p = _column(params, "top_p", 1.0, dev)
+    min_p = _column(params, "min_p", 0.0, dev)
+    sampled_ks = [k for k, g in zip(ks, greedy, strict=True) if not g]  # greedy rows ignore the filter
+    max_k = 0 if min(sampled_ks) <= 0 else max(sampled_ks)
+    probs = filter_logits(logits / temperature[:, None], top_k, top_p, min_p, max_k).softmax(dim=-1)
+    return greedy_tokens, probs

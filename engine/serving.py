@@ -93,7 +93,7 @@ class AsyncEngine:
         server_sampling: SamplingParams | None = None,
     ) -> AsyncEngine:
         """Load `path`. Not started: call `start()`."""
-        loaded = load_artifact(path, device=device, dtype=dtype)
+        loaded = load_artifact(path, device=device, dtype=dtype, with_mtp=config.spec == "mtp")
         engine = cls(
             loaded.model,
             loaded.tokenizer,

@@ -168,6 +168,9 @@ class StepResult:
     # Per row, filled only when a request asked for logprobs (None: nobody did). The shape is the
     # logprobs issue's to define.
     logprobs: tuple[Any, ...] | None = None
+    # Speculative decoding (`--spec`): per row, the drafts proposed for its next step (() for none). The
+    # scheduler keeps them beside the request, never in its tokens, and feeds them as the next verify row.
+    draft_token_ids: tuple[tuple[int, ...], ...] = ()
 
     @classmethod
     def of_sampled(
@@ -193,6 +196,8 @@ class StepResult:
                 f"StepResult has {len(self.sampled_token_ids)} token lists, {len(self.num_accepted)} accepted and "
                 f"{len(self.num_rolled_back)} rolled-back counts for {n} rows"
             )
+        if self.draft_token_ids and len(self.draft_token_ids) != n:
+            raise ValueError(f"StepResult has {len(self.draft_token_ids)} draft lists for {n} rows")
         for row, tokens, rolled_back in zip(
             plan.rows, self.sampled_token_ids, self.num_rolled_back, strict=True
         ):

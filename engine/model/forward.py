@@ -55,6 +55,12 @@ class ForwardBatch:
     query_start_loc_cpu: tuple[int, ...] | None = None
     state_slots_cpu: tuple[int, ...] | None = None
     has_initial_state_cpu: tuple[bool, ...] | None = None
+    # Speculative verify (engine/spec): every sequence feeds exactly ``verify_width`` tokens, and the GDN
+    # layers run them one position at a time (the decode ops, bit-identical to decoding them one per step),
+    # snapshotting each sequence's state after position j < width - 1 into slot ``snapshot_slots[b, j]``
+    # ([B, width - 1] int64), so the runner can roll back to the last accepted position. 0 = off.
+    verify_width: int = 0
+    snapshot_slots: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

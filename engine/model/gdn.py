@@ -6,7 +6,9 @@ the sequence's saved state (chunked for multi-token chunks, recurrent for single
 gated RMSNorm with ``z`` as the gate; out_proj. Conv and recurrent states live in the slot pool of
 ``ModelCache`` at index ``state_index``; this layer reads and writes only the slots the batch names.
 
-Paths (chosen from shapes only):
+Paths (chosen from shapes only; a speculative verify batch is flagged by ``batch.verify_width``):
+- verify (every sequence feeds ``verify_width`` tokens): position by position through the decode ops,
+  snapshotting each sequence's state after every position but the last (``_verify``; engine/spec).
 - decode (``T == B``, one token per sequence): ``causal_conv1d_decode`` then
   ``gated_delta_rule_decode``, which computes the gates itself from ``a``/``b`` (no host sync; a
   state slot of -1 marks a padding row that touches no state: CUDA-graph padding).
@@ -89,7 +91,9 @@ class GatedDeltaNet(nn.Module):
         conv_state = cache.conv_state[self.state_index]
         states = cache.recurrent_state[self.state_index]
         weight = self.conv1d.weight.squeeze(1)
-        if num_tokens == batch.num_sequences:
+        if batch.verify_width > 1:
+            core = self._verify(qkv, a, b, weight, conv_state, states, batch)
+        elif num_tokens == batch.num_sequences:
             mixed = causal_conv1d_decode(qkv, weight, conv_state, batch.state_slots, batch.has_initial_state)
             query, key, value = self._heads(mixed)
             core = gated_delta_rule_decode(
@@ -112,6 +116,37 @@ class GatedDeltaNet(nn.Module):
             )  # fmt: skip
         gate = z.view(num_tokens, self.num_v_heads, self.v_dim)
         return self.out_proj(self.norm(core, gate).reshape(num_tokens, self.value_dim))
+
+    def _verify(
+        self,
+        qkv: torch.Tensor,  # [B * W, conv_dim], sequence-major
+        a: torch.Tensor,
+        b: torch.Tensor,
+        weight: torch.Tensor,
+        conv_state: torch.Tensor,
+        states: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """A speculative verify batch: position j of every sequence through the decode ops, in order, and
+        each sequence's conv + recurrent state after position j < W - 1 copied to ``snapshot_slots[:, j]``
+        (a padding row, slot -1, copies nothing real: it reads and writes the snapshot slot itself)."""
+        width, slots = batch.verify_width, batch.state_slots
+        assert batch.snapshot_slots is not None and qkv.shape[0] == width * batch.num_sequences
+        core = qkv.new_empty(qkv.shape[0], self.num_v_heads, self.v_dim)
+        cont = batch.has_initial_state
+        for j in range(width):
+            mixed = causal_conv1d_decode(qkv[j::width], weight, conv_state, slots, cont)
+            query, key, value = self._heads(mixed)
+            core[j::width] = gated_delta_rule_decode(
+                query, key, value, a[j::width], b[j::width], self.A_log, self.dt_bias, states, slots, cont,
+            )  # fmt: skip
+            cont = torch.ones_like(cont)
+            if j < width - 1:
+                dst = batch.snapshot_slots[:, j]
+                src = torch.where(slots >= 0, slots, dst)
+                conv_state.index_copy_(0, dst, conv_state.index_select(0, src))
+                states.index_copy_(0, dst, states.index_select(0, src))
+        return core
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(qkv [T, conv_dim], z [T, value_dim], b [T, Hv], a [T, Hv]); once fused, views of one GEMM's

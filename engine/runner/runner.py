@@ -41,6 +41,7 @@ from engine.request import SamplingParams, TokenLogprob
 from engine.runner.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner
 from engine.runner.host_copies import HostCopies
 from engine.runner.inputs import DecodeRow, eager_batch, sample_indices
+from engine.runner.speculative import SpecExecutor, num_spec_slots
 from engine.runner.warmup import WarmupReport, warm_up
 from engine.sampling import Sampler, output_token_counts, token_logprobs
 from engine.step import HostRestoreReport, RowPlan, StepPlan, StepResult
@@ -66,11 +67,16 @@ class ModelRunner:
         graph_sizes: Sequence[int] = DEFAULT_GRAPH_SIZES,
         host_budget: HostBudget | None = None,
         grammars: GrammarCompiler | None = None,
+        spec: str | None = None,
+        num_draft_tokens: int = 0,
+        num_lanes: int = 1,
     ) -> None:
         """max_context bounds a request's page-table row (the graphs' page-table width); None = the
         whole pool. cuda_graph=False keeps every step eager. kv_dtype: as `CacheConfig` validated it.
         host_budget: host KV parking's budget (`--host-kv-cache-mib`): the runner copies what the
-        scheduler's plans park and restore (None: off). grammars: serves structured outputs."""
+        scheduler's plans park and restore (None: off). grammars: serves structured outputs.
+        spec="mtp": speculative decoding with `num_draft_tokens` MTP drafts per row
+        (engine/runner/speculative.py; lanes 0..num_lanes-1)."""
         self.model = model
         self.config: ModelConfig = model.config
         param = next(model.parameters())
@@ -78,10 +84,24 @@ class ModelRunner:
         self.page_size = page_size
         self.kv_dtype = kv_dtype
         # NOTE: "bf16" KV means the model's compute dtype (bf16 on the GPU; float32 in CPU tests).
+        extra_slots = num_spec_slots(num_lanes, num_draft_tokens) if spec is not None else 0
         self.cache: ModelCache = allocate_cache(
-            kv_spec(self.config, self.dtype, kv_dtype), num_pages, page_size, num_state_slots, self.device
+            kv_spec(self.config, self.dtype, kv_dtype, with_mtp=spec == "mtp"),
+            num_pages,
+            page_size,
+            num_state_slots + extra_slots,
+            self.device,
         )
         self.sampler = Sampler(self.device, seed, grammars)
+        self.spec: SpecExecutor | None = None
+        if spec is not None:
+            if spec != "mtp":
+                raise ValueError(f"spec={spec!r}: this runner drafts with 'mtp' only")
+            self.spec = SpecExecutor(
+                model, self.cache, num_draft_tokens=num_draft_tokens, num_lanes=num_lanes,
+                snapshot_base=num_state_slots, generator=self.sampler.generator,
+            )  # fmt: skip
+            cuda_graph = False  # TODO(#21): graphs for the verify widths and the draft steps
         self.host_copies = HostCopies(self.cache, host_budget) if host_budget is not None else None
         self._host_reports: tuple[HostRestoreReport, ...] = ()
         self._output_token_ids: dict[str, list[int]] = {}  # for presence / frequency penalties
@@ -113,6 +133,8 @@ class ModelRunner:
         self.release(plan.released_request_ids)
         if self.host_copies is not None:  # parks, unparks: before anything writes the cache
             self.host_copies.run(self.cache, plan)
+        if self.spec is not None and not plan.is_empty:
+            return self._execute_spec(plan)
         sampled = self.run_rows(plan) if not plan.is_empty else []
         if self.host_copies is not None:
             self._host_reports += self.host_copies.finish(idle=plan.is_empty)
@@ -125,6 +147,34 @@ class ModelRunner:
             self._logprobs.clear()
             result = replace(result, logprobs=rows)
         return result
+
+    def _execute_spec(self, plan: StepPlan) -> StepResult:
+        """Steps 1-5 with speculative decoding (engine/runner/speculative.py): verify, roll back, draft."""
+        assert self.spec is not None
+        self.num_steps += 1
+        for src, dst in plan.page_copies:
+            self._copy_page(src, dst)
+        for row in plan.rows:
+            if row.copy_state_from is not None:
+                self._copy_state(row.copy_state_from, row.state_slot)
+        # a forced </think> fed as a row of its own (rows with drafts feed drafts, not committed output)
+        self._take_forced_tokens([row for row in plan.rows if row.num_sample <= 1])
+        out = self.spec.run(plan.rows, self._output_token_ids, self._sample)
+        for row in plan.rows:
+            if row.save_state_to is not None:
+                self._copy_state(row.state_slot, row.save_state_to)
+        if self.host_copies is not None:
+            self._host_reports += self.host_copies.finish(idle=False)
+        reports, self._host_reports = self._host_reports, ()
+        logprobs = None
+        if self._logprobs:  # rows that asked sampled one position through `_sample`
+            logprobs = tuple(
+                self._logprobs.pop(row.request_id, None) if row.sample else None for row in plan.rows
+            )
+            self._logprobs.clear()
+        return StepResult(
+            out.tokens, out.num_accepted, out.num_rolled_back, reports, logprobs, draft_token_ids=out.drafts
+        )
 
     def run_rows(self, plan: StepPlan) -> list[list[int]]:
         """Steps 1-5 of a plan (no host copies): one token list per sampling row, in row order."""
@@ -169,6 +219,8 @@ class ModelRunner:
     def release(self, request_ids: Sequence[str]) -> None:
         """Drop the sampler state of requests that ended."""
         self.sampler.release(request_ids)
+        if self.spec is not None:
+            self.spec.release(request_ids)
         for request_id in request_ids:
             self._output_token_ids.pop(request_id, None)
 
@@ -237,3 +289,5 @@ class ModelRunner:
     def _copy_state(self, src: int, dst: int) -> None:
         for tensor in (*self.cache.conv_state, *self.cache.recurrent_state):
             tensor[dst].copy_(tensor[src])
+        if self.spec is not None:
+            self.spec.copy_slot(src, dst)

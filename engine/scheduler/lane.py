@@ -29,3 +29,4 @@ class Lane:
     pending_save: tuple[int, int] | None = None  # (slot, position) of the step in flight
     host_restored: bool = False  # admitted with a host unpark into its pages and slot: no state reset
     restoring: bool = False  # that unpark is not yet reported complete: the lane gets no row
+    drafts: tuple[int, ...] = ()  # speculative drafts for the next step (never in the request's tokens)

@@ -37,7 +37,8 @@ def grow(s: Scheduler) -> list[Lane]:
     for lane in sorted((x for x in s.lanes if x is not None), key=lambda x: x.admitted_seq):
         if s.lanes[lane.lane_id] is not lane or lane.restoring:
             continue  # preempted earlier in this loop, or waiting for its host restore
-        if not ensure_pages(s, lane, lane.request.num_tokens):
+        # a speculative row also writes its drafts' positions (num_drafts caps them below max_num_tokens)
+        if not ensure_pages(s, lane, lane.request.num_tokens + s.num_draft_tokens):
             starved.append(lane)
     return starved
 

@@ -73,6 +73,8 @@ from engine.scheduler import limits, ondemand
 from engine.scheduler.host import HostPlanner
 from engine.scheduler.integrity import check_integrity
 from engine.scheduler.lane import Lane
+from engine.scheduler.reasoning import reasoning_step
+from engine.scheduler.spec import SpecCounters, num_drafts, retains_exactly, spec_cow_match
 from engine.scheduler.stats import SchedulerStats
 from engine.step import RowPlan, StepPlan, StepResult
 
@@ -92,8 +94,11 @@ class Scheduler:
         eos_token_ids: Iterable[int] = (),
         reasoning_tokens: ReasoningTokens | None = None,
         clock: Callable[[], float] = time.monotonic,
+        num_draft_tokens: int = 0,  # > 0: speculative decoding (engine/scheduler/spec.py: rows carry drafts)
     ) -> None:
         self.config = config
+        self.num_draft_tokens = num_draft_tokens
+        self.spec_stats = SpecCounters(num_draft_tokens)
         self.reasoning_tokens = reasoning_tokens  # None: thinking budgets are not enforced
         self.cache_config = cache_config
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -208,7 +213,7 @@ class Scheduler:
         ]
         for lane in running:  # decode-ready first, compacted in lane order
             if lane.request.num_tokens - lane.request.num_computed_tokens == 1:
-                rows.append(self._row(lane, 1, copies))
+                rows.append(self._decode_row(lane, copies))
         # A step with decode rows bounds their latency: its prefill gets the smaller (>= 1) budget.
         budget = self.config.effective_prefill_chunk_decoding if rows else self.config.prefill_chunk
         for lane in sorted(running, key=lambda lane: lane.admitted_seq):
@@ -347,6 +352,8 @@ class Scheduler:
         match = self.prefix.lookup(request.token_ids, request.page_hashes, limit)
         if match is not None:
             self.prefix.pin(match.checkpoint)
+            if self.num_draft_tokens:
+                match = spec_cow_match(match, self.pages.page_size)
         return match
 
     def _host_lookup(self, request: Request, match: PrefixMatch | None) -> HostMatch | None:
@@ -370,7 +377,17 @@ class Scheduler:
             return self.pages.can_allocate(num_pages)
         return self.prefix.reclaim_pages(num_pages)
 
-    def _row(self, lane: Lane, n: int, copies: list[tuple[int, int]]) -> RowPlan:
+    def _decode_row(self, lane: Lane, copies: list[tuple[int, int]]) -> RowPlan:
+        """A decode-ready lane's row: its last token, plus its drafts when speculating (engine/scheduler/spec.py)."""
+        if not self.num_draft_tokens:
+            return self._row(lane, 1, copies)
+        k = num_drafts(lane.drafts, lane.request, lane.max_num_tokens, self.reasoning_tokens is not None)
+        self.spec_stats.plan(lane.request, len(lane.drafts), k)
+        return self._row(lane, 1, copies, drafts=lane.drafts[:k])
+
+    def _row(
+        self, lane: Lane, n: int, copies: list[tuple[int, int]], drafts: tuple[int, ...] = ()
+    ) -> RowPlan:
         request = lane.request
         start = request.num_computed_tokens
         end = start + n
@@ -391,17 +408,19 @@ class Scheduler:
         num_prefill = max(0, min(end, request.num_prompt_tokens) - start)
         self.num_prefill_tokens += num_prefill
         self.num_decode_tokens += n - num_prefill
+        lane.drafts = ()  # consumed by this row (or dropped); the result brings the next ones
         return RowPlan(
             request_id=request.request_id,
             lane=lane.lane_id,
-            token_ids=tuple(request.token_ids[start:end]),
+            token_ids=tuple(request.token_ids[start:end]) + drafts,
             start_pos=start,
             page_ids=lane.page_ids,
             state_slot=lane.state_slot,
             reset_state=reset,
             copy_state_from=copy_from,
             save_state_to=save,
-            num_sample=1 if end == request.num_tokens else 0,  # the last known token: sample the next
+            # the last known token: sample the next (and one more per draft: a verify row)
+            num_sample=1 + len(drafts) if end == request.num_tokens else 0,
             sampling_params=request.sampling_params,
             num_output_tokens=request.num_output_tokens,
         )
@@ -429,9 +448,10 @@ class Scheduler:
             lane.restoring = False
             if not report.ok:
                 self._restore_failed(lane)
+        drafts = result.draft_token_ids or ((),) * len(plan.rows)
         logprobs = result.logprobs or (None,) * len(plan.rows)
-        for row, tokens, rolled_back, row_logprobs in zip(plan.rows, result.sampled_token_ids,
-                                                          result.num_rolled_back, logprobs, strict=True):  # fmt: skip
+        for row, tokens, rolled_back, row_logprobs, next_drafts, accepted in zip(plan.rows, result.sampled_token_ids,
+                result.num_rolled_back, logprobs, drafts, result.num_accepted, strict=True):  # fmt: skip
             lane = self.lanes[row.lane]
             assert lane is not None and lane.request.request_id == row.request_id, f"lane {row.lane} changed"
             request = lane.request
@@ -444,8 +464,11 @@ class Scheduler:
                 slot, position = lane.pending_save
                 lane.pending_save = None
                 self.prefix.insert(request.token_ids, request.page_hashes, position, lane.page_ids, slot)  # type: ignore[union-attr]
+            if row.num_sample > 1:
+                self.spec_stats.verified(request, row.num_sample - 1, accepted)
             if tokens:
-                self._commit_tokens(lane, tokens, events, row_logprobs)
+                lane.drafts = next_drafts
+                self._commit_tokens(lane, tokens, events, row_logprobs, exact=retains_exactly(row))
         return events
 
     def _commit_tokens(
@@ -454,8 +477,11 @@ class Scheduler:
         tokens: Sequence[int],
         events: list[Event],
         logprobs: Sequence[TokenLogprob] | None = None,
+        *,
+        exact: bool = True,
     ) -> None:
-        """Append `tokens` to the lane's request in order, up to the first that finishes it."""
+        """Append `tokens` to the lane's request in order, up to the first that finishes it. A verify row
+        (not `exact`) cut short by a finish is not retained: its state sits past the last kept token."""
         request = lane.request
         if request.first_token_time is None:
             request.first_token_time = self.clock()
@@ -463,7 +489,7 @@ class Scheduler:
         kept: list[TokenLogprob] = []
         reason = None
         for k, token in enumerate(tokens):
-            appended = self._reasoning_step(request, token)
+            appended = reasoning_step(self.reasoning_tokens, request, token)
             forced = appended != (token,)  # the reasoning's forced close: fed next, like a prompt's tail
             if forced:
                 request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens)
@@ -480,26 +506,8 @@ class Scheduler:
         logged = None if logprobs is None else tuple(kept)
         events.append(TokenEvent(request.request_id, tuple(committed), request.num_output_tokens, logged))
         if reason is not None:
-            events.append(self._release(lane, reason, retain=True))
-
-    def _reasoning_step(self, request: Request, token: int) -> tuple[int, ...]:
-        """The tokens to append for sampled `token`: itself, or the reasoning's forced close once the request's
-        thinking budget is spent. Tracks whether the request is inside its reasoning."""
-        markers = self.reasoning_tokens
-        if markers is None:
-            return (token,)
-        if not request.in_reasoning:
-            request.in_reasoning = token == markers.start_id and request.num_output_tokens == 0
-            return (token,)
-        budget = request.sampling_params.thinking_budget
-        if token == markers.end_id:
-            request.in_reasoning = False
-        elif budget is not None and budget >= 0 and request.num_reasoning_tokens >= budget:
-            request.in_reasoning = False
-            return markers.close_ids
-        else:
-            request.num_reasoning_tokens += 1
-        return (token,)
+            retain = exact or len(committed) == len(tokens)
+            events.append(self._release(lane, reason, retain=retain))
 
     def _restore_failed(self, lane: Lane) -> None:
         """Re-plan a lane whose host restore failed as a cold prefill (same pages and slot, no row ran)."""
@@ -561,6 +569,7 @@ class Scheduler:
             queue_seconds=max(queued_until - request.arrival_time, 0.0),
             prefill_seconds=None if admitted is None or first is None else max(first - admitted, 0.0),
             num_host_cached_tokens=request.num_host_cached_tokens,
+            speculative=self.spec_stats.finish(request.request_id),
         )
 
     # ---- introspection --------------------------------------------------------------------------

@@ -63,6 +63,7 @@ def build_synthetic(
     *,
     device: torch.device | str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
+    with_mtp: bool = False,
 ) -> Qwen3_5ForCausalLM:
     """The geometry with random weights, allocated and drawn on `device` (no host copy on a GPU), its
     projections then fused (``Qwen3_5ForCausalLM.fuse_projections``: the same weights, one GEMM each)."""
@@ -70,7 +71,7 @@ def build_synthetic(
     torch.set_default_dtype(dtype)
     try:
         with torch.device("meta"):
-            model = Qwen3_5ForCausalLM(config)
+            model = Qwen3_5ForCausalLM(config, with_mtp=with_mtp)
     finally:
         torch.set_default_dtype(previous)
     dev = torch.device(device)
@@ -98,6 +99,7 @@ def load_synthetic(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     seed: int = 0,
+    with_mtp: bool = False,
     weights_id: str | None = None,
 ) -> tuple[Qwen3_5ForCausalLM, Tokenizer, str]:
     """(model, the real Qwen3.5 tokenizer and chat template, model id) for geometry `name`; with `weights_id`
@@ -117,10 +119,14 @@ def load_synthetic(
         )
     dtype = dtype if dtype is not None else default_dtype(dev)
     if weights_id is not None:
+        if with_mtp:
+            raise ValueError(
+                f"weights_id={weights_id!r}: quantized synthetic weights carry no MTP head (--spec mtp)"
+            )
         from engine.testing.synthetic_quant import build_synthetic_quantized
 
         model = build_synthetic_quantized(config, weights_id, seed, device=dev, dtype=dtype)
     else:
-        model = build_synthetic(config, seed, device=dev, dtype=dtype)
+        model = build_synthetic(config, seed, device=dev, dtype=dtype, with_mtp=with_mtp)
     tokenizer = Tokenizer.qwen35(moe=config.is_moe)
     return model, tokenizer, synthetic_model_id(name)

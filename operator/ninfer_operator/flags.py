@@ -52,14 +52,12 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
         "value",
         "mtp",
         skip=("off",),
-        unsupported="speculative decoding (engine.spec.mode: mtp) is not in ninfer-serve yet",
     ),
     FlagRow(
         "engine.spec.draftTokens",
         "--draft-tokens",
         "value",
         3,
-        unsupported="engine.spec.draftTokens needs speculative decoding, which is not in ninfer-serve yet",
     ),
     FlagRow(
         "engine.vision",

@@ -1,7 +1,7 @@
 """`ninfer-serve --host-kv-cache-mib`: a real server on the demo model parks a session that a side
 request evicts, restores it when the conversation comes back, and shows it on /stats, /metrics and in
-the request log (`host_cache_hit_tokens`, `prefix_reuse_path: host_restore`). `--spec` is refused at
-startup with the reason (DFlash + host parking first: its draft caches are not parked)."""
+the request log (`host_cache_hit_tokens`, `prefix_reuse_path: host_restore`). `--spec dflash` is refused
+at startup with the reason (with host parking first: its draft caches are not parked); `--spec mtp` parks."""
 
 from __future__ import annotations
 
@@ -73,8 +73,8 @@ def test_host_parking_through_a_real_server(tmp_path: Path) -> None:
             ["--spec", "dflash", "--host-kv-cache-mib", "64"],
             "spec='dflash': cannot run with host_kv_cache_mib=64: host parking does not capture DFlash draft",
         ),
-        (["--spec", "dflash"], "spec='dflash': speculative decoding is not available in this build"),
-        (["--spec", "mtp", "--host-kv-cache-mib", "64"], "spec='mtp': speculative decoding is not available"),
+        (["--spec", "dflash"], "spec='dflash': DFlash is not available in this build"),
+        (["--spec", "mtp", "--draft-tokens", "0"], "draft_tokens=0: must be in 1..5 with --spec mtp"),
     ],
 )
 def test_spec_flag_is_refused_with_the_reason(argv: list[str], reason: str, capsys) -> None:

@@ -67,3 +67,11 @@ def test_ninfer_console_script_answers():
     result = subprocess.run([str(ninfer), *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() and "tok/s" in result.stderr
+
+
+def test_spec_mtp_gives_the_same_answer_and_reports_its_rounds_on_stderr(capsys):
+    args = ("--prompt", "Say hi", "--max-new", "8", "--no-thinking", "--greedy")
+    _, plain, _ = _run(capsys, *args)
+    code, out, err = _run(capsys, *args, "--spec", "mtp", "--draft-tokens", "2")
+    assert code == 0 and out == plain
+    assert "[spec mtp K=2]" in err and "drafts accepted" in err and "tokens per round" in err

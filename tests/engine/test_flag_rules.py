@@ -31,12 +31,18 @@ SHARED = [
     ),
     (["--kv-capacity", "lots"], {"kv_capacity": "lots"}, "kv_capacity='lots': must be 'auto'"),
     (["--kv-dtype", "fp4"], {"kv_dtype": "fp4"}, "kv_dtype='fp4': must be one of"),
+    (["--spec", "dflash"], {"spec": "dflash"}, "spec='dflash': DFlash is not available in this build"),
+    (["--draft-tokens", "3"], {"draft_tokens": 3}, "draft_tokens=3: needs speculative decoding (--spec mtp)"),
+    (
+        ["--spec", "mtp", "--draft-tokens", "6"],
+        {"spec": "mtp", "draft_tokens": 6},
+        "draft_tokens=6: must be in 1..5 with --spec mtp",
+    ),
     (
         ["--gpu-memory-limit", "lots"],
         {"gpu_memory_limit": "lots"},
         "gpu_memory_limit='lots': must be a positive",
     ),
-    (["--spec", "mtp"], {"spec": "mtp"}, "spec='mtp': speculative decoding is not available in this build"),
 ]
 # Flags only the server offers (lanes, queueing, host parking): the server and LLM() agree.
 SERVER_ONLY = [

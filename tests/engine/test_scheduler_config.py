@@ -73,7 +73,8 @@ def test_prefill_budgets_are_multiples_of_prefill_chunk_multiple() -> None:
             {"spec": "dflash", "host_kv_cache_mib": 64},
             r"^spec='dflash': cannot run with host_kv_cache_mib=64",
         ),
-        ({"spec": "mtp"}, r"^spec='mtp': speculative decoding is not available in this build$"),
+        ({"spec": "dflash"}, r"^spec='dflash': DFlash is not available in this build \(use 'mtp'\)$"),
+        ({"draft_tokens": 2}, r"^draft_tokens=2: needs speculative decoding \(--spec mtp\)$"),
     ],
 )
 def test_rules_across_groups_are_the_engine_configs(flags: dict[str, object], reason: str) -> None:

@@ -22,6 +22,7 @@ from engine.config import EngineConfig
 from engine.core import apply_memory_limit
 from engine.testing.bench.fit import fit_report
 from engine.testing.bench.hf import add_speedups, round_sig, time_hf
+from engine.testing.bench.spec import ACCEPTANCE_LENGTH, make_spec_runner, run_spec_rounds
 from engine.testing.bench.steps import (
     PAGE_SIZE,
     decode_step_bytes,
@@ -72,6 +73,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="kernel-time breakdown of decode (C=1) and prefill")
     p.add_argument("--skip-prefill", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
+    p.add_argument("--spec-rounds", type=int, default=0, metavar="K",
+                   help="also time speculative rounds of K MTP drafts per row (eager) against a plain decode "
+                   "step, and project TPOT at 3.2 tokens per round (0 = skip)")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--vs-hf", action="store_true", help="also time HF transformers on the same geometry")
     p.add_argument("--hf-max-prompt-len", type=int, default=16384,
@@ -128,7 +132,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.weights_id is not None:
         model = build_synthetic_quantized(config, args.weights_id)
     else:
-        model = build_synthetic(config)
+        model = build_synthetic(config, with_mtp=args.spec_rounds > 0)
     weights = weight_bytes(model)
     result["weights_GB"] = {k: round(v / 1e9, 3) for k, v in weights.items() if not k.startswith("params")}
     _log(f"built {args.synthetic} ({result['weights_id']}): {result['weights_GB']} GB")
@@ -202,6 +206,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.empty_cache()
         result["decode"] = rows
 
+    if args.spec_rounds:
+        result["spec"] = _bench_spec(model, config.vocab_size, args, result.get("decode", ()))
+
     if args.gpu_memory_limit is not None:  # last: the speed rows above survive whatever happens here
         try:
             cap = apply_memory_limit(
@@ -238,11 +245,47 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _bench_spec(
+    model: Any, vocab: int, args: argparse.Namespace, decode: Sequence[dict[str, Any]]
+) -> list[Any]:
+    """Per concurrency: one speculative round's time vs the plain decode step measured above (graph and
+    eager), and the projected time per output token at ACCEPTANCE_LENGTH tokens per round."""
+    k, max_c = args.spec_rounds, max(args.concurrency)
+    max_context = args.decode_context + (args.decode_warmup + args.decode_tokens + 2) * (k + 1)
+    runner = make_spec_runner(
+        model, max_c * -(-max_context // PAGE_SIZE) + 1, max_c, args.kv_dtype, k, max_context
+    )
+    rows = []
+    for c in args.concurrency:
+        got = run_spec_rounds(
+            runner, vocab, c, args.decode_context, args.decode_warmup, args.decode_tokens, k
+        )
+        plain = {
+            ("graph" if r["cuda_graph"] else "eager"): r["step_ms"] for r in decode if r["concurrency"] == c
+        }
+        round_ms = got["round_s"] * 1e3
+        row = {"concurrency": c, "draft_tokens": k, "round_ms": round(round_ms, 3),
+               "tokens_per_round_random_weights": round(got["tokens_per_round"], 3),
+               "plain_step_ms": plain, "round_over_plain": {m: round(round_ms / v, 3) for m, v in plain.items()},
+               "projected_tpot_ms_at_3.2": round(round_ms / ACCEPTANCE_LENGTH, 3),
+               "projected_tok_s_at_3.2": round(c * ACCEPTANCE_LENGTH / got["round_s"], 1)}  # fmt: skip
+        _log(f"spec {row}")
+        rows.append(row)
+    del runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.weights_id is not None:
             synthetic_profile(args.weights_id, GEOMETRIES[args.synthetic])
+            if args.spec_rounds:
+                raise ValueError(
+                    "--spec-rounds needs dense weights: quantized synthetic weights carry no MTP head"
+                )
         if args.gpu_memory_limit is not None:
             EngineConfig(gpu_memory_limit=args.gpu_memory_limit)
     except ValueError as exc:

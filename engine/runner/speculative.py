@@ -1,0 +1,196 @@
+"""The speculative step (`--spec mtp`): verify every row's drafts in one batched pass, roll the GDN state
+back to the last accepted position, then catch the MTP layer up and propose the next drafts.
+
+Owns: the runner's side of a speculative step: grouping rows into forwards, the snapshot slots, the
+rollback copies, the drafts' q distributions kept per request until they are verified. Must not touch
+the scheduler or requests: rows come down as `RowPlan`s (a verify row feeds its last token and k drafts
+and samples all k + 1 positions; its drafts are its last k fed tokens) and go back up as token lists,
+accepted / rolled-back counts and new drafts (`StepResult.draft_token_ids`).
+
+Forwards of one step: rows that sample every fed position ("decode-like": a verify row of width k + 1,
+or a plain decode row of width 1 near the context limit) run grouped by width, each group one uniform
+batch; prefill chunks run as one varlen batch. A verify group flags `ForwardBatch.verify_width`, so the
+GDN layers run its positions one at a time with the decode ops and snapshot the state after each.
+
+Rollback (per-position snapshots, not replay): lane l owns snapshot slots `base + l*K .. base + l*K + K-1`
+(slot `base + j` of a lane holds its conv + recurrent state after verify position j); a row that accepted
+a < k drafts copies snapshot a into its working slot. Chosen over replay because it needs no second pass
+through the layers and reuses the decode ops unchanged, so the rolled-back state is exactly the state
+of decoding the accepted tokens one per step; its cost is k state copies per GDN layer per row (to
+measure on the GPU against a fused replay kernel). Slot `base + lanes*K` is a sink for graph padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from engine.model.forward import ForwardBatch, ModelCache
+from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.request import SamplingParams
+from engine.runner.inputs import eager_batch
+from engine.spec.mtp import DraftRow, MtpDrafter
+from engine.spec.verify import GeneratorFor, Verdict, verify
+from engine.step import RowPlan
+
+
+@dataclass(frozen=True, slots=True)
+class SpecOutcome:
+    """Per plan row: tokens to commit, drafts accepted, fed positions rolled back, next drafts."""
+
+    tokens: tuple[tuple[int, ...], ...]
+    num_accepted: tuple[int, ...]
+    num_rolled_back: tuple[int, ...]
+    drafts: tuple[tuple[int, ...], ...]
+
+
+def drafts_allowed(params: SamplingParams) -> bool:
+    """Rows of structured outputs (their grammar's mask follows every sampled token) and of logprobs requests
+    never draft: they sample one token per step through the runner's sampler."""
+    return params.structured is None and params.logprobs is None
+
+
+def num_spec_slots(num_lanes: int, num_draft_tokens: int) -> int:
+    """Extra state slots speculative decoding needs: K snapshots per lane plus one padding sink."""
+    return num_lanes * num_draft_tokens + 1
+
+
+class SpecExecutor:
+    """Use: `run(rows, history)` in place of the plain forward + sample of a step."""
+
+    def __init__(
+        self,
+        model: Qwen3_5ForCausalLM,
+        cache: ModelCache,
+        *,
+        num_draft_tokens: int,
+        num_lanes: int,
+        snapshot_base: int,
+        generator: GeneratorFor,
+    ) -> None:
+        self.model, self.cache = model, cache
+        self.k = num_draft_tokens
+        self.snapshot_base = snapshot_base
+        self.sink = snapshot_base + num_lanes * num_draft_tokens
+        assert self.sink < cache.num_state_slots, "allocate num_spec_slots() extra state slots"
+        self.device = next(model.parameters()).device
+        self.generator = generator
+        self.drafter = MtpDrafter(model, cache, cache.num_state_slots, generator)
+        self._draft_probs: dict[str, torch.Tensor | None] = {}  # q of each request's pending drafts
+        self.num_verify_forwards = 0
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            self._draft_probs.pop(request_id, None)
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        self.drafter.copy_slot(src, dst)
+
+    def _snapshots(self, rows: Sequence[RowPlan], width: int) -> torch.Tensor:
+        base = [self.snapshot_base + row.lane * self.k for row in rows]
+        table = [[b + j for j in range(width - 1)] for b in base]
+        return torch.tensor(table, dtype=torch.int64, device=self.device).reshape(len(rows), width - 1)
+
+    def _forward(self, rows: Sequence[RowPlan], width: int) -> torch.Tensor:
+        batch: ForwardBatch = eager_batch(rows, self.cache.page_size, self.device)
+        if width > 1:
+            batch = replace(batch, verify_width=width, snapshot_slots=self._snapshots(rows, width))
+            self.num_verify_forwards += 1
+        return self.model(batch, self.cache)
+
+    def run(
+        self,
+        rows: Sequence[RowPlan],
+        history: dict[str, list[int]],
+        plain_sample: Callable[[torch.Tensor, Sequence[RowPlan]], list[list[int]]],
+    ) -> SpecOutcome:
+        """One step over `rows` (plan order). `history`: each request's output tokens so far (for penalties);
+        extended here with the committed tokens. `plain_sample(logits, rows)`: the runner's own sampler for
+        rows that never draft (structured outputs: a grammar's mask depends on every earlier token;
+        logprobs), one position each; it extends `history` itself."""
+        hidden_parts: list[torch.Tensor] = []
+        where: dict[int, int] = {}  # plan row -> offset of its first fed token in the concatenated hidden
+        total = 0
+        groups: dict[int, list[int]] = {}
+        prefill: list[int] = []
+        for i, row in enumerate(rows):
+            if row.num_sample == row.num_tokens:
+                groups.setdefault(row.num_tokens, []).append(i)
+            else:
+                prefill.append(i)
+        for width, members in [*sorted(groups.items()), (0, prefill)]:
+            if not members:
+                continue
+            hidden = self._forward([rows[i] for i in members], width)
+            for i in members:
+                where[i] = total
+                total += rows[i].num_tokens
+            hidden_parts.append(hidden)
+        target_hidden = torch.cat(hidden_parts) if len(hidden_parts) > 1 else hidden_parts[0]
+        sampling = [i for i, row in enumerate(rows) if row.sample]
+        plain = [i for i in sampling if not drafts_allowed(rows[i].sampling_params)]
+        sampling = [i for i in sampling if drafts_allowed(rows[i].sampling_params)]
+        verdicts: dict[int, Verdict] = {}
+        if plain:
+            assert all(rows[i].num_sample == 1 for i in plain), "a row that never drafts samples one position"
+            last = torch.tensor([where[i] + rows[i].num_tokens - 1 for i in plain], device=self.device)
+            tokens = plain_sample(self.model.compute_logits(target_hidden, last), [rows[i] for i in plain])
+            verdicts.update({i: Verdict(tuple(t), 0) for i, t in zip(plain, tokens, strict=True)})
+        if sampling:
+            positions = [where[i] + rows[i].num_tokens - rows[i].num_sample + j for i in sampling
+                         for j in range(rows[i].num_sample)]  # fmt: skip
+            logits = self.model.compute_logits(target_hidden, torch.tensor(positions, device=self.device))
+            drafts = [rows[i].token_ids[rows[i].num_tokens - rows[i].num_sample + 1 :] for i in sampling]
+            probs = [self._draft_probs.get(rows[i].request_id) for i in sampling]
+            verdicts.update(zip(sampling, verify(
+                logits, drafts, probs, [rows[i].sampling_params for i in sampling],
+                [rows[i].request_id for i in sampling], self.generator,
+                [history.get(rows[i].request_id, []) for i in sampling],
+            ), strict=True))  # fmt: skip
+            for i in sampling:
+                history.setdefault(rows[i].request_id, []).extend(verdicts[i].tokens)
+        self._roll_back(rows, verdicts)
+        draft_rows = []
+        for i, row in enumerate(rows):
+            verdict = verdicts.get(i)
+            rolled = (row.num_sample - 1 - verdict.num_accepted) if verdict is not None else 0
+            valid = row.num_tokens - rolled
+            draft_rows.append(DraftRow(
+                request_id=row.request_id, page_ids=row.page_ids, state_slot=row.state_slot,
+                start_pos=row.start_pos, tokens=row.token_ids[:valid],
+                hidden_rows=range(where[i], where[i] + valid),
+                bonus=verdict.tokens[-1] if verdict is not None else None,
+                num_drafts=self.k if verdict is not None and drafts_allowed(row.sampling_params) else 0,
+                params=row.sampling_params,
+                history=history.get(row.request_id, []),
+            ))  # fmt: skip
+        proposals = self.drafter.advance(draft_rows, target_hidden)
+        for i in sampling:
+            self._draft_probs[rows[i].request_id] = proposals[i].probs
+        for i in plain:
+            self._draft_probs.pop(rows[i].request_id, None)
+        return SpecOutcome(
+            tokens=tuple(verdicts[i].tokens if i in verdicts else () for i in range(len(rows))),
+            num_accepted=tuple(verdicts[i].num_accepted if i in verdicts else 0 for i in range(len(rows))),
+            num_rolled_back=tuple(
+                r.num_tokens - len(d.tokens) for r, d in zip(rows, draft_rows, strict=True)
+            ),
+            drafts=tuple(p.tokens for p in proposals),
+        )
+
+    def _roll_back(self, rows: Sequence[RowPlan], verdicts: dict[int, Verdict]) -> None:
+        """Copy the snapshot of each row's last accepted position into its working slot."""
+        src, dst = [], []
+        for i, verdict in verdicts.items():
+            row = rows[i]
+            if row.num_sample > 1 and verdict.num_accepted < row.num_sample - 1:
+                src.append(self.snapshot_base + row.lane * self.k + verdict.num_accepted)
+                dst.append(row.state_slot)
+        if not src:
+            return
+        s = torch.tensor(src, dtype=torch.int64, device=self.device)
+        d = torch.tensor(dst, dtype=torch.int64, device=self.device)
+        for tensor in (*self.cache.conv_state, *self.cache.recurrent_state):
+            tensor.index_copy_(0, d, tensor.index_select(0, s))

@@ -1,0 +1,157 @@
+"""The MTP drafter: K draft tokens per lane from the target's last hidden state and the MTP layer.
+
+Owns: the per-slot continuation hidden state (``hidden[slot]``: the target's final hidden state at a
+sequence's last computed position, kept beside the GDN state of the same slot so prefix checkpoints and
+their restores carry it) and the MTP layer's forward passes. The MTP layer's KV lives in the model's
+cache (the entry after the attention layers), in the same pages as the sequence's main KV, so prefix
+reuse and host parking of pages carry it too. Must not touch: requests, the scheduler, page ownership.
+
+The MTP pair at position p is (target hidden h_p, token x_{p+1}); its output predicts x_{p+2}. Between
+steps a sequence with computed positions [0, e) holds MTP KV for pairs [0, e - 2] and ``hidden[slot] =
+h_{e-1}`` (it may also hold pair e - 1). A step that computed positions [s, s + v) (after rollback)
+writes, in one varlen MTP pass over all rows ("catch-up"):
+
+    pairs  s-1 (h_{s-1} from hidden[slot], x_s)   s .. s+v-2 (h_p, the fed x_{p+1})   s+v-1 (h, bonus)
+           only when s > 0                                                           only when sampled
+
+and stores h_{s+v-1} in ``hidden[slot]``. A sampling row then drafts: the catch-up output of its last
+pair gives draft 1; each further draft is one single-token MTP step at the next position, fed the
+previous draft and the previous MTP output (vLLM's MTP chaining). Those chained pairs write MTP KV past
+the verified frontier with a draft's hidden; the next catch-up overwrites every such position before
+any MTP query reads it. Drafts stop at the row's page capacity (never a write outside its pages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.model.forward import ModelCache, make_forward_batch
+from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.request import SamplingParams
+from engine.spec.verify import GeneratorFor, draft_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class DraftRow:
+    """One row's verified outcome, in plain ints (the runner builds it after verification)."""
+
+    request_id: str
+    page_ids: Sequence[int]
+    state_slot: int
+    start_pos: int  # s: position of the first fed token
+    tokens: Sequence[int]  # the fed tokens that stay computed (after rollback), v >= 1 of them
+    hidden_rows: Sequence[int]  # their rows in the step's target hidden states
+    bonus: int | None  # the token sampled after them (None: a prefill chunk that samples nothing)
+    num_drafts: int  # drafts wanted (0: catch-up only)
+    params: SamplingParams
+    history: Sequence[int]  # the request's output tokens so far, bonus included (penalties)
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    tokens: tuple[int, ...]
+    probs: torch.Tensor | None  # [len(tokens), V] the drafter's processed q (None: greedy row)
+
+
+class MtpDrafter:
+    """Use: ``advance(rows, hidden)`` once per step after verification; ``copy_slot`` beside state copies."""
+
+    def __init__(self, model: Qwen3_5ForCausalLM, cache: ModelCache, num_slots: int, generator: GeneratorFor):
+        if model.mtp is None:
+            raise ValueError("--spec mtp: the model was loaded without its MTP head")
+        if len(cache.key_cache) <= model.config.num_attention_layers:
+            raise ValueError("--spec mtp: the cache has no KV entry for the MTP layer (allocate with_mtp)")
+        param = next(model.parameters())
+        self.model, self.cache, self.generator = model, cache, generator
+        self.page_size = cache.page_size
+        self.hidden = torch.zeros(num_slots, model.config.hidden_size, dtype=param.dtype, device=param.device)
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        self.hidden[dst].copy_(self.hidden[src])
+
+    def _forward(
+        self,
+        tokens: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        rows: Sequence[DraftRow],
+        hidden: torch.Tensor,
+    ) -> torch.Tensor:
+        batch = make_forward_batch(
+            tokens, starts, [r.page_ids for r in rows], [r.state_slot for r in rows], self.page_size,
+            device=hidden.device,
+        )  # fmt: skip
+        return self.model.forward_mtp(batch, hidden, self.cache)
+
+    def advance(self, rows: Sequence[DraftRow], target_hidden: torch.Tensor) -> list[Proposal]:
+        """Catch the MTP KV up with every row's verified positions, store each row's continuation hidden
+        state, and propose each sampling row's drafts. Returns one `Proposal` per row (empty: none)."""
+        out = [Proposal((), None)] * len(rows)
+        live = [i for i, r in enumerate(rows) if r.start_pos > 0 or len(r.tokens) > 1 or r.bonus is not None]
+        if live:
+            pair_tokens, starts, pieces, last = [], [], [], []
+            for i in live:
+                r = rows[i]
+                nxt = list(r.tokens[1:]) + ([r.bonus] if r.bonus is not None else [])
+                h = target_hidden[list(r.hidden_rows[: len(nxt)])]
+                if r.start_pos > 0:
+                    nxt, h = [r.tokens[0], *nxt], torch.cat([self.hidden[r.state_slot : r.state_slot + 1], h])
+                pair_tokens.append(nxt)
+                starts.append(r.start_pos - 1 if r.start_pos > 0 else 0)
+                pieces.append(h)
+                last.append(sum(len(t) for t in pair_tokens) - 1)
+            mtp_hidden = self._forward(pair_tokens, starts, [rows[i] for i in live], torch.cat(pieces))
+            out = self._propose(rows, live, starts, pair_tokens, mtp_hidden[last], out)
+        for r in rows:  # after the catch-up read it: the continuation state for the next step
+            self.hidden[r.state_slot].copy_(target_hidden[r.hidden_rows[len(r.tokens) - 1]])
+        return out
+
+    def _propose(
+        self,
+        rows: Sequence[DraftRow],
+        live: Sequence[int],
+        starts: Sequence[int],
+        pair_tokens: Sequence[Sequence[int]],
+        last_hidden: torch.Tensor,  # [len(live), H] the MTP output at each live row's last pair
+        out: list[Proposal],
+    ) -> list[Proposal]:
+        drafting = [
+            (n, i) for n, i in enumerate(live) if rows[i].num_drafts > 0 and rows[i].bonus is not None
+        ]
+        if not drafting:
+            return out
+        index = [n for n, _ in drafting]
+        ids = [rows[i] for _, i in drafting]
+        pos = [starts[n] + len(pair_tokens[n]) - 1 for n, _ in drafting]  # position of each last pair
+        # Drafts past the page capacity are never proposed: chained pair j sits at pos + j.
+        limit = [
+            min(r.num_drafts, len(r.page_ids) * self.page_size - p) for r, p in zip(ids, pos, strict=True)
+        ]
+        hidden = last_hidden[index]
+        tokens: list[list[int]] = [[] for _ in ids]
+        probs: list[list[torch.Tensor]] = [[] for _ in ids]
+        active = list(range(len(ids)))
+        for j in range(max(limit)):
+            if j > 0:  # one chained MTP step for the rows still drafting
+                feed = [[tokens[a][-1]] for a in active]
+                hidden = self._forward(feed, [pos[a] + j for a in active], [ids[a] for a in active], hidden)
+            logits = self.model.compute_logits(hidden)
+            history = [list(ids[a].history) + tokens[a] for a in active]
+            new, q = draft_tokens(
+                logits, [ids[a].params for a in active], [ids[a].request_id for a in active], self.generator,
+                history,
+            )  # fmt: skip
+            for k, a in enumerate(active):
+                tokens[a].append(new[k])
+                if q is not None:
+                    probs[a].append(q[k])
+            keep = [k for k, a in enumerate(active) if limit[a] > j + 1]
+            active, hidden = [active[k] for k in keep], hidden[keep]
+            if not active:
+                break
+        for a, (_, i) in enumerate(drafting):
+            q_rows = torch.stack(probs[a]) if probs[a] and rows[i].params.temperature != 0.0 else None
+            out[i] = Proposal(tuple(tokens[a]), q_rows)
+        return out

@@ -1,0 +1,73 @@
+"""`ninfer-bench --spec-rounds K`: the cost of one speculative round (`--spec mtp`) at a real geometry.
+
+Random weights make acceptance meaningless, so this measures what acceptance does not change: the time of
+one round (verify K + 1 positions per row in one pass, roll back, catch the MTP layer up, draft K tokens)
+relative to one plain decode step, and projects the time per output token at an acceptance length of
+`ACCEPTANCE_LENGTH` tokens per round (upstream's published MTP3 figure): TPOT = round time / 3.2.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.config import KVDtype
+from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.runner import ModelRunner
+from engine.step import RowPlan, StepPlan
+from engine.testing.bench.steps import GREEDY, PAGE_SIZE
+
+ACCEPTANCE_LENGTH = 3.2  # tokens per MTP3 round, upstream's published average (UPSTREAM.md section 9.3)
+
+
+def make_spec_runner(model: Qwen3_5ForCausalLM, num_pages: int, lanes: int, kv_dtype: KVDtype, k: int,
+                     max_context: int) -> ModelRunner:  # fmt: skip
+    return ModelRunner(
+        model, num_pages=num_pages, page_size=PAGE_SIZE, num_state_slots=lanes, kv_dtype=kv_dtype,
+        max_context=max_context, spec="mtp", num_draft_tokens=k, num_lanes=lanes,
+    )  # fmt: skip
+
+
+def run_spec_rounds(
+    runner: ModelRunner, vocab: int, concurrency: int, context: int, warmup: int, rounds: int, k: int
+) -> dict[str, float]:
+    """Seconds per round of `concurrency` verify rows of k drafts each (greedy; each row advances by what
+    it accepted + 1, its next drafts the runner's), and the tokens committed per round."""
+    pages_per_seq = -(-(context + (warmup + rounds + 1) * (k + 1)) // PAGE_SIZE)
+    pages = [tuple(range(i * pages_per_seq, (i + 1) * pages_per_seq)) for i in range(concurrency)]
+    last = torch.randint(0, vocab, (concurrency,)).tolist()
+    drafts = [tuple(torch.randint(0, vocab, (k,)).tolist()) for _ in range(concurrency)]
+    pos = [context] * concurrency
+    committed = 0
+    start = time.perf_counter()
+    for step in range(warmup + rounds):
+        if step == warmup:
+            torch.cuda.synchronize()
+            start, committed = time.perf_counter(), 0
+        rows = tuple(
+            RowPlan(
+                request_id=f"s{i}",
+                lane=i,
+                token_ids=(last[i], *drafts[i]),
+                start_pos=pos[i],
+                page_ids=pages[i],
+                state_slot=i,
+                reset_state=False,
+                copy_state_from=None,
+                save_state_to=None,
+                num_sample=1 + len(drafts[i]),
+                sampling_params=GREEDY,
+                num_output_tokens=1,
+            )  # fmt: skip
+            for i in range(concurrency)
+        )
+        result = runner.execute(StepPlan(step, rows, (), ()))
+        for i, tokens in enumerate(result.sampled_token_ids):
+            pos[i] += len(tokens)
+            last[i] = tokens[-1]
+            drafts[i] = result.draft_token_ids[i] if result.draft_token_ids else ()
+            committed += len(tokens)
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / rounds
+    return {"round_s": seconds, "tokens_per_round": committed / rounds / concurrency}

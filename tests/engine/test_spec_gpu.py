@@ -1,0 +1,83 @@
+"""`--spec mtp` on the GPU (Triton kernels) with the tiny artifacts: invariant 3 (greedy output with
+speculation = without it), K 1..5, one and eight lanes; drafts that always agree give K + 1 tokens per
+round; the bench mode's round runs at a tiny geometry.
+
+float32 weights: the verify pass multiplies [k + 1, H] rows where a plain step multiplies [1, H], so in bf16
+a near-tie argmax on a random model could flip between the two shapes (a rounding difference, not a
+rollback error); float32 keeps the comparison about the algorithm. Run on the device machine (`-m gpu`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+from engine_harness import prompt, run, tiny_artifact
+
+from engine.config import EngineConfig
+from engine.core import EngineCore, LoadedArtifact, load_artifact
+from engine.request import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+LENGTHS = [5, 17, 40, 66, 9, 100, 3, 30]
+
+
+@functools.cache
+def loaded(arch: str) -> LoadedArtifact:
+    return load_artifact(tiny_artifact(arch), device="cuda", dtype=torch.float32, with_mtp=True)
+
+
+def core(arch: str, **flags: Any) -> EngineCore:
+    flags.setdefault("max_context", 512)
+    flags.setdefault("pending_timeout_ms", 600_000)  # the first steps compile the Triton kernels
+    flags.setdefault("prefill_chunk_multiple", 1)
+    art = loaded(arch)
+    return EngineCore(art.model, art.tokenizer, EngineConfig.from_flags(**flags), seed=0)
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+def test_greedy_spec_equals_plain_on_the_gpu(arch):
+    prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
+    want = run(core(arch, max_concurrency=8, prefix_reuse=False), prompts, GREEDY)[0]
+    for k in (1, 2, 3, 4, 5):
+        assert run(core(arch, max_concurrency=8, spec="mtp", draft_tokens=k), prompts, GREEDY)[0] == want, k
+        assert run(core(arch, spec="mtp", draft_tokens=k), prompts[:1], GREEDY)[0] == want[:1], k
+
+
+def test_always_agreeing_drafts_on_the_gpu():
+    prompts = [prompt(n, s) for s, n in enumerate(LENGTHS[:4])]
+    want = run(core("dense", max_concurrency=4, prefix_reuse=False), prompts, GREEDY)[0]
+    engine = core("dense", max_concurrency=4, spec="mtp", draft_tokens=3)
+    spec = engine.runner.spec
+    assert spec is not None
+    real = spec.drafter.advance
+    truth = {f"r{i}": w for i, w in enumerate(want)}
+
+    def advance(rows, hidden):
+        from engine.spec.mtp import Proposal
+
+        out = real(rows, hidden)
+        for i, row in enumerate(rows):
+            if out[i].tokens:
+                n = len(row.history)
+                t = truth[row.request_id][n : n + len(out[i].tokens)]
+                out[i] = Proposal(tuple(t) + (7,) * (len(out[i].tokens) - len(t)), None)
+        return out
+
+    spec.drafter.advance = advance  # type: ignore[method-assign]
+    assert run(engine, prompts, GREEDY)[0] == want
+    stats = engine.scheduler.spec_stats
+    assert stats.accepted == stats.drafted > 0
+
+
+def test_bench_spec_round_runs():
+    from engine.testing.bench.spec import make_spec_runner, run_spec_rounds
+
+    model = loaded("dense").model
+    runner = make_spec_runner(model, 64, 2, "bf16", 3, 1024)
+    got = run_spec_rounds(runner, model.config.vocab_size, 2, 200, 2, 4, 3)
+    assert got["round_s"] > 0 and got["tokens_per_round"] >= 1.0
