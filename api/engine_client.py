@@ -70,7 +70,9 @@ def load_synthetic_engine(
     from engine.serving import AsyncEngine
     from engine.testing.synthetic import SYNTHETIC_WEIGHTS_ID, load_synthetic
 
-    model, tokenizer, model_id = load_synthetic(name, weights_id=weights_id, with_mtp=config.spec == "mtp")
+    model, tokenizer, model_id = load_synthetic(
+        name, weights_id=weights_id, with_mtp=config.spec == "mtp", with_dflash=config.spec == "dflash"
+    )
     engine: EngineClient = AsyncEngine(
         model,
         tokenizer,

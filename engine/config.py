@@ -19,7 +19,10 @@ from typing import Any, Literal, get_args
 # (bf16 on the GPU, float32 in CPU tests), "int8" = int8 codes plus fp16 group scales (engine/cache/kv.py).
 KVDtype = Literal["bf16", "int8"]
 KV_DTYPES: tuple[str, ...] = get_args(KVDtype)
-SPEC_METHODS = ("mtp", "dflash")  # --spec: speculative decoding methods (dflash is refused in this build)
+SPEC_METHODS = (
+    "mtp",
+    "dflash",
+)  # --spec: the MTP head, or the DFlash companion (35B-A3B artifacts carrying one)
 MAX_DRAFT_TOKENS = {"mtp": 5, "dflash": 15}  # --draft-tokens range per method (upstream's)
 DEFAULT_DRAFT_TOKENS = 3  # --spec mtp without --draft-tokens (upstream's measured MTP3)
 MAX_CONCURRENCY_LIMIT = 8  # startup-fixed lanes 1..8 (upstream kMaximumConcurrency)
@@ -227,7 +230,7 @@ class EngineConfig:
     # Run the first-use step shapes before serving (ModelRunner.warm_up): None = on a GPU only (where
     # kernels compile and autotune on first use), True = always, False (--no-warmup) = never.
     warmup: bool | None = None
-    spec: str | None = None  # --spec: speculative decoding method (SPEC_METHODS); "mtp" only in this build
+    spec: str | None = None  # --spec: speculative decoding method (SPEC_METHODS)
     draft_tokens: int | None = (
         None  # --draft-tokens: drafts per round (None: DEFAULT_DRAFT_TOKENS with --spec)
     )
@@ -265,7 +268,6 @@ class EngineConfig:
             f"cannot run with host_kv_cache_mib={host_mib}: host parking does not capture DFlash draft "
             "caches, so a restored session would continue with a stale draft",
         )
-        _require(spec != "dflash", "spec", spec, "DFlash is not available in this build (use 'mtp')")
         k = self.draft_tokens
         _require(k is None or spec is not None, "draft_tokens", k, "needs speculative decoding (--spec mtp)")
         if spec is not None:

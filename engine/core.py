@@ -49,6 +49,7 @@ from engine.runner.host_copies import host_budget, host_stat_fields
 from engine.runner.sizing import measure_auto_pages
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
+from engine.spec.dflash_draft import attach_dflash, load_dflash
 from engine.structured.compiler import GrammarCompiler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -148,14 +149,19 @@ def load_artifact(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     with_mtp: bool = False,
+    with_dflash: bool = False,
 ) -> LoadedArtifact:
-    """Open `path`, load the text model and the tokenizer. (The embedded demo model is the entry points'
-    default, engine/testing/demo.py: `LLM()`, `ninfer-serve`.)"""
+    """Open `path`, load the text model and the tokenizer (and with `with_dflash` the DFlash companion the
+    artifact carries, attached as ``model.dflash``; ValueError when it has none or the target cannot host it).
+    (The embedded demo model is the entry points' default, engine/testing/demo.py: `LLM()`, `ninfer-serve`.)"""
     dev = torch.device(device) if device is not None else default_device()
     artifact = read_artifact(path)
     model = load_model(
         artifact, device=dev, dtype=dtype if dtype is not None else default_dtype(dev), with_mtp=with_mtp
     )
+    if with_dflash:
+        param = next(model.parameters())
+        attach_dflash(model, load_dflash(artifact, dev, param.dtype))
     return LoadedArtifact(artifact, model, tokenizer_from_artifact(artifact), artifact.model_id)
 
 
@@ -261,6 +267,8 @@ class EngineCore:
             num_draft_tokens=config.num_draft_tokens,
             reasoning_tokens=reasoning_tokens(tokenizer),
         )
+        if config.spec is not None:
+            self.scheduler.spec_stats.method = config.spec
         self.runner = make_runner(num_pages)
         self.warmup: WarmupReport | None = None
         if warm:  # before host parking attaches and before any request: its scratch pages are free after

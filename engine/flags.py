@@ -107,15 +107,16 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(
         "--spec",
         "spec",
-        "speculative decoding: 'mtp' drafts with the model's MTP head and verifies with the full model "
-        "(greedy output unchanged; sampling keeps the target distribution); 'dflash' is refused in this build",
+        "speculative decoding: 'mtp' drafts with the model's MTP head, 'dflash' with the DFlash block-diffusion "
+        "companion a Qwen3.6-35B-A3B artifact carries (text only; not with --host-kv-cache-mib); the full model "
+        "verifies (greedy output unchanged; sampling keeps the target distribution)",
         parse=str,
         metavar="{" + ",".join(SPEC_METHODS) + "}",
     ),
     EngineFlag(
         "--draft-tokens",
         "draft_tokens",
-        f"drafts per speculative round, 1..5 with --spec mtp (default {DEFAULT_DRAFT_TOKENS})",
+        f"drafts per speculative round, 1..5 with --spec mtp, 1..15 with --spec dflash (default {DEFAULT_DRAFT_TOKENS})",
         metavar="K",
     ),
     EngineFlag(

@@ -166,8 +166,14 @@ def _cmd_build_tiny(args: argparse.Namespace) -> int:
         return _build_scripted(args)
     from engine.testing.tiny import build_tiny  # an entry point: it may import engine.testing
 
-    out = build_tiny(args.out, arch=args.arch, seed=args.seed)
-    print(f"wrote {out} ({out.stat().st_size:,} bytes): tiny {args.arch} model, seed {args.seed}")
+    if args.dflash and args.arch != "moe":
+        print(
+            "build-tiny: --dflash needs --arch moe (DFlash drafts for the MoE target only)", file=sys.stderr
+        )
+        return 2
+    out = build_tiny(args.out, arch=args.arch, seed=args.seed, dflash=args.dflash)
+    extra = " with a DFlash companion" if args.dflash else ""
+    print(f"wrote {out} ({out.stat().st_size:,} bytes): tiny {args.arch} model{extra}, seed {args.seed}")
     return 0
 
 
@@ -230,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", choices=["dense", "moe"], default="dense")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--script", metavar="FILE", help=_SCRIPT_HELP)
+    p.add_argument(
+        "--dflash", action="store_true", help="add a tiny DFlash companion (--arch moe; --spec dflash)"
+    )
     p.set_defaults(func=_cmd_build_tiny)
     return parser
 

@@ -63,13 +63,22 @@ class Qwen3_5TextModel(nn.Module):
         table = torch.cat([chosen, chosen], dim=-1)
         return table.cos(), table.sin()
 
-    def forward(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
+    def forward(
+        self,
+        batch: ForwardBatch,
+        cache: ModelCache,
+        capture: tuple[int, ...] = (),
+        captured: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states; with `capture` (layer ids) also appends each listed layer's output (its residual
+        stream, before any norm) to `captured`, in the order listed (the DFlash drafter's target features)."""
         residual = self.embed_tokens(batch.input_ids)
         rope = self.rope(batch.positions)
         if not self.layers:
             return self.norm(residual)
         # NOTE: nn.ModuleList is untyped; __init__ fills it with DecoderLayers only.
         layers = self.layers
+        outputs: dict[int, torch.Tensor] = {}
         normed = cast(DecoderLayer, layers[0]).input_layernorm(residual)
         for i, module in enumerate(layers):
             layer = cast(DecoderLayer, module)
@@ -77,6 +86,10 @@ class Qwen3_5TextModel(nn.Module):
                 cast(DecoderLayer, layers[i + 1]).input_layernorm if i + 1 < len(layers) else self.norm
             )
             normed, residual = layer.forward_fused(normed, residual, rope, batch, cache, next_norm)
+            if i in capture:
+                outputs[i] = residual
+        if captured is not None:
+            captured.extend(outputs[i] for i in capture)
         return normed
 
 
@@ -90,6 +103,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         # tied: no head of its own, the logits read the embedding's weight (``compute_logits``)
         self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
         self.mtp = MultiTokenPredictor(config) if with_mtp else None
+        # The DFlash companion (engine/spec/dflash.py), attached by the loader with `--spec dflash`; else None.
+        self.dflash: nn.Module | None = None
 
     @property
     def has_mtp(self) -> bool:
@@ -120,6 +135,15 @@ class Qwen3_5ForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         """Final hidden states [T, hidden] for every token of the batch (KV and GDN state written)."""
         return self.model(batch, cache)
+
+    def forward_features(
+        self, batch: ForwardBatch, cache: ModelCache, layers: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` plus the outputs of decoder `layers`, concatenated: (hidden [T, H], features
+        [T, len(layers) * H]) (the DFlash drafter's conditioning, engine/spec/dflash_draft.py)."""
+        captured: list[torch.Tensor] = []
+        hidden = self.model(batch, cache, layers, captured)
+        return hidden, torch.cat(captured, dim=-1)
 
     def compute_logits(self, hidden: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits [N, vocab] for ``hidden[indices]`` (all rows when indices is None)."""

@@ -10,6 +10,7 @@ Normalisation of source names (``normalize_name`` / ``collect_weights``):
 * ``model.language_model.X`` (composite multimodal checkpoints) -> ``model.X``;
 * ``model.visual.*`` (vision tower) is skipped: the text model does not use it;
 * ``mtp.*`` is taken only when MTP is asked for, and skipped otherwise;
+* ``dflash.*`` (a DFlash companion, engine/spec/dflash_draft.py) is always skipped here;
 * per-expert tensors ``mlp.experts.{e}.{gate,up,down}_proj.weight`` (what ``save_pretrained`` of
   transformers 5 writes for the tiny MoE models) are stacked into the fused layout; this is the one
   case where loading copies.
@@ -142,6 +143,8 @@ def is_skipped(name: str, config: ModelConfig, with_mtp: bool) -> bool:
     if name.startswith(("model.visual.", "visual.")):
         return True
     if name.startswith("mtp.") and not with_mtp:
+        return True
+    if name.startswith("dflash."):  # the DFlash companion: engine/spec/dflash_draft.py loads it
         return True
     return name == "lm_head.weight" and config.tie_word_embeddings
 

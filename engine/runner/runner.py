@@ -75,8 +75,8 @@ class ModelRunner:
         whole pool. cuda_graph=False keeps every step eager. kv_dtype: as `CacheConfig` validated it.
         host_budget: host KV parking's budget (`--host-kv-cache-mib`): the runner copies what the
         scheduler's plans park and restore (None: off). grammars: serves structured outputs.
-        spec="mtp": speculative decoding with `num_draft_tokens` MTP drafts per row
-        (engine/runner/speculative.py; lanes 0..num_lanes-1)."""
+        spec="mtp" | "dflash": speculative decoding with `num_draft_tokens` drafts per row from the MTP head or
+        the DFlash companion (engine/runner/speculative.py; lanes 0..num_lanes-1)."""
         self.model = model
         self.config: ModelConfig = model.config
         param = next(model.parameters())
@@ -95,11 +95,11 @@ class ModelRunner:
         self.sampler = Sampler(self.device, seed, grammars)
         self.spec: SpecExecutor | None = None
         if spec is not None:
-            if spec != "mtp":
-                raise ValueError(f"spec={spec!r}: this runner drafts with 'mtp' only")
+            if spec not in ("mtp", "dflash"):
+                raise ValueError(f"spec={spec!r}: this runner drafts with 'mtp' or 'dflash'")
             self.spec = SpecExecutor(
                 model, self.cache, num_draft_tokens=num_draft_tokens, num_lanes=num_lanes,
-                snapshot_base=num_state_slots, generator=self.sampler.generator,
+                snapshot_base=num_state_slots, generator=self.sampler.generator, method=spec,
             )  # fmt: skip
             cuda_graph = False  # TODO(#21): graphs for the verify widths and the draft steps
         self.host_copies = HostCopies(self.cache, host_budget) if host_budget is not None else None
@@ -285,6 +285,8 @@ class ModelRunner:
         tensors = [*cache.key_cache, *cache.value_cache, *(cache.key_scale or []), *(cache.value_scale or [])]
         for tensor in tensors:
             tensor[dst].copy_(tensor[src])
+        if self.spec is not None:
+            self.spec.copy_page(src, dst)
 
     def _copy_state(self, src: int, dst: int) -> None:
         for tensor in (*self.cache.conv_state, *self.cache.recurrent_state):

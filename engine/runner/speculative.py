@@ -31,6 +31,7 @@ from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
 from engine.runner.inputs import eager_batch
+from engine.spec.dflash_draft import DFlashDrafter
 from engine.spec.mtp import DraftRow, MtpDrafter
 from engine.spec.verify import GeneratorFor, Verdict, verify
 from engine.step import RowPlan
@@ -69,7 +70,10 @@ class SpecExecutor:
         num_lanes: int,
         snapshot_base: int,
         generator: GeneratorFor,
+        method: str = "mtp",
     ) -> None:
+        """method: the drafter, "mtp" (engine/spec/mtp.py) or "dflash" (engine/spec/dflash_draft.py: it reads
+        the target features of its layers, which the verify forward then captures)."""
         self.model, self.cache = model, cache
         self.k = num_draft_tokens
         self.snapshot_base = snapshot_base
@@ -77,7 +81,13 @@ class SpecExecutor:
         assert self.sink < cache.num_state_slots, "allocate num_spec_slots() extra state slots"
         self.device = next(model.parameters()).device
         self.generator = generator
-        self.drafter = MtpDrafter(model, cache, cache.num_state_slots, generator)
+        self.drafter: MtpDrafter | DFlashDrafter
+        self.feature_layers: tuple[int, ...] = ()
+        if method == "dflash":
+            self.drafter = DFlashDrafter(model, cache, generator)
+            self.feature_layers = self.drafter.feature_layers
+        else:
+            self.drafter = MtpDrafter(model, cache, cache.num_state_slots, generator)
         self._draft_probs: dict[str, torch.Tensor | None] = {}  # q of each request's pending drafts
         self.num_verify_forwards = 0
 
@@ -88,17 +98,25 @@ class SpecExecutor:
     def copy_slot(self, src: int, dst: int) -> None:
         self.drafter.copy_slot(src, dst)
 
+    def copy_page(self, src: int, dst: int) -> None:
+        """A page copy (copy-on-write of a reused page) reaches the drafter's own paged state too."""
+        if isinstance(self.drafter, DFlashDrafter):
+            self.drafter.copy_page(src, dst)
+
     def _snapshots(self, rows: Sequence[RowPlan], width: int) -> torch.Tensor:
         base = [self.snapshot_base + row.lane * self.k for row in rows]
         table = [[b + j for j in range(width - 1)] for b in base]
         return torch.tensor(table, dtype=torch.int64, device=self.device).reshape(len(rows), width - 1)
 
-    def _forward(self, rows: Sequence[RowPlan], width: int) -> torch.Tensor:
+    def _forward(self, rows: Sequence[RowPlan], width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(final hidden, the drafter's target features or None)."""
         batch: ForwardBatch = eager_batch(rows, self.cache.page_size, self.device)
         if width > 1:
             batch = replace(batch, verify_width=width, snapshot_slots=self._snapshots(rows, width))
             self.num_verify_forwards += 1
-        return self.model(batch, self.cache)
+        if self.feature_layers:
+            return self.model.forward_features(batch, self.cache, self.feature_layers)
+        return self.model(batch, self.cache), None
 
     def run(
         self,
@@ -111,6 +129,7 @@ class SpecExecutor:
         rows that never draft (structured outputs: a grammar's mask depends on every earlier token;
         logprobs), one position each; it extends `history` itself."""
         hidden_parts: list[torch.Tensor] = []
+        feature_parts: list[torch.Tensor] = []
         where: dict[int, int] = {}  # plan row -> offset of its first fed token in the concatenated hidden
         total = 0
         groups: dict[int, list[int]] = {}
@@ -123,7 +142,9 @@ class SpecExecutor:
         for width, members in [*sorted(groups.items()), (0, prefill)]:
             if not members:
                 continue
-            hidden = self._forward([rows[i] for i in members], width)
+            hidden, features = self._forward([rows[i] for i in members], width)
+            if features is not None:
+                feature_parts.append(features)
             for i in members:
                 where[i] = total
                 total += rows[i].num_tokens
@@ -166,7 +187,10 @@ class SpecExecutor:
                 params=row.sampling_params,
                 history=history.get(row.request_id, []),
             ))  # fmt: skip
-        proposals = self.drafter.advance(draft_rows, target_hidden)
+        if isinstance(self.drafter, DFlashDrafter):
+            proposals = self.drafter.advance(draft_rows, torch.cat(feature_parts))
+        else:
+            proposals = self.drafter.advance(draft_rows, target_hidden)
         for i in sampling:
             self._draft_probs[rows[i].request_id] = proposals[i].probs
         for i in plain:

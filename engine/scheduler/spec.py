@@ -61,6 +61,7 @@ class SpecCounters:
     """Speculative rounds since start (plain numbers for /stats and metrics)."""
 
     num_draft_tokens: int  # K (0: speculation off)
+    method: str = "mtp"  # the drafter (--spec), as the per-request statistics name it
     rounds: int = 0  # verify rows (one per lane per step that carried >= 1 draft)
     drafted: int = 0  # drafts fed for verification
     accepted: int = 0  # drafts accepted
@@ -100,5 +101,5 @@ class SpecCounters:
         row = self.per_request.pop(request_id, None) or [0] * (4 + self.num_draft_tokens)
         rounds, drafted, accepted, fallbacks = row[:4]
         return SpecRequestStats(
-            "mtp", self.num_draft_tokens, rounds, drafted, accepted, fallbacks, tuple(row[4:])
+            self.method, self.num_draft_tokens, rounds, drafted, accepted, fallbacks, tuple(row[4:])
         )

@@ -16,6 +16,8 @@ import torch
 from engine.artifact.profiles import REAL_CONFIGS
 from engine.model.config import ModelConfig
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.spec.dflash import PUBLISHED_35B_A3B, check_target, random_dflash
+from engine.spec.dflash_draft import attach_dflash
 from engine.testing.geometry import (
     REAL_GEOMETRIES,
     SYNTHETIC_NAMES,
@@ -101,12 +103,16 @@ def load_synthetic(
     seed: int = 0,
     with_mtp: bool = False,
     weights_id: str | None = None,
+    with_dflash: bool = False,
 ) -> tuple[Qwen3_5ForCausalLM, Tokenizer, str]:
     """(model, the real Qwen3.5 tokenizer and chat template, model id) for geometry `name`; with `weights_id`
     (a weight profile key or kind) the weights are random payloads in that profile's formats
     (engine/testing/synthetic_quant.py), else dense.
 
     Defaults: the GPU when there is one, bf16 there and float32 on the CPU (engine.core's defaults).
+    `with_dflash` attaches a random DFlash companion of the published 35B-A3B geometry (engine/spec/dflash.py):
+    only the MoE geometry hosts one (ValueError for the others, before anything is built).
+
     ValueError when the geometry needs a GPU and there is none, or `weights_id` names no profile.
     """
     from engine.core import default_device, default_dtype
@@ -118,6 +124,10 @@ def load_synthetic(
             f"synthetic geometry {name!r} needs a CUDA device (use {TINY_GEOMETRY!r} on the CPU)"
         )
     dtype = dtype if dtype is not None else default_dtype(dev)
+    if with_dflash:
+        check_target(
+            PUBLISHED_35B_A3B, config.hidden_size, config.num_hidden_layers, config.is_moe, config.vocab_size
+        )
     if weights_id is not None:
         if with_mtp:
             raise ValueError(
@@ -128,5 +138,7 @@ def load_synthetic(
         model = build_synthetic_quantized(config, weights_id, seed, device=dev, dtype=dtype)
     else:
         model = build_synthetic(config, seed, device=dev, dtype=dtype, with_mtp=with_mtp)
+    if with_dflash:
+        attach_dflash(model, random_dflash(PUBLISHED_35B_A3B, seed, device=dev, dtype=dtype))
     tokenizer = Tokenizer.qwen35(moe=config.is_moe)
     return model, tokenizer, synthetic_model_id(name)

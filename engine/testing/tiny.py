@@ -119,13 +119,20 @@ def tiny_weights(config: dict[str, Any], seed: int) -> list[tuple[str, torch.Ten
     return out
 
 
-def build_tiny(out: str | os.PathLike[str], *, arch: str = "dense", seed: int = 0) -> Path:
-    """Write a tiny `.ninfer` model; the same arch and seed give the same file, byte for byte."""
+def build_tiny(
+    out: str | os.PathLike[str], *, arch: str = "dense", seed: int = 0, dflash: bool = False
+) -> Path:
+    """Write a tiny `.ninfer` model; the same arch and seed give the same file, byte for byte. `dflash` (MoE
+    only) adds a tiny DFlash companion (engine/testing/tiny_dflash.py) for `--spec dflash`."""
     config = tiny_hf_config(arch)
+    tensors, resources = tiny_weights(config, seed), frontend_resources(config, moe=arch == "moe")
+    if dflash:
+        if arch != "moe":
+            raise ValueError("--dflash: DFlash drafts for the MoE target only (use --arch moe)")
+        from engine.testing.tiny_dflash import TINY_DFLASH, tiny_dflash_resource, tiny_dflash_tensors
+
+        tensors += tiny_dflash_tensors(TINY_DFLASH, seed)
+        resources.append(tiny_dflash_resource(TINY_DFLASH))
     return write_artifact(
-        out,
-        model_id=TINY_MODEL_IDS[arch],
-        weights_id=TINY_WEIGHTS_ID,
-        tensors=tiny_weights(config, seed),
-        resources=frontend_resources(config, moe=arch == "moe"),
+        out, model_id=TINY_MODEL_IDS[arch], weights_id=TINY_WEIGHTS_ID, tensors=tensors, resources=resources
     )

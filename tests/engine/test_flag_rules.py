@@ -31,7 +31,11 @@ SHARED = [
     ),
     (["--kv-capacity", "lots"], {"kv_capacity": "lots"}, "kv_capacity='lots': must be 'auto'"),
     (["--kv-dtype", "fp4"], {"kv_dtype": "fp4"}, "kv_dtype='fp4': must be one of"),
-    (["--spec", "dflash"], {"spec": "dflash"}, "spec='dflash': DFlash is not available in this build"),
+    (
+        ["--spec", "dflash", "--draft-tokens", "16"],
+        {"spec": "dflash", "draft_tokens": 16},
+        "draft_tokens=16: must be in 1..15 with --spec dflash",
+    ),
     (["--draft-tokens", "3"], {"draft_tokens": 3}, "draft_tokens=3: needs speculative decoding (--spec mtp)"),
     (
         ["--spec", "mtp", "--draft-tokens", "6"],

@@ -73,7 +73,7 @@ def test_prefill_budgets_are_multiples_of_prefill_chunk_multiple() -> None:
             {"spec": "dflash", "host_kv_cache_mib": 64},
             r"^spec='dflash': cannot run with host_kv_cache_mib=64",
         ),
-        ({"spec": "dflash"}, r"^spec='dflash': DFlash is not available in this build \(use 'mtp'\)$"),
+        ({"spec": "dflash", "draft_tokens": 16}, r"^draft_tokens=16: must be in 1\.\.15 with --spec dflash$"),
         ({"draft_tokens": 2}, r"^draft_tokens=2: needs speculative decoding \(--spec mtp\)$"),
     ],
 )
