@@ -156,12 +156,11 @@ def load_artifact(
     (The embedded demo model is the entry points' default, engine/testing/demo.py: `LLM()`, `ninfer-serve`.)"""
     dev = torch.device(device) if device is not None else default_device()
     artifact = read_artifact(path)
-    model = load_model(
-        artifact, device=dev, dtype=dtype if dtype is not None else default_dtype(dev), with_mtp=with_mtp
-    )
-    if with_dflash:
-        param = next(model.parameters())
-        attach_dflash(model, load_dflash(artifact, dev, param.dtype))
+    dtype = dtype if dtype is not None else default_dtype(dev)
+    draft = load_dflash(artifact, dev, dtype) if with_dflash else None  # refused before the model loads
+    model = load_model(artifact, device=dev, dtype=dtype, with_mtp=with_mtp)
+    if draft is not None:
+        attach_dflash(model, draft)
     return LoadedArtifact(artifact, model, tokenizer_from_artifact(artifact), artifact.model_id)
 
 

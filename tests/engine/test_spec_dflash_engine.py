@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_harness import _root, one_thread, prompt, run, tiny_artifact
+from engine_harness import _root, one_thread, prompt, run, tiny_artifact, tiny_loaded
 
 from engine.artifact.container import read_artifact, write_artifact
 from engine.config import EngineConfig
@@ -94,12 +94,13 @@ def _record(engine: EngineCore) -> list[tuple[str, tuple[int, ...]]]:
 
 @pytest.mark.parametrize("k", [1, 4, 15])
 def test_greedy_dflash_equals_plain_alone_and_batched(k):
-    """17 new tokens: the first round of K=15 drafts a full block (the length limit shrinks later ones)."""
-    params = SamplingParams(temperature=0.0, max_tokens=17)
-    want = _baseline(params.max_tokens)
+    """K=15 runs 17 new tokens, so its first round drafts a full block (the length limit shrinks later ones); the
+    others 10 (greedy output of a shorter limit is a prefix of the longer one's)."""
+    params = SamplingParams(temperature=0.0, max_tokens=17 if k == 15 else 10)
+    want = [w[: params.max_tokens] for w in _baseline(17)]
     prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
     alone = core(k)  # C=1, prefix reuse on (the default)
-    assert run(alone, [prompts[-1]], params)[0][0] == want[-1]
+    assert run(alone, [prompts[1]], params)[0][0] == want[1]
     batched = core(k, max_concurrency=3, prefill_chunk=16)
     proposals = _record(batched)
     assert run(batched, prompts, params)[0] == want
@@ -111,7 +112,7 @@ def test_greedy_dflash_equals_plain_alone_and_batched(k):
 def test_drafts_that_always_agree_commit_k_plus_one_per_round():
     """The acceptance path: the companion's proposals replaced by the true continuation."""
     k, params = 4, SamplingParams(temperature=0.0, max_tokens=17)
-    want = dict(zip(["r0", "r1", "r2"], _baseline(params.max_tokens), strict=True))
+    want = dict(zip(["r0", "r1", "r2"], _baseline(17), strict=True))
     engine = core(k, max_concurrency=3)
     spec = engine.runner.spec
     assert spec is not None
@@ -186,9 +187,14 @@ def test_prefix_hit_drafts_what_a_cold_run_drafts():
     assert [t for _, t in warm_drafts] == [t for _, t in cold_drafts]
 
 
-def test_statistics_name_the_drafter():
+def test_sampled_dflash_is_seeded_and_statistics_name_the_drafter():
+    """Sampled rows draft from the companion's processed q (rejection sampling needs it): a seeded request
+    gives the same tokens twice."""
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=8)
+    again, _ = run(core(2), [prompt(12, 1)], params)
     engine = core(2)
-    _, finish = run(engine, [prompt(12, 1)], SamplingParams(temperature=0.0, max_tokens=8))
+    got, finish = run(engine, [prompt(12, 1)], params)
+    assert got == again and len(got[0]) == params.max_tokens
     spec = next(iter(finish.values())).speculative
     assert spec is not None and spec.backend == "dflash" and spec.draft_window == 2 and spec.rounds > 0
     assert engine.stats().spec_method == "dflash" and engine.stats().spec_rounds == spec.rounds
@@ -197,7 +203,7 @@ def test_statistics_name_the_drafter():
 def test_targets_that_cannot_host_dflash_are_refused():
     with pytest.raises(ValueError, match="carries no DFlash companion"):
         load_artifact(tiny_artifact("dense"), device="cpu", dtype=torch.float32, with_dflash=True)
-    dense = load_artifact(tiny_artifact("dense"), device="cpu", dtype=torch.float32)
+    dense = tiny_loaded("dense")
     with pytest.raises(ValueError, match="loaded without its DFlash companion"):
         ModelRunner(
             dense.model, num_pages=4, page_size=64, num_state_slots=1, spec="dflash", num_draft_tokens=2

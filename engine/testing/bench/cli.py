@@ -20,9 +20,16 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core import apply_memory_limit
+from engine.spec.dflash import PUBLISHED_35B_A3B, check_target, random_dflash
+from engine.spec.dflash_draft import attach_dflash
 from engine.testing.bench.fit import fit_report
 from engine.testing.bench.hf import add_speedups, round_sig, time_hf
-from engine.testing.bench.spec import ACCEPTANCE_LENGTH, make_spec_runner, run_spec_rounds
+from engine.testing.bench.spec import (
+    ACCEPTANCE_LENGTH,
+    DFLASH_ACCEPTANCE_LENGTH,
+    make_spec_runner,
+    run_spec_rounds,
+)
 from engine.testing.bench.steps import (
     PAGE_SIZE,
     decode_step_bytes,
@@ -76,6 +83,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--spec-rounds", type=int, default=0, metavar="K",
                    help="also time speculative rounds of K MTP drafts per row (eager) against a plain decode "
                    "step, and project TPOT at 3.2 tokens per round (0 = skip)")  # fmt: skip
+    p.add_argument("--spec", choices=("mtp", "dflash"), default="mtp",
+                   help="--spec-rounds drafter: 'dflash' attaches a random DFlash companion (35B-A3B only; K "
+                   "1..15) and projects at its published 4.95 tokens per round")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--vs-hf", action="store_true", help="also time HF transformers on the same geometry")
     p.add_argument("--hf-max-prompt-len", type=int, default=16384,
@@ -132,7 +142,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.weights_id is not None:
         model = build_synthetic_quantized(config, args.weights_id)
     else:
-        model = build_synthetic(config, with_mtp=args.spec_rounds > 0)
+        model = build_synthetic(config, with_mtp=args.spec_rounds > 0 and args.spec == "mtp")
+    if args.spec_rounds and args.spec == "dflash":
+        attach_dflash(model, random_dflash(PUBLISHED_35B_A3B, device="cuda", dtype=torch.bfloat16))
     weights = weight_bytes(model)
     result["weights_GB"] = {k: round(v / 1e9, 3) for k, v in weights.items() if not k.startswith("params")}
     _log(f"built {args.synthetic} ({result['weights_id']}): {result['weights_GB']} GB")
@@ -253,8 +265,9 @@ def _bench_spec(
     k, max_c = args.spec_rounds, max(args.concurrency)
     max_context = args.decode_context + (args.decode_warmup + args.decode_tokens + 2) * (k + 1)
     runner = make_spec_runner(
-        model, max_c * -(-max_context // PAGE_SIZE) + 1, max_c, args.kv_dtype, k, max_context
+        model, max_c * -(-max_context // PAGE_SIZE) + 1, max_c, args.kv_dtype, k, max_context, args.spec
     )
+    length = DFLASH_ACCEPTANCE_LENGTH if args.spec == "dflash" else ACCEPTANCE_LENGTH
     rows = []
     for c in args.concurrency:
         got = run_spec_rounds(
@@ -264,11 +277,11 @@ def _bench_spec(
             ("graph" if r["cuda_graph"] else "eager"): r["step_ms"] for r in decode if r["concurrency"] == c
         }
         round_ms = got["round_s"] * 1e3
-        row = {"concurrency": c, "draft_tokens": k, "round_ms": round(round_ms, 3),
+        row = {"spec": args.spec, "concurrency": c, "draft_tokens": k, "round_ms": round(round_ms, 3),
                "tokens_per_round_random_weights": round(got["tokens_per_round"], 3),
                "plain_step_ms": plain, "round_over_plain": {m: round(round_ms / v, 3) for m, v in plain.items()},
-               "projected_tpot_ms_at_3.2": round(round_ms / ACCEPTANCE_LENGTH, 3),
-               "projected_tok_s_at_3.2": round(c * ACCEPTANCE_LENGTH / got["round_s"], 1)}  # fmt: skip
+               f"projected_tpot_ms_at_{length}": round(round_ms / length, 3),
+               f"projected_tok_s_at_{length}": round(c * length / got["round_s"], 1)}  # fmt: skip
         _log(f"spec {row}")
         rows.append(row)
     del runner
@@ -282,10 +295,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.weights_id is not None:
             synthetic_profile(args.weights_id, GEOMETRIES[args.synthetic])
-            if args.spec_rounds:
+            if args.spec_rounds and args.spec == "mtp":
                 raise ValueError(
                     "--spec-rounds needs dense weights: quantized synthetic weights carry no MTP head"
                 )
+        if args.spec_rounds:
+            EngineConfig(spec=args.spec, draft_tokens=args.spec_rounds)  # K within the method's range
+            if args.spec == "dflash":
+                geometry = GEOMETRIES[args.synthetic]
+                check_target(PUBLISHED_35B_A3B, geometry.hidden_size, geometry.num_hidden_layers,
+                             geometry.is_moe, geometry.vocab_size)  # fmt: skip
         if args.gpu_memory_limit is not None:
             EngineConfig(gpu_memory_limit=args.gpu_memory_limit)
     except ValueError as exc:

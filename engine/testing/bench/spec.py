@@ -1,9 +1,10 @@
-"""`ninfer-bench --spec-rounds K`: the cost of one speculative round (`--spec mtp`) at a real geometry.
+"""`ninfer-bench --spec-rounds K [--spec dflash]`: the cost of one speculative round at a real geometry.
 
 Random weights make acceptance meaningless, so this measures what acceptance does not change: the time of
 one round (verify K + 1 positions per row in one pass, roll back, catch the MTP layer up, draft K tokens)
 relative to one plain decode step, and projects the time per output token at an acceptance length of
-`ACCEPTANCE_LENGTH` tokens per round (upstream's published MTP3 figure): TPOT = round time / 3.2.
+`ACCEPTANCE_LENGTH` tokens per round (upstream's published MTP3 figure): TPOT = round time / 3.2; with
+`--spec dflash` (the DFlash companion, random too) at `DFLASH_ACCEPTANCE_LENGTH`.
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ from engine.step import RowPlan, StepPlan
 from engine.testing.bench.steps import GREEDY, PAGE_SIZE
 
 ACCEPTANCE_LENGTH = 3.2  # tokens per MTP3 round, upstream's published average (UPSTREAM.md section 9.3)
+# `--spec dflash`: tokens per round of upstream's 35B-A3B DFlash K=7 on its aime profile (UPSTREAM.md 9.4: 5.56 /
+# 4.58 / 4.95 for its three runs; the median). Their code profile accepts 43% (1 + 0.43 * 7 = 4.0 per round).
+DFLASH_ACCEPTANCE_LENGTH = 4.95
 
 
 def make_spec_runner(model: Qwen3_5ForCausalLM, num_pages: int, lanes: int, kv_dtype: KVDtype, k: int,
-                     max_context: int) -> ModelRunner:  # fmt: skip
+                     max_context: int, spec: str = "mtp") -> ModelRunner:  # fmt: skip
+    """spec "dflash" needs the DFlash companion attached to `model` (engine/spec/dflash_draft.attach_dflash)."""
     return ModelRunner(
         model, num_pages=num_pages, page_size=PAGE_SIZE, num_state_slots=lanes, kv_dtype=kv_dtype,
-        max_context=max_context, spec="mtp", num_draft_tokens=k, num_lanes=lanes,
+        max_context=max_context, spec=spec, num_draft_tokens=k, num_lanes=lanes,
     )  # fmt: skip
 
 

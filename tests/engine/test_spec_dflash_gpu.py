@@ -1,0 +1,62 @@
+"""`--spec dflash` on the GPU (Triton kernels, CUDA SDPA in the companion) with the tiny MoE + tiny companion:
+greedy output equals the plain output for K 1, 4, 15 with one and eight lanes; the companion's own proposals
+in bf16 are finite tokens; the bench mode's DFlash round runs. float32 target weights for the comparison (see
+test_spec_gpu.py). Run on the device machine (`-m gpu`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+from engine_harness import prompt, run
+from test_spec_dflash_engine import dflash_artifact
+
+from engine.config import EngineConfig
+from engine.core import EngineCore, LoadedArtifact, load_artifact
+from engine.request import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=17)
+LENGTHS = [5, 17, 40, 66, 9, 100, 3, 30]
+
+
+@functools.cache
+def loaded(dtype: torch.dtype = torch.float32) -> LoadedArtifact:
+    return load_artifact(dflash_artifact(), device="cuda", dtype=dtype, with_dflash=True)
+
+
+def core(dtype: torch.dtype = torch.float32, **flags: Any) -> EngineCore:
+    flags.setdefault("max_context", 512)
+    flags.setdefault("pending_timeout_ms", 600_000)  # the first steps compile the Triton kernels
+    flags.setdefault("prefill_chunk_multiple", 1)
+    art = loaded(dtype)
+    return EngineCore(art.model, art.tokenizer, EngineConfig.from_flags(**flags), seed=0)
+
+
+def test_greedy_dflash_equals_plain_on_the_gpu():
+    prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
+    want = run(core(max_concurrency=8, prefix_reuse=False), prompts, GREEDY)[0]
+    for k in (1, 4, 15):
+        assert run(core(max_concurrency=8, spec="dflash", draft_tokens=k), prompts, GREEDY)[0] == want, k
+        assert run(core(spec="dflash", draft_tokens=k), prompts[:1], GREEDY)[0] == want[:1], k
+
+
+def test_bf16_dflash_runs_and_counts_rounds():
+    engine = core(torch.bfloat16, max_concurrency=4, spec="dflash", draft_tokens=7)
+    got = run(engine, [prompt(n, s) for s, n in enumerate(LENGTHS[:4])], GREEDY)[0]
+    assert all(len(t) == GREEDY.max_tokens for t in got)
+    stats = engine.scheduler.spec_stats
+    assert stats.method == "dflash" and stats.rounds > 0 and stats.drafted >= stats.rounds
+
+
+def test_bench_dflash_round_runs():
+    from engine.testing.bench.spec import make_spec_runner, run_spec_rounds
+
+    model = loaded(torch.bfloat16).model
+    runner = make_spec_runner(model, 64, 2, "bf16", 7, 1024, spec="dflash")
+    got = run_spec_rounds(runner, model.config.vocab_size, 2, 200, 2, 4, 7)
+    assert got["round_s"] > 0 and got["tokens_per_round"] >= 1.0
