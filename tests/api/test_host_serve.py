@@ -73,7 +73,10 @@ def test_host_parking_through_a_real_server(tmp_path: Path) -> None:
             ["--spec", "dflash", "--host-kv-cache-mib", "64"],
             "spec='dflash': cannot run with host_kv_cache_mib=64: host parking does not capture DFlash draft",
         ),
-        (["--spec", "dflash", "--draft-tokens", "16"], "draft_tokens=16: must be in 1..15 with --spec dflash"),
+        (
+            ["--spec", "dflash", "--draft-tokens", "16"],
+            "draft_tokens=16: must be in 1..15 with --spec dflash",
+        ),
         (["--spec", "mtp", "--draft-tokens", "0"], "draft_tokens=0: must be in 1..5 with --spec mtp"),
     ],
 )
