@@ -218,3 +218,20 @@ def test_targets_that_cannot_host_dflash_are_refused():
         load_synthetic("tiny-dense", device="cpu", with_dflash=True)
     with pytest.raises(ValueError, match="draft_tokens=16: must be in 1..15 with --spec dflash"):
         EngineConfig.from_flags(spec="dflash", draft_tokens=16)
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (["--synthetic", "qwen3.6-27b", "--spec", "dflash", "--spec-rounds", "3"], "this model is dense"),
+        (
+            ["--synthetic", "qwen3.6-35b-a3b", "--spec", "dflash", "--spec-rounds", "16"],
+            "draft_tokens=16: must be in 1..15 with --spec dflash",
+        ),
+    ],
+)
+def test_bench_refuses_dflash_rounds_it_cannot_run(argv, reason, capsys):
+    from engine.testing.bench.cli import main
+
+    assert main(argv) == 2
+    assert reason in capsys.readouterr().err
