@@ -81,8 +81,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-prefill", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--spec-rounds", type=int, default=0, metavar="K",
-                   help="also time speculative rounds of K MTP drafts per row (eager) against a plain decode "
-                   "step, and project TPOT at 3.2 tokens per round (0 = skip)")  # fmt: skip
+                   help="also time speculative rounds of K drafts per row (eager; --spec picks the drafter) "
+                   "against a plain decode step, and project TPOT at 3.2 tokens per round (0 = skip)")  # fmt: skip
     p.add_argument("--spec", choices=("mtp", "dflash"), default="mtp",
                    help="--spec-rounds drafter: 'dflash' attaches a random DFlash companion (35B-A3B only; K "
                    "1..15) and projects at its published 4.95 tokens per round")  # fmt: skip
