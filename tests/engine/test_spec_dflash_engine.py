@@ -235,3 +235,17 @@ def test_bench_refuses_dflash_rounds_it_cannot_run(argv, reason, capsys):
 
     assert main(argv) == 2
     assert reason in capsys.readouterr().err
+
+
+def test_llm_entry_point_runs_dflash():
+    """`LLM(spec="dflash", draft_tokens=K)` loads the companion from the artifact and keeps the greedy tokens."""
+    from engine import LLM
+
+    llm = LLM(
+        dflash_artifact(), device="cpu", dtype=torch.float32, max_context=512, spec="dflash", draft_tokens=3
+    )
+    out = llm.generate(
+        {"prompt_token_ids": prompt(LENGTHS[1], 1)}, SamplingParams(temperature=0.0, max_tokens=8)
+    )
+    assert list(out[0].token_ids) == _baseline(17)[1][:8]
+    assert llm.core.scheduler.spec_stats.rounds > 0
