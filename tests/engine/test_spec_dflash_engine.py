@@ -249,3 +249,11 @@ def test_llm_entry_point_runs_dflash():
     )
     assert list(out[0].token_ids) == _baseline(17)[1][:8]
     assert llm.core.scheduler.spec_stats.rounds > 0
+
+
+def test_build_tiny_offers_the_companion_for_the_moe_layout_only(tmp_path, capsys):
+    from engine.artifact.cli import main
+
+    assert main(["build-tiny", str(tmp_path / "x.ninfer"), "--dflash"]) == 2
+    assert "--dflash needs --arch moe" in capsys.readouterr().err
+    assert not (tmp_path / "x.ninfer").exists()
