@@ -312,13 +312,13 @@ class DFlashDraftModel(nn.Module):
             window = c.window(i)
             if window is not None:
                 visible = visible & ((positions[:, :, None] - key_pos[:, None, :]).abs() < window)
-            group = c.num_attention_heads // c.num_key_value_heads
             out = F.scaled_dot_product_attention(
                 q.view(b, s, -1, c.head_dim).transpose(1, 2),
-                keys.repeat_interleave(group, dim=2).transpose(1, 2),
-                values.repeat_interleave(group, dim=2).transpose(1, 2),
+                keys.transpose(1, 2),
+                values.transpose(1, 2),
                 attn_mask=visible[:, None],
                 scale=c.head_dim**-0.5,
+                enable_gqa=True,  # query head h reads KV head h // (Hq / Hkv), no repeated copy of the context
             )  # [B, Hq, S, D]
             hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(b * s, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
