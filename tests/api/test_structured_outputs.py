@@ -272,6 +272,36 @@ def test_n_choices_share_the_prompt_and_each_follows_the_schema(oa: openai.OpenA
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
+def test_n_choices_stream_each_with_its_index_finish_reason_logprobs_and_the_usage_last(
+    oa: openai.OpenAI,
+) -> None:
+    schema = {**Pet.model_json_schema(), "additionalProperties": False}
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "pet", "schema": schema, "strict": True}}
+    stream = oa.chat.completions.create(
+        model=MODEL, messages=ask("Pets?"), response_format=fmt, n=3, seed=11, temperature=1.0, logprobs=True,
+        max_tokens=MAX_TOKENS, stream=True, stream_options={"include_usage": True}, extra_body=NO_THINKING,
+    )  # fmt: skip
+    text, tokens, finish, roles = ["", "", ""], [0, 0, 0], {}, set()
+    chunks = list(stream)
+    for chunk in chunks[:-1]:
+        assert chunk.usage is None and len(chunk.choices) == 1
+        choice = chunk.choices[0]
+        assert choice.index not in finish, "a choice sent a chunk after its finish"
+        roles.update([choice.index] if choice.delta.role == "assistant" else [])
+        text[choice.index] += choice.delta.content or ""
+        tokens[choice.index] += len(choice.logprobs.content or ()) if choice.logprobs else 0
+        if choice.finish_reason:
+            finish[choice.index] = choice.finish_reason
+    assert roles == {0, 1, 2} and finish == {0: "stop", 1: "stop", 2: "stop"}
+    for answer in text:
+        jsonschema.validate(json.loads(answer), schema)
+    assert len(set(text)) > 1  # seed + i: the choices differ
+    usage = chunks[-1].usage
+    assert not chunks[-1].choices and usage is not None and all(tokens)
+    assert sum(tokens) <= usage.completion_tokens <= sum(tokens) + 3  # (+ each choice's end-of-turn token)
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
 def _prefix_hits(server: Server) -> int:
     def find(node: Any) -> int | None:
         if isinstance(node, dict):
