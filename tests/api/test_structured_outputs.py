@@ -259,6 +259,30 @@ def test_responses_include_output_text_logprobs(oa: openai.OpenAI) -> None:
     assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
 
 
+def test_responses_stream_output_text_deltas_with_their_tokens_logprobs(oa: openai.OpenAI) -> None:
+    stream = oa.responses.create(
+        model=MODEL, input="Hi", max_output_tokens=6, reasoning={"effort": "none"}, temperature=0, stream=True,
+        include=["message.output_text.logprobs"], top_logprobs=2,
+    )  # fmt: skip
+    events = list(stream)
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    final = next(e for e in events if e.type == "response.incomplete").response
+    part = next(item for item in final.output if item.type == "message").content[0]
+    assert part.type == "output_text" and part.logprobs and len(part.logprobs) == 6
+    streamed = [lp for d in deltas for lp in d.logprobs]
+    assert streamed and [lp.token for lp in streamed] == [lp.token for lp in part.logprobs[: len(streamed)]]
+    assert [lp.token for lp in done.logprobs] == [lp.token for lp in part.logprobs]
+    assert "".join(lp.token for lp in done.logprobs) == done.text
+    for lp in streamed:
+        tops = lp.top_logprobs or []
+        assert len(tops) == 2 and tops[0].token == lp.token and tops[0].logprob == lp.logprob  # greedy
+    plain = oa.responses.create(
+        model=MODEL, input="Hi", max_output_tokens=3, reasoning={"effort": "none"}, stream=True
+    )
+    assert all(not e.logprobs for e in plain if e.type == "response.output_text.delta")
+
+
 def test_n_choices_share_the_prompt_and_each_follows_the_schema(oa: openai.OpenAI) -> None:
     done = oa.chat.completions.parse(
         model=MODEL, messages=ask("Pets?"), response_format=Pet, n=3, seed=7, temperature=1.0,
