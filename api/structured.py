@@ -25,6 +25,8 @@ from engine.structured import (
     json_schema_spec,
     tool_call_spec,
 )
+from engine.structured.schema import resolved
+from engine.structured.spec import RAW_FORMATS
 
 
 def bad_schema(exc: StructuredError) -> ApiError:
@@ -70,11 +72,29 @@ def tool_def(name: Any, parameters: Any, strict: bool, param: str) -> ToolDef:
         check_name(name, param=f"{param}.name")
         schema = parameters if parameters is not None else {"type": "object", "properties": {}}
         check_schema(schema, param=f"{param}.parameters", strict=strict)
-        for prop in (schema.get("properties") or {}) if isinstance(schema.get("properties"), Mapping) else ():
+        found = schema.get("properties")
+        properties: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        for prop, value in properties.items():
             check_name(prop, param=f"{param}.parameters.properties")
+            if strict:
+                _raw_format(value, schema, prop, param)
     except StructuredError as exc:
         raise bad_schema(exc) from None
     return ToolDef(name, schema, strict)
+
+
+def _raw_format(value: Any, root: Mapping[str, Any], prop: str, param: str) -> None:
+    """A strict tool's string parameter is written as raw text: its `format` must be one a regex holds."""
+    value = resolved(value, root)
+    if not isinstance(value, Mapping) or value.get("type") != "string" or "format" not in value:
+        return
+    fmt = value["format"]
+    if fmt not in RAW_FORMATS:
+        path = "#/properties/" + prop.replace("~", "~0").replace("/", "~1") + "/format"
+        raise StructuredError(
+            f"{param}.parameters", path, f"the format {fmt!r} cannot be enforced on a tool parameter "
+            f"(written as raw text; supported: {', '.join(sorted(RAW_FORMATS))})",
+        )  # fmt: skip
 
 
 def tools_spec(

@@ -45,6 +45,13 @@ class Forecast(BaseModel):
     unit: Literal["celsius", "fahrenheit"]
 
 
+class Owner(BaseModel):  # nested models: pydantic writes them into `$defs` and points at them with `$ref`
+    name: str = Field(max_length=6)
+    best: Verdict
+    pets: list[Verdict] = Field(max_length=2)
+    forecast: Forecast | None
+
+
 FORECAST_PARAMS = {**Forecast.model_json_schema(), "additionalProperties": False}
 TOOL: dict[str, Any] = {
     "type": "function",
@@ -131,6 +138,26 @@ def test_responses_parse_with_text_format(oa: openai.OpenAI) -> None:
         reasoning={"effort": "none"},
     )
     assert isinstance(done.output_parsed, Pet)
+
+
+def test_nested_models_through_defs_parse_on_chat_responses_and_as_a_tool(oa: openai.OpenAI) -> None:
+    assert "$defs" in Owner.model_json_schema()
+    chat = oa.chat.completions.parse(
+        model=MODEL, messages=ask("An owner?"), response_format=Owner, max_tokens=MAX_TOKENS, extra_body=NO_THINKING
+    )  # fmt: skip
+    assert isinstance(chat.choices[0].message.parsed, Owner), chat.choices[0].message.content
+    response = oa.responses.parse(
+        model=MODEL, input="An owner?", text_format=Owner, max_output_tokens=MAX_TOKENS, reasoning={"effort": "none"}
+    )  # fmt: skip
+    assert isinstance(response.output_parsed, Owner)
+    tool = oa.chat.completions.parse(
+        model=MODEL, messages=ask("Register"), tools=[openai.pydantic_function_tool(Owner)], tool_choice="required",
+        parallel_tool_calls=False, max_tokens=MAX_TOKENS, extra_body=NO_THINKING,
+    )  # fmt: skip
+    calls = tool.choices[0].message.tool_calls or []
+    assert len(calls) == 1, tool.choices[0].message
+    parsed = calls[0].function.parsed_arguments
+    assert isinstance(parsed, Owner) and isinstance(parsed.best, Verdict), calls[0].function.arguments
 
 
 def test_strict_tool_with_required_and_named_choice_gives_valid_arguments(oa: openai.OpenAI) -> None:
