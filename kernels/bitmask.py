@@ -2,7 +2,7 @@
 
 ``apply_token_bitmask_ref_`` is the torch reference (a byte-table gather then ``masked_fill_``, several
 launches); ``apply_token_bitmask_`` launches one Triton kernel for the whole batch on CUDA (one read of each
-bitmask word, one read and masked write of each logit) and falls back to the reference elsewhere.
+bitmask word, a write of each forbidden logit only) and falls back to the reference elsewhere.
 
 Layout (llguidance's and xgrammar's): ``bitmask`` [B, ceil(V / 32)] int32; bit b of word w of row r allows
 token 32 * w + b of row r. Bits past V are ignored. A row of all ones (-1 words) leaves its logits untouched.
@@ -62,9 +62,8 @@ if HAS_TRITON:
         inside = cols < vocab_size
         words = tl.load(bitmask_ptr + row * bitmask_stride + cols // 32, mask=inside, other=-1)
         forbidden = ((words >> (cols % 32)) & 1) == 0
-        ptrs = logits_ptr + row * logits_stride + cols
-        logits = tl.load(ptrs, mask=inside)
-        tl.store(ptrs, tl.where(forbidden, float("-inf"), logits), mask=inside & forbidden)
+        minus_inf = tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty)
+        tl.store(logits_ptr + row * logits_stride + cols, minus_inf, mask=inside & forbidden)  # no logit read
 
 
 def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
