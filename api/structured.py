@@ -26,7 +26,7 @@ from engine.structured import (
     tool_call_spec,
 )
 from engine.structured.schema import resolved
-from engine.structured.spec import RAW_FORMATS
+from engine.structured.spec import RAW_FORMATS, pattern_error
 
 
 def bad_schema(exc: StructuredError) -> ApiError:
@@ -84,17 +84,24 @@ def tool_def(name: Any, parameters: Any, strict: bool, param: str) -> ToolDef:
 
 
 def _raw_format(value: Any, root: Mapping[str, Any], prop: str, param: str) -> None:
-    """A strict tool's string parameter is written as raw text: its `format` must be one a regex holds."""
+    """A strict tool's string parameter is written as raw text: its `format` and `pattern` must be ones a
+    regex holds."""
     value = resolved(value, root)
-    if not isinstance(value, Mapping) or value.get("type") != "string" or "format" not in value:
+    if not isinstance(value, Mapping) or value.get("type") != "string":
         return
-    fmt = value["format"]
-    if fmt not in RAW_FORMATS:
-        path = "#/properties/" + prop.replace("~", "~0").replace("/", "~1") + "/format"
+    path = "#/properties/" + prop.replace("~", "~0").replace("/", "~1")
+    fmt = value.get("format")
+    if fmt is not None and fmt not in RAW_FORMATS:
         raise StructuredError(
-            f"{param}.parameters", path, f"the format {fmt!r} cannot be enforced on a tool parameter "
-            f"(written as raw text; supported: {', '.join(sorted(RAW_FORMATS))})",
+            f"{param}.parameters", f"{path}/format", f"the format {fmt!r} cannot be enforced on a tool "
+            f"parameter (written as raw text; supported: {', '.join(sorted(RAW_FORMATS))})",
         )  # fmt: skip
+    pattern = value.get("pattern")
+    error = pattern_error(pattern) if isinstance(pattern, str) else ""
+    if error:
+        raise StructuredError(
+            f"{param}.parameters", f"{path}/pattern", f"unsupported pattern {pattern!r}: {error}"
+        )
 
 
 def tools_spec(

@@ -21,6 +21,7 @@ raw text can never contain `</parameter>`. Values follow their schema for every 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -111,7 +112,7 @@ def _value_rule(name: str, schema: Any, root: Mapping[str, Any], strict: bool, r
         if isinstance(options, list) and options and all(isinstance(o, str) for o in options):
             rules.append(f"{name}: (" + " | ".join(_lark_str(o) for o in options) + f") {_CLOSE}")
             return name
-        raw = _raw_string_terminal(schema) if kind == "string" else None
+        raw = _raw_string_terminal(schema, strict) if kind == "string" else None
         if raw is not None:  # raw text as the template writes strings, its length, pattern and format a regex
             terminal = name.upper()
             rules.append(f'{name}[suffix="\\n</parameter>\\n"]: {terminal}\n{terminal}: {raw}')
@@ -166,17 +167,31 @@ def search_regex(pattern: str) -> str:
     return f"{head}(?:{pattern}){tail}"
 
 
-def _raw_string_terminal(schema: Mapping[str, Any]) -> str | None:
+def pattern_error(pattern: str) -> str:
+    """ "" when llguidance can hold a raw value to the JSON-schema `pattern`, else its message."""
+    return _regex_error(_lark_regex(search_regex(pattern)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _regex_error(lark_regex: str) -> str:
+    import llguidance  # (lazily: this module stays plain data for `engine.request`)
+
+    grammar = llguidance.LLMatcher.grammar_from_lark(f"start: X\nX: {lark_regex}")
+    error = llguidance.LLMatcher.validate_grammar(grammar, None)
+    return error.splitlines()[0] if error else ""
+
+
+def _raw_string_terminal(schema: Mapping[str, Any], strict: bool) -> str | None:
     """The terminal of a string parameter with minLength / maxLength / pattern / format (a raw value never
-    holds `</parameter>`); None when nothing here constrains it (a format this module cannot hold is
-    ignored: schema.py refuses it first when the tool is strict)."""
+    holds `</parameter>`); None when nothing here constrains it. What a regex cannot hold is ignored when the
+    tool is not strict (api/structured.py refuses it first, with its path, when it is)."""
     parts = []
     low, high = schema.get("minLength"), schema.get("maxLength")
     if isinstance(low, int) or isinstance(high, int):
         low = low if isinstance(low, int) and low > 0 else 0
         parts.append(f"/(?s:.{{{low},{high if isinstance(high, int) else ''}}})/")
     pattern = schema.get("pattern")
-    if isinstance(pattern, str):
+    if isinstance(pattern, str) and (strict or not pattern_error(pattern)):
         parts.append(_lark_regex(search_regex(pattern)))
     fmt = RAW_FORMATS.get(schema.get("format"))  # type: ignore[arg-type]
     if fmt is not None:

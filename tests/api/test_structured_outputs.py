@@ -240,6 +240,27 @@ def test_unenforceable_schemas_are_400s_naming_the_path_in_each_protocol(
             model=MODEL, input="x", text={"format": {"type": "json_schema", "name": "x", "schema": BAD, "strict": True}}
         )  # fmt: skip
     assert resp.value.body["param"] == "text.format.schema"  # type: ignore[index]
+    for prop, where in (
+        ({"type": "string", "format": "ipv6"}, "format"),
+        ({"type": "string", "pattern": "(?=a)b"}, "pattern"),
+    ):
+        tool = {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "strict": True,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"s": prop},
+                    "required": ["s"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+        with pytest.raises(openai.BadRequestError) as raw:
+            oa.chat.completions.create(model=MODEL, messages=ask("x"), tools=[tool])  # type: ignore[list-item]
+        assert raw.value.body["param"] == "tools[0].function.parameters"  # type: ignore[index]
+        assert f"#/properties/s/{where}" in raw.value.body["message"]  # type: ignore[index]
     huge = {"type": "object", "properties": {"a": {"enum": [f"v{i}" for i in range(5000)]}}}
     with pytest.raises(anthropic.BadRequestError) as msg:
         an.messages.create(
