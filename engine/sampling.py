@@ -177,6 +177,12 @@ class Sampler:
         """grammars: compiles `SamplingParams.structured`; None = structured outputs are not served."""
         self.device = torch.device(device)
         self.grammars = None if grammars is None else GrammarRows(grammars, self.device)
+        if (
+            grammars is not None and self.device.type == "cuda"
+        ):  # compile the mask kernel now, not on a request
+            words = -(-grammars.vocab_size // 32)
+            logits = torch.zeros(1, grammars.vocab_size, device=self.device)
+            apply_token_bitmask_(logits, torch.full((1, words), -1, dtype=torch.int32, device=self.device))
         self._default = torch.Generator(device=self.device)
         if seed is not None:
             self._default.manual_seed(seed)
