@@ -9,6 +9,7 @@ Schemas bound every value (enums, integer ranges, short strings) so a random mod
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -372,6 +373,20 @@ def test_n_choices_stream_each_with_its_index_finish_reason_logprobs_and_the_usa
     assert not chunks[-1].choices and usage is not None and all(tokens)
     assert sum(tokens) <= usage.completion_tokens <= sum(tokens) + 3  # (+ each choice's end-of-turn token)
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_a_cut_n_choices_stream_aborts_every_choice(oa: openai.OpenAI, server: Server) -> None:
+    stream = oa.chat.completions.create(
+        model=MODEL, messages=ask("Talk for a long while"), n=3, max_tokens=1500, stream=True, extra_body=NO_THINKING
+    )  # fmt: skip
+    for read, _ in enumerate(stream):
+        if read >= 6:
+            break
+    stream.close()
+    deadline = time.monotonic() + 15  # (uncut, 3 x 1,500 tokens would run for minutes on the CPU)
+    while httpx.get(f"{server.url}/stats", timeout=30).json()["engine"]["num_running"]:
+        assert time.monotonic() < deadline, "a choice of the cut stream kept running"
+        time.sleep(0.1)
 
 
 def _prefix_hits(server: Server) -> int:
