@@ -29,6 +29,7 @@ import torch
 
 from kernels._dispatch import HAS_TRITON, use_triton
 from kernels.quant.formats import FP8, GROUP_FORMATS, NVFP4
+from kernels.quant.packed_linear import PackedTiles, dequantize_packed_to, gemv_packed, packed_tiles
 from kernels.quant.weight import QuantWeight, dequantize
 
 if HAS_TRITON:
@@ -162,11 +163,16 @@ def _route(x: torch.Tensor, qw: QuantWeight) -> str:
 
 
 def quant_linear(
-    x: torch.Tensor, qw: QuantWeight, route: str | None = None, tiles: QuantTiles | None = None
+    x: torch.Tensor,
+    qw: QuantWeight,
+    route: str | None = None,
+    tiles: QuantTiles | PackedTiles | None = None,
 ) -> torch.Tensor:
     """Launcher for ``quant_linear_ref``'s contract, ``x @ W^T``: the GEMV for at most 8 rows and the GEMM
     above (bf16 slabs + cuBLAS; ``torch._scaled_mm`` for FP8 rows on FP8 tensor cores), on CUDA; the
     reference elsewhere (see the module docstring). ``route`` (one of ``ROUTES``) and ``tiles`` override it.
+    A GEMV-layout weight (``qw.gemv_layout``) runs ``packed_linear.gemv_packed`` (``tiles``: ``PackedTiles``)
+    and takes the "dequant" route for the GEMM.
 
     x: [T, K] bf16 or fp16 for the kernels (any float dtype for the reference), unit stride along K;
     qw: [N, K] on x's device -> [T, N] (x's dtype).
@@ -187,7 +193,14 @@ def quant_linear(
         return out
     if route == "gemv":
         assert rows <= GEMV_MAX_ROWS, f"{rows} rows: the GEMV takes 1..{GEMV_MAX_ROWS}"
+        if qw.gemv_layout:
+            assert tiles is None or isinstance(tiles, PackedTiles), f"{tiles}: a GEMV-layout weight"
+            return gemv_packed(x, qw, tiles or packed_tiles(qw.format, n, k), out)
+        assert tiles is None or isinstance(tiles, QuantTiles), f"{tiles}: a stored-layout weight"
         return _gemv(x, qw, tiles or gemv_tiles(qw.format, n, k), out)
+    if qw.gemv_layout:
+        return _dequant_linear(x, qw)
+    assert tiles is None or isinstance(tiles, QuantTiles), f"{tiles}: GEMM tiles"
     return _gemm(x, qw, tiles or gemm_tiles(qw.format, n, k, rows), out)
 
 
@@ -270,6 +283,8 @@ def dequantize_to(qw: QuantWeight, dtype: torch.dtype, out: torch.Tensor | None 
     n, k = qw.shape
     out = torch.empty(n, k, dtype=dtype, device=qw.device) if out is None else out
     assert out.shape == (n, k) and out.stride(1) == 1, f"out {tuple(out.shape)} strides {out.stride()}"
+    if qw.gemv_layout:
+        return dequantize_packed_to(qw, out)
     if qw.format in GROUP_FORMATS:
         spec = GROUP_FORMATS[qw.format]
         high = qw.high if qw.high is not None else qw.codes

@@ -1,0 +1,272 @@
+"""The decode GEMV of the row-split groupwise formats (Q4/Q5/Q6/W8) on the GEMV layout (``kernels.quant.repack``),
+and the dequantize kernel of that layout (the prefill route's bf16 slabs). Launchers: ``quant_linear.py``;
+reference: ``quant_linear_ref``.
+
+``_quant_gemv_packed_kernel``, grid ``(cdiv(N, BLOCK_N), SPLIT_K)``: a program owns ``BLOCK_N`` weight rows and
+``UNITS_SPLIT`` consecutive units of 128 lanes (its split of K) and walks them ``STEP_UNITS`` at a time, the next
+step's words (and high bits, scales) loaded before the current step is computed (a register prefetch: two
+steps of weight bytes in flight a program without relying on the compiler's pipeliner). A unit of a row is
+one contiguous run of 64 (Q4), 64 + 16 (Q5), 64 + 32 (Q6) or 128 (W8) bytes: each thread reads 16-byte vectors
+of it and a warp's loads cover whole rows' runs (coalesced).
+
+Dequantization is word-wide bit operations in registers (no shift-and-convert per element): for Q4/Q5/Q6 one
+``(w >> 4s) & 0x000F000F | MAGIC`` (plus the high bits, moved into bits 4 and 20 by one shift and mask of a
+pre-spread copy) makes two 16-bit floats at once whose values are ``M + u`` exactly (``MAGIC`` is the bits of
+``M`` = 128 in bf16, 1024 in fp16, twice; ``u = code + OFFSET`` < 128), split into two [rows, 16] tiles by a
+truncation and a shift. The magic offset is removed after the dot, per group: ``sum (M + u) x = sum code x +
+(M + OFFSET) sum x``, with ``sum x`` of the group's 64 lanes taken from the same x tiles (an fp32 difference of
+sums ~30x larger than the result: ~5 of fp32's 24 bits, far below the output's rounding). W8: each byte
+through the float32 magic ``2^23 + u`` minus ``2^23 + 128`` (exact), converted to x's dtype (exact: <= 8
+significant bits).
+
+``MODE`` (constexpr): ``0`` tensor cores: each plane tile is a ``tl.dot`` with x's matching [16 lanes, 16]
+tile (x's T <= 8 rows as the dot's 16 columns, masked), fp32 accumulation, the group's fp32 scale applied to
+the group's dot sum; T is no compile-time constant and the tiles depend on N and K only, so a row's output is
+bitwise the same in any batch. ``1`` CUDA cores for one row of x (T = 1 only): the plane tiles widened to
+fp32 (a shift: bf16 bits are fp32's high half) times x's slice, a [BLOCK_N, 16] fp32 accumulator reduced
+across the 16 columns at the end. Split K: fp32 partials ``[SPLIT_K, T, N]`` summed in split order by
+``kernels.linear._linear_reduce_kernel``.
+"""
+
+from __future__ import annotations
+
+from kernels._dispatch import HAS_TRITON
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _packed_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows, unit,
+                     BITS: tl.constexpr, WORDS: tl.constexpr, GROUPS: tl.constexpr):  # fmt: skip
+        # one unit of the program's rows: the code words (int32 [rows, WORDS]), the high bits spread for
+        # _pair (int32 [rows, 16]; the words again for Q4/W8, unused) and the unit's fp32 scales, [rows, 1]
+        # each (4 groups a unit for W8, else 2; the unused ones repeat the first)
+        i = tl.arange(0, WORDS)
+        w = tl.load(codes_ptr + code_rows + (unit * WORDS + i)[None, :])
+        g = w
+        if BITS == 5:  # byte i: bit j -> bit 4 of plane j; spread: bits 0..7 and a copy at 12..19
+            h = tl.load(high_ptr + high_rows + (unit * 16 + i)[None, :]).to(tl.int32)
+            g = h | (h << 12)
+        if (
+            BITS == 6
+        ):  # 16-bit word i: bits 2j, 2j+1 -> bits 4, 5 of plane j; spread: byte 1 moved to bits 16..23
+            h = tl.load(high_ptr + high_rows + (unit * 16 + i)[None, :]).to(tl.int32) & 0xFFFF
+            g = (h & 0xFF) | ((h & 0xFF00) << 8)
+        s0 = tl.load(scales_ptr + scale_rows + unit * GROUPS).to(tl.float32)
+        s1 = tl.load(scales_ptr + scale_rows + unit * GROUPS + 1).to(tl.float32)
+        s2 = s0
+        s3 = s0
+        if GROUPS == 4:
+            s2 = tl.load(scales_ptr + scale_rows + unit * GROUPS + 2).to(tl.float32)
+            s3 = tl.load(scales_ptr + scale_rows + unit * GROUPS + 3).to(tl.float32)
+        return w, g, s0, s1, s2, s3
+
+    @triton.jit
+    def _pair(w, g, s: tl.constexpr, BITS: tl.constexpr, MAGIC: tl.constexpr):
+        # planes s (low half) and s + 4 (high half) of a Q4/Q5/Q6 word tile as 16-bit float bits M + u
+        t = ((w >> (4 * s)) & 0x000F000F) | MAGIC
+        if BITS == 5:
+            t = t | ((g << (4 - s)) & 0x00100010)
+        if BITS == 6:
+            if s == 3:
+                t = t | ((g >> 2) & 0x00300030)
+            else:
+                t = t | ((g << (4 - 2 * s)) & 0x00300030)
+        return t
+
+    @triton.jit
+    def _unit_dot(acc, w, g, s0, s1, s2, s3, x_ptr, x_rows, t_mask, k0, K, BITS: tl.constexpr, MAGIC: tl.constexpr,
+                  SUB: tl.constexpr, dtype: tl.constexpr):  # fmt: skip
+        # acc [BLOCK_N, 16] += this unit's contribution, on the tensor cores (MODE 0)
+        if BITS == 8:
+            lanes = tl.arange(0, 32)
+            for j in tl.static_range(4):
+                b = ((w >> (8 * j)) & 0xFF) | 0x4B000000
+                a = (b.to(tl.float32, bitcast=True) - 8388736.0).to(dtype)  # 2^23 + u - (2^23 + 128): exact
+                col = k0 + 32 * j + lanes
+                xt = tl.load(x_ptr + x_rows + col[:, None], mask=t_mask & (col < K)[:, None], other=0.0)
+                sj = s0 if j == 0 else s1 if j == 1 else s2 if j == 2 else s3
+                acc += tl.dot(a, xt) * sj
+        else:
+            lanes = tl.arange(0, 16)
+            d0 = tl.zeros(acc.shape, dtype=tl.float32)
+            d1 = tl.zeros(acc.shape, dtype=tl.float32)
+            x0 = tl.zeros([acc.shape[1]], dtype=tl.float32)
+            x1 = tl.zeros([acc.shape[1]], dtype=tl.float32)
+            for p in tl.static_range(4):
+                t = _pair(w, g, p, BITS, MAGIC)
+                lo = t.to(tl.int16).to(dtype, bitcast=True)
+                hi = (t >> 16).to(tl.int16).to(dtype, bitcast=True)
+                ca = k0 + 16 * p + lanes
+                cb = ca + 64
+                xa = tl.load(x_ptr + x_rows + ca[:, None], mask=t_mask & (ca < K)[:, None], other=0.0)
+                xb = tl.load(x_ptr + x_rows + cb[:, None], mask=t_mask & (cb < K)[:, None], other=0.0)
+                d0 = tl.dot(lo, xa, d0)
+                d1 = tl.dot(hi, xb, d1)
+                x0 += tl.sum(xa.to(tl.float32), axis=0)
+                x1 += tl.sum(xb.to(tl.float32), axis=0)
+            acc += (d0 - SUB * x0[None, :]) * s0
+            acc += (d1 - SUB * x1[None, :]) * s1
+        return acc
+
+    @triton.jit
+    def _unit_fma(acc, corr, w, g, s0, s1, s2, s3, x_ptr, k0, K, BITS: tl.constexpr, SUB: tl.constexpr):
+        # one row of x (MODE 1): acc [BLOCK_N, W] += fp32 products of this unit, corr [BLOCK_N, 1] += the
+        # magic offset's part (subtracted at the end)
+        if BITS == 8:
+            lanes = tl.arange(0, 32)
+            for j in tl.static_range(4):
+                a = (((w >> (8 * j)) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+                col = k0 + 32 * j + lanes
+                xv = tl.load(x_ptr + col, mask=col < K, other=0.0).to(tl.float32)
+                sj = s0 if j == 0 else s1 if j == 1 else s2 if j == 2 else s3
+                acc += a * xv[None, :] * sj
+        else:
+            lanes = tl.arange(0, 16)
+            d0 = tl.zeros(acc.shape, dtype=tl.float32)
+            d1 = tl.zeros(acc.shape, dtype=tl.float32)
+            x0 = tl.zeros([acc.shape[1]], dtype=tl.float32)
+            x1 = tl.zeros([acc.shape[1]], dtype=tl.float32)
+            for p in tl.static_range(4):
+                t = _pair(w, g, p, BITS, 0x43004300)  # bf16 bits: fp32 = the bits << 16
+                lo = (t << 16).to(tl.float32, bitcast=True)
+                hi = (t & -65536).to(tl.float32, bitcast=True)
+                ca = k0 + 16 * p + lanes
+                cb = ca + 64
+                xa = tl.load(x_ptr + ca, mask=ca < K, other=0.0).to(tl.float32)
+                xb = tl.load(x_ptr + cb, mask=cb < K, other=0.0).to(tl.float32)
+                d0 += lo * xa[None, :]
+                d1 += hi * xb[None, :]
+                x0 += xa
+                x1 += xb
+            acc += d0 * s0 + d1 * s1
+            corr += SUB * (s0 * tl.sum(x0, axis=0) + s1 * tl.sum(x1, axis=0))
+        return acc, corr
+
+    @triton.jit
+    def _quant_gemv_packed_kernel(
+        x_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        T,
+        K,
+        x_stride,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        BITS: tl.constexpr,
+        UNITS_SPLIT: tl.constexpr,
+        STEP_UNITS: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        MODE: tl.constexpr,
+    ):
+        # grid (cdiv(N, BLOCK_N), SPLIT_K); codes_ptr: int32 words (strides in words), high_ptr: uint8 (Q5) or
+        # int16 (Q6) (strides in elements), scales_ptr: fp16 [N, K_pad / GROUP]. out: [T, N] in x's dtype (one
+        # split) or fp32 partials [SPLIT_K, T, N]. UNITS_SPLIT is a multiple of STEP_UNITS. See the docstring.
+        WORDS: tl.constexpr = 32 if BITS == 8 else 16
+        GROUPS: tl.constexpr = 4 if BITS == 8 else 2
+        OFFSET: tl.constexpr = 1 << (BITS - 1)
+        dtype = x_ptr.dtype.element_ty
+        MAGIC: tl.constexpr = 0x64006400 if dtype == tl.float16 else 0x43004300
+        SUB: tl.constexpr = (1024.0 if dtype == tl.float16 else 128.0) + OFFSET
+        split = tl.program_id(1)
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_c = tl.minimum(rows, N - 1).to(tl.int64)  # clamped: no row mask on the loads
+        code_rows = (rows_c * codes_stride)[:, None]
+        high_rows = (rows_c * high_stride)[:, None]
+        scale_rows = (rows_c * scales_stride)[:, None]
+        ts = tl.arange(0, 16)
+        t_mask = (ts < T)[None, :]
+        x_rows = ts[None, :].to(tl.int64) * x_stride
+        if MODE == 0:
+            acc = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+        corr = tl.zeros([BLOCK_N, 1], dtype=tl.float32)
+        u0 = split * UNITS_SPLIT
+        w, g, s0, s1, s2, s3 = _packed_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
+                                            u0, BITS, WORDS, GROUPS)  # fmt: skip
+        for step in range(0, UNITS_SPLIT, STEP_UNITS):
+            for j in tl.static_range(STEP_UNITS):
+                unit = u0 + step + j
+                # the next unit's planes first (the last unit of the split loads itself again: no branch)
+                nxt = tl.minimum(unit + 1, u0 + UNITS_SPLIT - 1)
+                w_n, g_n, s0_n, s1_n, s2_n, s3_n = _packed_load(
+                    codes_ptr,
+                    high_ptr,
+                    scales_ptr,
+                    code_rows,
+                    high_rows,
+                    scale_rows,
+                    nxt,
+                    BITS,
+                    WORDS,
+                    GROUPS,
+                )
+                if MODE == 0:
+                    acc = _unit_dot(acc, w, g, s0, s1, s2, s3, x_ptr, x_rows, t_mask, unit * 128, K, BITS, MAGIC,
+                                    SUB, dtype)  # fmt: skip
+                else:
+                    acc, corr = _unit_fma(acc, corr, w, g, s0, s1, s2, s3, x_ptr, unit * 128, K, BITS, SUB)
+                w, g, s0, s1, s2, s3 = w_n, g_n, s0_n, s1_n, s2_n, s3_n
+        if MODE == 0:
+            out_ptrs = out_ptr + split * (T * N) + ts[None, :] * N + rows[:, None]
+            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)
+        else:
+            total = tl.sum(acc, axis=1) - tl.sum(corr, axis=1)
+            tl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
+
+    @triton.jit
+    def _quant_dequant_packed_kernel(
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        K,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        out_stride,
+        BITS: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        # grid (cdiv(N, BLOCK_N), K_pad / 128): one unit of BLOCK_N rows of the represented weight, code * scale
+        # rounded once to out's dtype (the prefill route's slab), from the GEMV layout
+        WORDS: tl.constexpr = 32 if BITS == 8 else 16
+        GROUPS: tl.constexpr = 4 if BITS == 8 else 2
+        OFFSET: tl.constexpr = 1 << (BITS - 1)
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows_c = tl.minimum(rows, N - 1).to(tl.int64)
+        unit = tl.program_id(1)
+        w, g, s0, s1, s2, s3 = _packed_load(codes_ptr, high_ptr, scales_ptr, (rows_c * codes_stride)[:, None],
+                                            (rows_c * high_stride)[:, None], (rows_c * scales_stride)[:, None],
+                                            unit, BITS, WORDS, GROUPS)  # fmt: skip
+        row_mask = (rows < N)[:, None]
+        out_rows = out_ptr + (rows.to(tl.int64) * out_stride)[:, None]
+        i = tl.arange(0, WORDS)
+        if BITS == 8:
+            for j in tl.static_range(4):
+                a = (((w >> (8 * j)) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+                col = unit * 128 + 32 * j + i
+                v = a * (s0 if j == 0 else s1 if j == 1 else s2 if j == 2 else s3)
+                tl.store(
+                    out_rows + col[None, :],
+                    v.to(out_ptr.dtype.element_ty),
+                    mask=row_mask & (col < K)[None, :],
+                )
+        else:
+            for p in tl.static_range(4):
+                t = _pair(w, g, p, BITS, 0x43004300)
+                lo = (t << 16).to(tl.float32, bitcast=True) - (128.0 + OFFSET)
+                hi = (t & -65536).to(tl.float32, bitcast=True) - (128.0 + OFFSET)
+                ca = unit * 128 + 16 * p + i
+                cb = ca + 64
+                tl.store(out_rows + ca[None, :], (lo * s0).to(out_ptr.dtype.element_ty),
+                         mask=row_mask & (ca < K)[None, :])  # fmt: skip
+                tl.store(out_rows + cb[None, :], (hi * s1).to(out_ptr.dtype.element_ty),
+                         mask=row_mask & (cb < K)[None, :])  # fmt: skip
