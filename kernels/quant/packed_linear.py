@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from kernels._dispatch import HAS_TRITON
+from kernels._dispatch import HAS_TRITON, INTERPRET
 from kernels.quant.formats import GROUP_FORMATS
 from kernels.quant.repack import UNIT
 from kernels.quant.weight import QuantWeight
@@ -47,16 +47,16 @@ class GemvVariant(NamedTuple):
 
 
 GEMV_VARIANTS: dict[str, GemvVariant] = {
-    "default": GemvVariant(64, 1, 4, 1024),
-    "n32": GemvVariant(32, 1, 4, 1024),
+    "default": GemvVariant(128, 1, 4, 512),
+    "p1024": GemvVariant(128, 1, 4, 1024),
+    "p256": GemvVariant(128, 1, 4, 256),
+    "step2": GemvVariant(128, 2, 4, 512),
+    "n64": GemvVariant(64, 1, 4, 1024),
+    "n64p2048": GemvVariant(64, 1, 4, 2048),
     "n128w8": GemvVariant(128, 1, 8, 512),
-    "step2": GemvVariant(64, 2, 4, 1024),
-    "p512": GemvVariant(64, 1, 4, 512),
-    "p2048": GemvVariant(64, 1, 4, 2048),
-    "n32w2": GemvVariant(32, 1, 2, 2048),
-    "nosplit": GemvVariant(64, 1, 4, 1),
+    "n256w8": GemvVariant(256, 1, 8, 256),
+    "nosplit": GemvVariant(128, 1, 4, 1),
     "fma": GemvVariant(64, 1, 4, 1024, "fma"),
-    "fma_n128w8": GemvVariant(128, 1, 8, 1024, "fma"),
 }
 # (format, N, K) -> variant name, from measurements on the H200 (empty until the bench's --variants run)
 GEMV_TABLE: dict[tuple[str, int, int], str] = {}
@@ -88,11 +88,11 @@ def packed_tiles(fmt: str, n: int, k: int, variant: str | None = None) -> Packed
 
 
 def _planes(qw: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int32 code words, the high plane as the kernel reads it: uint8 (Q5), int16 (Q6), the words otherwise)"""
+    """(int32 code words, the high plane as the kernel reads it: int32 (Q5), int16 (Q6), the words otherwise)"""
     words = qw.codes.view(torch.uint8).view(torch.int32)
     if qw.high is None:
         return words, words
-    return words, (qw.high.view(torch.int16) if GROUP_FORMATS[qw.format].bits == 6 else qw.high)
+    return words, qw.high.view(torch.int16 if GROUP_FORMATS[qw.format].bits == 6 else torch.int32)
 
 
 def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch.Tensor) -> torch.Tensor:
@@ -110,7 +110,8 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
     _quant_gemv_packed_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](
         x, words, high, qw.scales, target, n, rows, k, x.stride(0), words.stride(0), high.stride(0),
         qw.scales.stride(0), BITS=GROUP_FORMATS[qw.format].bits, UNITS_SPLIT=units // tiles.split_k,
-        STEP_UNITS=tiles.step_units, BLOCK_N=tiles.block_n, MODE=MODES[tiles.mode], num_warps=tiles.num_warps,
+        STEP_UNITS=tiles.step_units, BLOCK_N=tiles.block_n, MODE=MODES[tiles.mode], EVEN_K=k % UNIT == 0,
+        ASM=not INTERPRET, num_warps=tiles.num_warps,
     )  # fmt: skip
     if tiles.split_k > 1:
         _linear_reduce_kernel[(triton.cdiv(n, REDUCE_BLOCK), rows)](

@@ -9,12 +9,14 @@ a fused parent (``QuantWeight.rows``) stay plain slices. Per row, in units of 12
 of 128), with ``u = code + 2^(bits-1)`` the offset code (unsigned; ``code = u - OFFSET``):
 
 - Q4/Q5/Q6 base plane: 16 little-endian 32-bit words a unit; nibble ``j`` (bits 4j..4j+3) of word ``i`` holds
-  the low 4 bits of ``u`` of lane ``16 j + i``. So plane ``j`` of a [rows, 16] word tile is 16 consecutive lanes
-  (x's slice for it is contiguous), nibbles ``j`` and ``j + 4`` come out of one ``(w >> 4j) & 0x000F000F`` as the
-  two halves of a word, and planes 0-3 are the unit's first group of 64, planes 4-7 its second.
-- Q5 high plane: 16 bytes a unit; bit ``j`` of byte ``i`` is bit 4 of ``u`` of lane ``16 j + i``.
+  the low 4 bits of ``u`` of lane ``lane(j, i) = 32 (j % 4) + 2 i + j // 4``. So ``(w >> 4s) & 0x000F000F``
+  (s = 0..3) puts lanes ``32 s + 2i`` and ``32 s + 2i + 1`` (K-adjacent) in the two halves of one word: made
+  16-bit floats, it is the packed pair a tensor-core operand register holds, and pair plane ``s`` of a
+  [rows, 16] word tile is the 32 consecutive lanes ``[32 s, 32 s + 32)`` (x's slice for it is contiguous);
+  pair planes 0-1 are the unit's first group of 64, 2-3 its second.
+- Q5 high plane: 16 bytes a unit; bit ``j`` of byte ``i`` is bit 4 of ``u`` of lane ``lane(j, i)``.
 - Q6 high plane: 16 little-endian 16-bit words a unit; bits ``2j, 2j+1`` of word ``i`` are bits 4, 5 of ``u`` of
-  lane ``16 j + i``.
+  lane ``lane(j, i)``.
 - W8: 32 words a unit; byte ``j`` of word ``i`` is ``u = code + 128`` (1..255) of lane ``32 j + i`` (plane ``j`` is
   the unit's group ``j`` of 32).
 """
@@ -52,7 +54,8 @@ def _pack_u(u: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor | No
     if bits == 8:
         t = u.reshape(rows, units, 4, 32).permute(0, 1, 3, 2)  # [rows, unit, word i, byte j]
         return t.reshape(rows, k_pad).to(torch.uint8), None
-    t = u.reshape(rows, units, 8, 16).permute(0, 1, 3, 2)  # [rows, unit, word i, nibble j]
+    # lane 32 s + 2 i + h -> [unit, s, i, h] -> word i, nibble j = s + 4 h
+    t = u.reshape(rows, units, 4, 16, 2).permute(0, 1, 3, 4, 2).reshape(rows, units, 16, 8)
     low = t & 15
     codes = (low[..., 0::2] | (low[..., 1::2] << 4)).reshape(rows, k_pad // 2).to(torch.uint8)
     if bits == 4:
@@ -86,7 +89,8 @@ def _unpack_u(codes: torch.Tensor, high: torch.Tensor | None, bits: int) -> torc
         hb = high.to(torch.int32).reshape(rows, k_pad // UNIT, 16, 2)
         h = (hb[..., 0] | (hb[..., 1] << 8))[..., None]
         t = t | (((h >> (2 * j)) & 3) << 4)
-    return t.permute(0, 1, 3, 2).reshape(rows, k_pad)
+    # [unit, i, j = s + 4 h] -> lane 32 s + 2 i + h
+    return t.reshape(rows, k_pad // UNIT, 16, 2, 4).permute(0, 1, 4, 2, 3).reshape(rows, k_pad)
 
 
 def _stored_planes(u: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -46,7 +46,11 @@ if HAS_TRITON:
         w = tl.load(codes_ptr + code_rows + (unit * WORDS + i)[None, :])
         g = w
         if BITS == 5:  # byte i: bit j -> bit 4 of plane j; spread: bits 0..7 and a copy at 12..19
-            h = tl.load(high_ptr + high_rows + (unit * 16 + i)[None, :]).to(tl.int32)
+            # read as 4 words a row and split into bytes in registers (the thread holding words i..i+3 holds
+            # their high bytes in one word: no layout conversion against the code words)
+            q = tl.arange(0, 4)
+            h4 = tl.load(high_ptr + high_rows + (unit * 4 + q)[None, :])
+            h = tl.reshape((h4[:, :, None] >> (8 * q)[None, None, :]) & 0xFF, [h4.shape[0], 16])
             g = h | (h << 12)
         if (
             BITS == 6
@@ -63,86 +67,108 @@ if HAS_TRITON:
         return w, g, s0, s1, s2, s3
 
     @triton.jit
-    def _pair(w, g, s: tl.constexpr, BITS: tl.constexpr, MAGIC: tl.constexpr):
-        # planes s (low half) and s + 4 (high half) of a Q4/Q5/Q6 word tile as 16-bit float bits M + u
-        t = ((w >> (4 * s)) & 0x000F000F) | MAGIC
-        if BITS == 5:
-            t = t | ((g << (4 - s)) & 0x00100010)
-        if BITS == 6:
-            if s == 3:
-                t = t | ((g >> 2) & 0x00300030)
-            else:
-                t = t | ((g << (4 - 2 * s)) & 0x00300030)
-        return t
+    def _and_or(a, MASK: tl.constexpr, c, ASM: tl.constexpr):
+        # (a & MASK) | c: one LOP3 with ASM (ptxas makes two of the plain form when c is a constant)
+        if ASM:
+            return tl.inline_asm_elementwise(
+                f"lop3.b32 $0, $1, {MASK}, $2, 0xEA;", "=r,r,r", [a, c], dtype=tl.int32, is_pure=True, pack=1
+            )
+        return (a & MASK) | c
 
     @triton.jit
-    def _unit_dot(acc, w, g, s0, s1, s2, s3, x_ptr, x_rows, t_mask, k0, K, BITS: tl.constexpr, MAGIC: tl.constexpr,
-                  SUB: tl.constexpr, dtype: tl.constexpr):  # fmt: skip
+    def _pair(w, g, s: tl.constexpr, BITS: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr):
+        # pair plane s of a Q4/Q5/Q6 word tile: lanes 32s + 2i (low half) and 32s + 2i + 1 (high half) of word i
+        # as 16-bit float bits of M + u
+        c = tl.full(w.shape, MAGIC, tl.int32)
+        if BITS == 5:
+            c = _and_or(g << (4 - s), 0x00100010, c, ASM)
+        if BITS == 6:
+            if s == 3:
+                c = _and_or(g >> 2, 0x00300030, c, ASM)
+            else:
+                c = _and_or(g << (4 - 2 * s), 0x00300030, c, ASM)
+        return _and_or(w >> (4 * s), 0x000F000F, c, ASM)
+
+    @triton.jit
+    def _pair_codes(t, SUB: tl.constexpr, FMA_ONE: tl.constexpr, FMA_NEG: tl.constexpr, dtype: tl.constexpr,
+                    ASM: tl.constexpr):  # fmt: skip
+        # the pair words (bits of M + u) -> the codes u - OFFSET = M + u - SUB in dtype, [rows, 32] in K order
+        # (each word's halves side by side). ASM (a GPU): one packed fma a word, w * 1 + (-SUB) (exact), the
+        # halves as they are; else (the interpreter) the same numbers through fp32 (the bf16 magic only there)
+        if ASM:
+            if dtype == tl.float16:
+                c = tl.inline_asm_elementwise(
+                    "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r",
+                    [t, tl.full(t.shape, FMA_ONE, tl.int32), tl.full(t.shape, FMA_NEG, tl.int32)],
+                    dtype=tl.int32, is_pure=True, pack=1,
+                )  # fmt: skip
+            else:
+                c = tl.inline_asm_elementwise(
+                    "fma.rn.bf16x2 $0, $1, $2, $3;", "=r,r,r,r",
+                    [t, tl.full(t.shape, FMA_ONE, tl.int32), tl.full(t.shape, FMA_NEG, tl.int32)],
+                    dtype=tl.int32, is_pure=True, pack=1,
+                )  # fmt: skip
+            lo = c.to(tl.int16).to(dtype, bitcast=True)
+            hi = (c >> 16).to(tl.int16).to(dtype, bitcast=True)
+        else:
+            lo = ((t << 16).to(tl.float32, bitcast=True) - SUB).to(dtype)
+            hi = ((t & -65536).to(tl.float32, bitcast=True) - SUB).to(dtype)
+        return tl.reshape(tl.join(lo, hi), [t.shape[0], 2 * t.shape[1]])
+
+    @triton.jit
+    def _x_tile(x_ptr, x_rows, col, K, EVEN_K: tl.constexpr):
+        # x's [lanes, 16] tile at columns col (x's rows clamped to T - 1 already: no row mask)
+        if EVEN_K:
+            return tl.load(x_ptr + x_rows + col[:, None])
+        return tl.load(x_ptr + x_rows + col[:, None], mask=(col < K)[:, None], other=0.0)
+
+    @triton.jit
+    def _unit_dot(acc, w, g, s0, s1, s2, s3, x_ptr, x_rows, k0, K, BITS: tl.constexpr, MAGIC: tl.constexpr,
+                  SUB: tl.constexpr, FMA_ONE: tl.constexpr, FMA_NEG: tl.constexpr, dtype: tl.constexpr,
+                  ASM: tl.constexpr, EVEN_K: tl.constexpr):  # fmt: skip
         # acc [BLOCK_N, 16] += this unit's contribution, on the tensor cores (MODE 0)
+        lanes = tl.arange(0, 32)
         if BITS == 8:
-            lanes = tl.arange(0, 32)
             for j in tl.static_range(4):
                 b = ((w >> (8 * j)) & 0xFF) | 0x4B000000
                 a = (b.to(tl.float32, bitcast=True) - 8388736.0).to(dtype)  # 2^23 + u - (2^23 + 128): exact
-                col = k0 + 32 * j + lanes
-                xt = tl.load(x_ptr + x_rows + col[:, None], mask=t_mask & (col < K)[:, None], other=0.0)
+                xt = _x_tile(x_ptr, x_rows, k0 + 32 * j + lanes, K, EVEN_K)
                 sj = s0 if j == 0 else s1 if j == 1 else s2 if j == 2 else s3
                 acc += tl.dot(a, xt) * sj
         else:
-            lanes = tl.arange(0, 16)
-            d0 = tl.zeros(acc.shape, dtype=tl.float32)
-            d1 = tl.zeros(acc.shape, dtype=tl.float32)
-            x0 = tl.zeros([acc.shape[1]], dtype=tl.float32)
-            x1 = tl.zeros([acc.shape[1]], dtype=tl.float32)
-            for p in tl.static_range(4):
-                t = _pair(w, g, p, BITS, MAGIC)
-                lo = t.to(tl.int16).to(dtype, bitcast=True)
-                hi = (t >> 16).to(tl.int16).to(dtype, bitcast=True)
-                ca = k0 + 16 * p + lanes
-                cb = ca + 64
-                xa = tl.load(x_ptr + x_rows + ca[:, None], mask=t_mask & (ca < K)[:, None], other=0.0)
-                xb = tl.load(x_ptr + x_rows + cb[:, None], mask=t_mask & (cb < K)[:, None], other=0.0)
-                d0 = tl.dot(lo, xa, d0)
-                d1 = tl.dot(hi, xb, d1)
-                x0 += tl.sum(xa.to(tl.float32), axis=0)
-                x1 += tl.sum(xb.to(tl.float32), axis=0)
-            acc += (d0 - SUB * x0[None, :]) * s0
-            acc += (d1 - SUB * x1[None, :]) * s1
+            for half in tl.static_range(2):
+                a0 = _pair_codes(_pair(w, g, 2 * half, BITS, MAGIC, ASM), SUB, FMA_ONE, FMA_NEG, dtype, ASM)
+                a1 = _pair_codes(
+                    _pair(w, g, 2 * half + 1, BITS, MAGIC, ASM), SUB, FMA_ONE, FMA_NEG, dtype, ASM
+                )
+                d = tl.dot(a0, _x_tile(x_ptr, x_rows, k0 + 64 * half + lanes, K, EVEN_K))
+                d = tl.dot(a1, _x_tile(x_ptr, x_rows, k0 + 64 * half + 32 + lanes, K, EVEN_K), d)
+                acc += d * (s0 if half == 0 else s1)
         return acc
 
     @triton.jit
-    def _unit_fma(acc, corr, w, g, s0, s1, s2, s3, x_ptr, k0, K, BITS: tl.constexpr, SUB: tl.constexpr):
-        # one row of x (MODE 1): acc [BLOCK_N, W] += fp32 products of this unit, corr [BLOCK_N, 1] += the
-        # magic offset's part (subtracted at the end)
+    def _x_vector(x_ptr, col, K, EVEN_K: tl.constexpr):
+        if EVEN_K:
+            return tl.load(x_ptr + col).to(tl.float32)
+        return tl.load(x_ptr + col, mask=col < K, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _unit_fma(acc, w, g, s0, s1, s2, s3, x_ptr, k0, K, BITS: tl.constexpr, MAGIC: tl.constexpr,
+                  SUB: tl.constexpr, FMA_ONE: tl.constexpr, FMA_NEG: tl.constexpr, ASM: tl.constexpr,
+                  EVEN_K: tl.constexpr):  # fmt: skip
+        # one row of x (MODE 1): acc [BLOCK_N, 32] += fp32 products of this unit (CUDA cores)
+        lanes = tl.arange(0, 32)
         if BITS == 8:
-            lanes = tl.arange(0, 32)
             for j in tl.static_range(4):
                 a = (((w >> (8 * j)) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
-                col = k0 + 32 * j + lanes
-                xv = tl.load(x_ptr + col, mask=col < K, other=0.0).to(tl.float32)
                 sj = s0 if j == 0 else s1 if j == 1 else s2 if j == 2 else s3
-                acc += a * xv[None, :] * sj
+                acc += a * _x_vector(x_ptr, k0 + 32 * j + lanes, K, EVEN_K)[None, :] * sj
         else:
-            lanes = tl.arange(0, 16)
-            d0 = tl.zeros(acc.shape, dtype=tl.float32)
-            d1 = tl.zeros(acc.shape, dtype=tl.float32)
-            x0 = tl.zeros([acc.shape[1]], dtype=tl.float32)
-            x1 = tl.zeros([acc.shape[1]], dtype=tl.float32)
             for p in tl.static_range(4):
-                t = _pair(w, g, p, BITS, 0x43004300)  # bf16 bits: fp32 = the bits << 16
-                lo = (t << 16).to(tl.float32, bitcast=True)
-                hi = (t & -65536).to(tl.float32, bitcast=True)
-                ca = k0 + 16 * p + lanes
-                cb = ca + 64
-                xa = tl.load(x_ptr + ca, mask=ca < K, other=0.0).to(tl.float32)
-                xb = tl.load(x_ptr + cb, mask=cb < K, other=0.0).to(tl.float32)
-                d0 += lo * xa[None, :]
-                d1 += hi * xb[None, :]
-                x0 += xa
-                x1 += xb
-            acc += d0 * s0 + d1 * s1
-            corr += SUB * (s0 * tl.sum(x0, axis=0) + s1 * tl.sum(x1, axis=0))
-        return acc, corr
+                codes = _pair_codes(_pair(w, g, p, BITS, MAGIC, ASM), SUB, FMA_ONE, FMA_NEG, tl.bfloat16, ASM)
+                part = codes.to(tl.float32) * _x_vector(x_ptr, k0 + 32 * p + lanes, K, EVEN_K)[None, :]
+                acc += part * (s0 if p < 2 else s1)
+        return acc
 
     @triton.jit
     def _quant_gemv_packed_kernel(
@@ -163,16 +189,24 @@ if HAS_TRITON:
         STEP_UNITS: tl.constexpr,
         BLOCK_N: tl.constexpr,
         MODE: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        ASM: tl.constexpr,
     ):
-        # grid (cdiv(N, BLOCK_N), SPLIT_K); codes_ptr: int32 words (strides in words), high_ptr: uint8 (Q5) or
+        # grid (cdiv(N, BLOCK_N), SPLIT_K); codes_ptr: int32 words (strides in words), high_ptr: int32 (Q5) or
         # int16 (Q6) (strides in elements), scales_ptr: fp16 [N, K_pad / GROUP]. out: [T, N] in x's dtype (one
         # split) or fp32 partials [SPLIT_K, T, N]. UNITS_SPLIT is a multiple of STEP_UNITS. See the docstring.
         WORDS: tl.constexpr = 32 if BITS == 8 else 16
         GROUPS: tl.constexpr = 4 if BITS == 8 else 2
         OFFSET: tl.constexpr = 1 << (BITS - 1)
         dtype = x_ptr.dtype.element_ty
-        MAGIC: tl.constexpr = 0x64006400 if dtype == tl.float16 else 0x43004300
-        SUB: tl.constexpr = (1024.0 if dtype == tl.float16 else 128.0) + OFFSET
+        # the 16-bit float magic (M = 1024 for fp16, 128 for bf16: M + u is exact) and the packed fma's operands
+        # (1, 1) and (-(M + OFFSET), -(M + OFFSET)) as int32 bit patterns; MODE 1 and the interpreter (no ASM:
+        # _pair_codes widens bf16 bits) use the bf16 ones
+        F16: tl.constexpr = dtype == tl.float16 and MODE == 0 and ASM
+        MAGIC: tl.constexpr = 0x64006400 if F16 else 0x43004300
+        SUB: tl.constexpr = (1024.0 if F16 else 128.0) + OFFSET
+        FMA_ONE: tl.constexpr = 0x3C003C00 if F16 else 0x3F803F80
+        FMA_NEG: tl.constexpr = ((0xE400 if F16 else 0xC300) | OFFSET) * 65537 - 4294967296
         split = tl.program_id(1)
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rows_c = tl.minimum(rows, N - 1).to(tl.int64)  # clamped: no row mask on the loads
@@ -180,13 +214,11 @@ if HAS_TRITON:
         high_rows = (rows_c * high_stride)[:, None]
         scale_rows = (rows_c * scales_stride)[:, None]
         ts = tl.arange(0, 16)
-        t_mask = (ts < T)[None, :]
-        x_rows = ts[None, :].to(tl.int64) * x_stride
+        x_rows = tl.minimum(ts, T - 1)[None, :].to(tl.int64) * x_stride  # clamped: no row mask on x
         if MODE == 0:
             acc = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
         else:
-            acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
-        corr = tl.zeros([BLOCK_N, 1], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_N, 32], dtype=tl.float32)
         u0 = split * UNITS_SPLIT
         w, g, s0, s1, s2, s3 = _packed_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
                                             u0, BITS, WORDS, GROUPS)  # fmt: skip
@@ -195,29 +227,21 @@ if HAS_TRITON:
                 unit = u0 + step + j
                 # the next unit's planes first (the last unit of the split loads itself again: no branch)
                 nxt = tl.minimum(unit + 1, u0 + UNITS_SPLIT - 1)
-                w_n, g_n, s0_n, s1_n, s2_n, s3_n = _packed_load(
-                    codes_ptr,
-                    high_ptr,
-                    scales_ptr,
-                    code_rows,
-                    high_rows,
-                    scale_rows,
-                    nxt,
-                    BITS,
-                    WORDS,
-                    GROUPS,
-                )
+                w_n, g_n, s0_n, s1_n, s2_n, s3_n = _packed_load(codes_ptr, high_ptr, scales_ptr, code_rows,
+                                                                high_rows, scale_rows, nxt, BITS, WORDS,
+                                                                GROUPS)  # fmt: skip
                 if MODE == 0:
-                    acc = _unit_dot(acc, w, g, s0, s1, s2, s3, x_ptr, x_rows, t_mask, unit * 128, K, BITS, MAGIC,
-                                    SUB, dtype)  # fmt: skip
+                    acc = _unit_dot(acc, w, g, s0, s1, s2, s3, x_ptr, x_rows, unit * 128, K, BITS, MAGIC, SUB,
+                                    FMA_ONE, FMA_NEG, dtype, ASM, EVEN_K)  # fmt: skip
                 else:
-                    acc, corr = _unit_fma(acc, corr, w, g, s0, s1, s2, s3, x_ptr, unit * 128, K, BITS, SUB)
+                    acc = _unit_fma(acc, w, g, s0, s1, s2, s3, x_ptr, unit * 128, K, BITS, MAGIC, SUB, FMA_ONE,
+                                    FMA_NEG, ASM, EVEN_K)  # fmt: skip
                 w, g, s0, s1, s2, s3 = w_n, g_n, s0_n, s1_n, s2_n, s3_n
         if MODE == 0:
             out_ptrs = out_ptr + split * (T * N) + ts[None, :] * N + rows[:, None]
-            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)
+            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & (ts < T)[None, :])
         else:
-            total = tl.sum(acc, axis=1) - tl.sum(corr, axis=1)
+            total = tl.sum(acc, axis=1)
             tl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
 
     @triton.jit
@@ -260,13 +284,15 @@ if HAS_TRITON:
                     mask=row_mask & (col < K)[None, :],
                 )
         else:
+            lanes = tl.arange(0, 32)
             for p in tl.static_range(4):
-                t = _pair(w, g, p, BITS, 0x43004300)
-                lo = (t << 16).to(tl.float32, bitcast=True) - (128.0 + OFFSET)
-                hi = (t & -65536).to(tl.float32, bitcast=True) - (128.0 + OFFSET)
-                ca = unit * 128 + 16 * p + i
-                cb = ca + 64
-                tl.store(out_rows + ca[None, :], (lo * s0).to(out_ptr.dtype.element_ty),
-                         mask=row_mask & (ca < K)[None, :])  # fmt: skip
-                tl.store(out_rows + cb[None, :], (hi * s1).to(out_ptr.dtype.element_ty),
-                         mask=row_mask & (cb < K)[None, :])  # fmt: skip
+                codes = _pair_codes(
+                    _pair(w, g, p, BITS, 0x43004300, False), 128.0 + OFFSET, 0, 0, tl.bfloat16, False
+                )
+                col = unit * 128 + 32 * p + lanes
+                v = codes.to(tl.float32) * (s0 if p < 2 else s1)
+                tl.store(
+                    out_rows + col[None, :],
+                    v.to(out_ptr.dtype.element_ty),
+                    mask=row_mask & (col < K)[None, :],
+                )

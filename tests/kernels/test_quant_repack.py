@@ -48,7 +48,9 @@ def _lane_value(fmt: str, codes: torch.Tensor, high: torch.Tensor | None, lane: 
     if fmt == W8:
         j, i = divmod(m, 32)
         return int(raw[unit * 128 + 4 * i + j])
-    j, i = divmod(m, 16)
+    s, rest = divmod(m, 32)
+    i, h = divmod(rest, 2)
+    j = s + 4 * h
     byte = int(raw[unit * 64 + 4 * i + j // 2])
     u = (byte >> (4 * (j % 2))) & 15
     if fmt == Q5:
