@@ -6,7 +6,9 @@ device (``kernels._dispatch.use_triton``) and x is bf16 or fp16:
 
 - at most ``GEMV_MAX_ROWS`` rows (decode): the weight-streaming GEMV of the format (``triton_group.py``,
   ``triton_fp.py``): the weight's planes read once, dequantized in registers, no bf16 copy of the weight;
-  the tiles depend on the weight's shape only, so a row's output is bitwise the same in any batch;
+  the tiles depend on the weight's shape only, so a row's output is bitwise the same in any batch. A
+  row-split weight repacked at load (``QuantWeight.gemv_layout``: what the model's layers hold on a GPU)
+  runs the GEMV layout's kernel instead (``packed_linear.py``, ``triton_gemv.py``);
 - more rows (prefill): ``route="dequant"``: slabs of weight rows dequantized to x's dtype (one rounding
   of each weight) and multiplied by cuBLAS; on the H200 (bench/results/kernels_quant_h200_2026-12-03_session5)
   it ran at 0.80-0.94 of cuBLAS bf16 on every 27B shape, the format's Triton GEMM (weight tiles dequantized

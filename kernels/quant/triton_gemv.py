@@ -9,23 +9,26 @@ steps of weight bytes in flight a program without relying on the compiler's pipe
 one contiguous run of 64 (Q4), 64 + 16 (Q5), 64 + 32 (Q6) or 128 (W8) bytes: each thread reads 16-byte vectors
 of it and a warp's loads cover whole rows' runs (coalesced).
 
-Dequantization is word-wide bit operations in registers (no shift-and-convert per element): for Q4/Q5/Q6 one
-``(w >> 4s) & 0x000F000F | MAGIC`` (plus the high bits, moved into bits 4 and 20 by one shift and mask of a
-pre-spread copy) makes two 16-bit floats at once whose values are ``M + u`` exactly (``MAGIC`` is the bits of
-``M`` = 128 in bf16, 1024 in fp16, twice; ``u = code + OFFSET`` < 128), split into two [rows, 16] tiles by a
-truncation and a shift. The magic offset is removed after the dot, per group: ``sum (M + u) x = sum code x +
-(M + OFFSET) sum x``, with ``sum x`` of the group's 64 lanes taken from the same x tiles (an fp32 difference of
-sums ~30x larger than the result: ~5 of fp32's 24 bits, far below the output's rounding). W8: each byte
-through the float32 magic ``2^23 + u`` minus ``2^23 + 128`` (exact), converted to x's dtype (exact: <= 8
-significant bits).
+Dequantization is word-wide bit operations in registers (no shift-and-convert per element). Q4/Q5/Q6: for
+pair plane s, ``(w >> 4s) & 0x000F000F | MAGIC`` (one SHF and one LOP3; the high bits, pre-spread once a unit,
+OR-ed in by one more shift and LOP3) is two 16-bit floats of the K-adjacent lanes ``32s + 2i``, ``32s + 2i + 1``
+whose values are ``M + u`` exactly (``MAGIC``: the bits of ``M`` = 128 in bf16, 1024 in fp16, twice; ``u =
+code + OFFSET`` < 128), then one packed ``fma.rn.bf16x2`` (``f16x2``) ``* 1 - (M + OFFSET)`` makes them the
+codes themselves (exact): ~1.5 instructions a lane, and the word is already the packed pair a tensor-core
+operand register holds. ``ASM`` (constexpr) selects this inline PTX (``lop3.b32``, ``fma.rn.*x2``) on a GPU;
+the interpreter (no inline asm) computes the same exact values through fp32. W8: each byte through the
+float32 magic ``2^23 + u`` minus ``2^23 + 128`` (exact), converted to x's dtype (exact: <= 8 significant
+bits). Measured statically (sm_90 SASS of the loop, 128 rows a program, 4 warps): 2.7 (Q4), 3.9 (Q5), 4.1
+(Q6) instructions a lane, against ~4.4 / 5.4 / 6.5 issue slots a lane that 80% of 4.8 TB/s leaves.
 
-``MODE`` (constexpr): ``0`` tensor cores: each plane tile is a ``tl.dot`` with x's matching [16 lanes, 16]
-tile (x's T <= 8 rows as the dot's 16 columns, masked), fp32 accumulation, the group's fp32 scale applied to
-the group's dot sum; T is no compile-time constant and the tiles depend on N and K only, so a row's output is
-bitwise the same in any batch. ``1`` CUDA cores for one row of x (T = 1 only): the plane tiles widened to
-fp32 (a shift: bf16 bits are fp32's high half) times x's slice, a [BLOCK_N, 16] fp32 accumulator reduced
-across the 16 columns at the end. Split K: fp32 partials ``[SPLIT_K, T, N]`` summed in split order by
-``kernels.linear._linear_reduce_kernel``.
+``MODE`` (constexpr): ``0`` tensor cores: pair plane s is a [BLOCK_N, 32] operand of a ``tl.dot`` with x's
+matching [32 lanes, 16] tile (x's T <= 8 rows as the dot's 16 columns; rows past T read row T - 1 and are
+not stored, so no mask), fp32 accumulation, each group's fp32 scale applied to its two dots' sum; T is no
+compile-time constant and the tiles depend on N and K only, so a row's output is bitwise the same in any
+batch. ``1`` CUDA cores for one row of x (T = 1 only; a tile variant for comparison): the codes widened to
+fp32 times x's slice into a [BLOCK_N, 32] fp32 accumulator reduced at the end. ``EVEN_K`` (K a multiple of
+128, every real geometry): no lane masks on x. Split K: fp32 partials ``[SPLIT_K, T, N]`` summed in split
+order by ``kernels.linear._linear_reduce_kernel``.
 """
 
 from __future__ import annotations
