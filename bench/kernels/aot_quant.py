@@ -52,8 +52,8 @@ def variants(variant: Any) -> dict[str, list[Any]]:
             for label, bits, group, k, split in _GROUP_SHAPES
         ],
         # the GEMV layout's GEMV (packed_linear.packed_tiles "default": 128 rows a program, one 128-lane unit a
-        # step, 4 warps, K split until >= 512 programs): Q4 q/k [7168, 5120] (40 units, split 10), Q5 down
-        # [5120, 17408] (136 units, split 17), Q6 head (unsplit), W8 [2048, 4096] (32 units, split 32); fp16 x;
+        # step, 4 warps, K split for whole waves on 132 SMs): Q4 q/k [7168, 5120] (40 units, split 8), Q5 down
+        # [5120, 17408] (136 units, split 8), Q6 head (unsplit), W8 [2048, 4096] (32 units, split 32); fp16 x;
         # the CUDA-core mode (T = 1)
         "_quant_gemv_packed_kernel": [
             variant(
@@ -78,11 +78,11 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 num_stages=1,
             )  # fmt: skip
             for label, bits, units, units_split, x, mode in (
-                ("27B Q4 7168x5120 split 10", 4, 40, 4, "bf16", 0),
-                ("27B Q5 5120x17408 split 17", 5, 136, 8, "bf16", 0),
+                ("27B Q4 7168x5120 split 8", 4, 40, 5, "bf16", 0),
+                ("27B Q5 5120x17408 split 8", 5, 136, 17, "bf16", 0),
                 ("27B Q6 head K=5120", 6, 40, 40, "bf16", 0),
                 ("35B-A3B W8 2048x4096 split 32", 8, 32, 1, "bf16", 0),
-                ("Q4 fp16 x", 4, 40, 4, "fp16", 0),
+                ("Q4 fp16 x", 4, 40, 5, "fp16", 0),
                 ("Q5 CUDA cores T=1", 5, 136, 8, "bf16", 1),
             )
         ],

@@ -10,6 +10,7 @@ everything else takes ``"default"``. No autotuning on the decode path. The bench
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -42,12 +43,14 @@ class GemvVariant(NamedTuple):
     block_n: int
     step_units: int
     num_warps: int
-    min_programs: int  # K is split until the grid has at least this many programs (an H200 has 132 SMs)
+    # 0: split K for whole waves (``_wave_split``); else split K until the grid has this many programs
+    min_programs: int
     mode: str = "dot"
 
 
 GEMV_VARIANTS: dict[str, GemvVariant] = {
-    "default": GemvVariant(128, 1, 4, 512),
+    "default": GemvVariant(128, 1, 4, 0),
+    "p512": GemvVariant(128, 1, 4, 512),
     "p1024": GemvVariant(128, 1, 4, 1024),
     "p256": GemvVariant(128, 1, 4, 256),
     "step2": GemvVariant(128, 2, 4, 512),
@@ -60,6 +63,10 @@ GEMV_VARIANTS: dict[str, GemvVariant] = {
 }
 # (format, N, K) -> variant name, from measurements on the H200 (empty until the bench's --variants run)
 GEMV_TABLE: dict[tuple[str, int, int], str] = {}
+H200_SMS = 132
+# programs of the default tiles (128 rows, 4 warps) resident on one SM: their registers (sm_90 cubins of
+# bench/kernels/aot_quant.py: Q4 128, W8 116, Q5/Q6 168 a thread) in the 64K-register file
+RESIDENT = {4: 4, 5: 3, 6: 3, 8: 4}
 
 
 def _split(units: int, step_units: int, tiles_n: int, min_programs: int) -> int:
@@ -75,16 +82,43 @@ def _split(units: int, step_units: int, tiles_n: int, min_programs: int) -> int:
     return best
 
 
-def packed_tiles(fmt: str, n: int, k: int, variant: str | None = None) -> PackedTiles:
-    """The tiles of the GEMV-layout GEMV for a [n, k] weight of ``fmt`` (``variant``: a ``GEMV_VARIANTS`` name;
-    default: ``GEMV_TABLE``'s entry for the shape, else ``"default"``). NOTE: never a function of T."""
+def _wave_split(units: int, step_units: int, tiles_n: int, slots: int) -> int:
+    """The split of K (a divisor of ``units`` in whole steps) with the least estimated time: waves of
+    ``slots`` resident programs times the units a program walks (plus one for its prologue, epilogue and
+    partials): a grid of 1.06 waves costs nearly two."""
+    best, best_cost = 1, float("inf")
+    for d in range(1, units + 1):
+        if units % d or (units // d) % step_units:
+            continue
+        cost = -(-tiles_n * d // slots) * (units // d + 1)
+        if cost < best_cost:
+            best, best_cost = d, cost
+    return best
+
+
+def packed_tiles(fmt: str, n: int, k: int, variant: str | None = None, sms: int = H200_SMS) -> PackedTiles:
+    """The tiles of the GEMV-layout GEMV for a [n, k] weight of ``fmt`` on a GPU of ``sms`` SMs (``variant``: a
+    ``GEMV_VARIANTS`` name; default: ``GEMV_TABLE``'s entry for the shape, else ``"default"``). NOTE: never a
+    function of T (batch invariance)."""
     assert fmt in GROUP_FORMATS, f"{fmt}: the GEMV layout is for the row-split formats"
     v = GEMV_VARIANTS[variant or GEMV_TABLE.get((fmt, n, k), "default")]
     units = -(-k // UNIT)
     step = v.step_units if units % v.step_units == 0 else 1
     block_n = max(16, min(v.block_n, 1 << max(0, n - 1).bit_length()))
-    split = _split(units, step, -(-n // block_n), v.min_programs)
+    tiles_n = -(-n // block_n)
+    if v.min_programs:
+        split = _split(units, step, tiles_n, v.min_programs)
+    else:
+        split = _wave_split(units, step, tiles_n, sms * RESIDENT[GROUP_FORMATS[fmt].bits])
     return PackedTiles(block_n, step, v.num_warps, split, v.mode)
+
+
+@functools.lru_cache(maxsize=16)
+def device_sms(device: torch.device) -> int:
+    """The SM count of a CUDA device (H200_SMS elsewhere: the interpreter)."""
+    if device.type != "cuda":
+        return H200_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _planes(qw: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,7 +31,13 @@ import torch
 
 from kernels._dispatch import HAS_TRITON, use_triton
 from kernels.quant.formats import FP8, GROUP_FORMATS, NVFP4
-from kernels.quant.packed_linear import PackedTiles, dequantize_packed_to, gemv_packed, packed_tiles
+from kernels.quant.packed_linear import (
+    PackedTiles,
+    dequantize_packed_to,
+    device_sms,
+    gemv_packed,
+    packed_tiles,
+)
 from kernels.quant.weight import QuantWeight, dequantize
 
 if HAS_TRITON:
@@ -197,7 +203,8 @@ def quant_linear(
         assert rows <= GEMV_MAX_ROWS, f"{rows} rows: the GEMV takes 1..{GEMV_MAX_ROWS}"
         if qw.gemv_layout:
             assert tiles is None or isinstance(tiles, PackedTiles), f"{tiles}: a GEMV-layout weight"
-            return gemv_packed(x, qw, tiles or packed_tiles(qw.format, n, k), out)
+            tiles = tiles or packed_tiles(qw.format, n, k, sms=device_sms(x.device))
+            return gemv_packed(x, qw, tiles, out)
         assert tiles is None or isinstance(tiles, QuantTiles), f"{tiles}: a stored-layout weight"
         return _gemv(x, qw, tiles or gemv_tiles(qw.format, n, k), out)
     if qw.gemv_layout:
