@@ -55,7 +55,6 @@ GEMV_VARIANTS: dict[str, GemvVariant] = {
     "p256": GemvVariant(128, 1, 4, 256),
     "step2": GemvVariant(128, 2, 4, 512),
     "n64": GemvVariant(64, 1, 4, 1024),
-    "n64p2048": GemvVariant(64, 1, 4, 2048),
     "n128w8": GemvVariant(128, 1, 8, 512),
     "n256w8": GemvVariant(256, 1, 8, 256),
     "nosplit": GemvVariant(128, 1, 4, 1),

@@ -173,7 +173,7 @@ if HAS_TRITON:
                 acc += part * (s0 if p < 2 else s1)
         return acc
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["T"])  # one compile for every T (Triton would specialize T == 1)
     def _quant_gemv_packed_kernel(
         x_ptr,
         codes_ptr,
