@@ -28,7 +28,7 @@ import torch
 from kernels.quant.formats import GROUP_FORMATS
 
 UNIT = 128  # lanes a unit (K_pad is a multiple)
-ROW_CHUNK = 4096  # rows rewritten at a time by ``repack_planes`` (bounds its temporary memory)
+ROW_CHUNK = 1024  # rows rewritten at a time by ``repack_in_place`` (bounds its temporary memory)
 
 
 def _codes_u(codes: torch.Tensor, high: torch.Tensor | None, bits: int) -> torch.Tensor:
