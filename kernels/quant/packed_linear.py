@@ -37,6 +37,7 @@ class PackedTiles(NamedTuple):
     num_warps: int
     split_k: int  # programs along K (fp32 partials + the reduce kernel when > 1)
     mode: str = "dot"  # "dot" (any T <= 8) or "fma" (T = 1 only)
+    num_stages: int = 1  # Triton's software pipelining of the loop (1: only the kernel's register prefetch)
 
 
 class GemvVariant(NamedTuple):
@@ -46,6 +47,7 @@ class GemvVariant(NamedTuple):
     # 0: split K for whole waves (``_wave_split``); else split K until the grid has this many programs
     min_programs: int
     mode: str = "dot"
+    num_stages: int = 1
 
 
 GEMV_VARIANTS: dict[str, GemvVariant] = {
@@ -58,6 +60,7 @@ GEMV_VARIANTS: dict[str, GemvVariant] = {
     "n128w8": GemvVariant(128, 1, 8, 512),
     "n256w8": GemvVariant(256, 1, 8, 256),
     "nosplit": GemvVariant(128, 1, 4, 1),
+    "st3": GemvVariant(128, 1, 4, 0, "dot", 3),
     "fma": GemvVariant(64, 1, 4, 1024, "fma"),
 }
 # (format, N, K) -> variant name, from measurements on the H200 (empty until the bench's --variants run)
@@ -109,7 +112,7 @@ def packed_tiles(fmt: str, n: int, k: int, variant: str | None = None, sms: int 
         split = _split(units, step, tiles_n, v.min_programs)
     else:
         split = _wave_split(units, step, tiles_n, sms * RESIDENT[GROUP_FORMATS[fmt].bits])
-    return PackedTiles(block_n, step, v.num_warps, split, v.mode)
+    return PackedTiles(block_n, step, v.num_warps, split, v.mode, v.num_stages)
 
 
 @functools.lru_cache(maxsize=16)
@@ -144,7 +147,7 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
         x, words, high, qw.scales, target, n, rows, k, x.stride(0), words.stride(0), high.stride(0),
         qw.scales.stride(0), BITS=GROUP_FORMATS[qw.format].bits, UNITS_SPLIT=units // tiles.split_k,
         STEP_UNITS=tiles.step_units, BLOCK_N=tiles.block_n, MODE=MODES[tiles.mode], EVEN_K=k % UNIT == 0,
-        ASM=not INTERPRET, num_warps=tiles.num_warps,
+        ASM=not INTERPRET, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if tiles.split_k > 1:
         _linear_reduce_kernel[(triton.cdiv(n, REDUCE_BLOCK), rows)](
