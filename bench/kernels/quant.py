@@ -249,6 +249,8 @@ def bench_decode(
                        "variant": label, "tiles": list(tiles), "kernel_us": round(t_v, 2), "GBps": v["GBps"],
                        "pct_of_4.8TBps": v["pct_of_4.8TBps"], "vs_new_default": round(t_new / t_v, 3),
                        **_err(quant_linear(x, packed[0], route="gemv", tiles=tiles), expected)})  # fmt: skip
+                print(f"      variant {label:<9} {t_v:8.2f} us {v['GBps']:7.1f} GB/s {v['pct_of_4.8TBps']:5.1f}%"
+                      f"  {list(tiles)}", flush=True)  # fmt: skip
         for label in sweep:
             tiles = gemv_tiles(fmt, n, k, **SWEEP[label])
             t_s = _per_call(lambda w: quant_linear(x, w, route="gemv", tiles=tiles), weights)
