@@ -31,6 +31,7 @@ import torch
 from engine.model.forward import ModelCache, make_forward_batch
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
+from engine.spec.graphs import SpecGraphs, StaticRow
 from engine.spec.verify import GeneratorFor, draft_tokens
 
 
@@ -68,9 +69,19 @@ class MtpDrafter:
         self.model, self.cache, self.generator = model, cache, generator
         self.page_size = cache.page_size
         self.hidden = torch.zeros(num_slots, model.config.hidden_size, dtype=param.dtype, device=param.device)
+        self.graphs: SpecGraphs | None = None  # static buffers / CUDA graphs (set by the runner)
 
     def copy_slot(self, src: int, dst: int) -> None:
         self.hidden[dst].copy_(self.hidden[src])
+
+    def _static(
+        self, tokens: Sequence[Sequence[int]], starts: Sequence[int], rows: Sequence[DraftRow], width: int
+    ) -> list[StaticRow] | None:
+        """The forward's rows for the static path, or None when it has none or they do not fit it."""
+        if self.graphs is None:
+            return None
+        static = [StaticRow(t, s, r.page_ids) for t, s, r in zip(tokens, starts, rows, strict=True)]
+        return static if self.graphs.fits(static, width) else None
 
     def _forward(
         self,
@@ -79,6 +90,10 @@ class MtpDrafter:
         rows: Sequence[DraftRow],
         hidden: torch.Tensor,
     ) -> torch.Tensor:
+        static = self._static(tokens, starts, rows, 0)
+        if static is not None:
+            assert self.graphs is not None
+            return self.graphs.catch_up(static, hidden)
         batch = make_forward_batch(
             tokens, starts, [r.page_ids for r in rows], [r.state_slot for r in rows], self.page_size,
             device=hidden.device,
@@ -108,6 +123,25 @@ class MtpDrafter:
             self.hidden[r.state_slot].copy_(target_hidden[r.hidden_rows[len(r.tokens) - 1]])
         return out
 
+    def _chain(
+        self,
+        feed: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        rows: Sequence[DraftRow],
+        hidden: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chained single-token MTP step: (MTP hidden, logits), a graph replay when one fits."""
+        static = self._static(feed, starts, rows, 1)
+        if static is not None:
+            assert self.graphs is not None
+            return self.graphs.draft(static, hidden)
+        batch = make_forward_batch(
+            feed, starts, [r.page_ids for r in rows], [r.state_slot for r in rows], self.page_size,
+            device=hidden.device,
+        )  # fmt: skip
+        out = self.model.forward_mtp(batch, hidden, self.cache)
+        return out, self.model.compute_logits(out)
+
     def _propose(
         self,
         rows: Sequence[DraftRow],
@@ -135,9 +169,11 @@ class MtpDrafter:
         active = list(range(len(ids)))
         for j in range(max(limit)):
             if j > 0:  # one chained MTP step for the rows still drafting
-                feed = [[tokens[a][-1]] for a in active]
-                hidden = self._forward(feed, [pos[a] + j for a in active], [ids[a] for a in active], hidden)
-            logits = self.model.compute_logits(hidden)
+                hidden, logits = self._chain(
+                    [[tokens[a][-1]] for a in active], [pos[a] + j for a in active], [ids[a] for a in active], hidden
+                )  # fmt: skip
+            else:
+                logits = self.model.compute_logits(hidden)
             history = [list(ids[a].history) + tokens[a] for a in active]
             new, q = draft_tokens(
                 logits, [ids[a].params for a in active], [ids[a].request_id for a in active], self.generator,
