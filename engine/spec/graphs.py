@@ -6,7 +6,7 @@ A speculative step runs three kinds of forwards, each a fixed shape once its row
   width k + 1, GDN snapshots into ``snapshot_slots``; or width 1: plain decode rows of a speculative engine);
   returns the hidden states [size * width, H].
 - ``catch_up`` (size): one MTP pass over `size` rows of up to ``K + 2`` (target hidden, next token) pairs each,
-  packed back to back (a varlen batch); a sink sequence ``size`` takes the unused token rows, so every token
+  packed back to back (a varlen batch; a padding row feeds one token); a sink sequence ``size`` takes the unused token rows, so every token
   row of the captured shape belongs to a sequence (no unwritten attention rows) and no row is stored
   (``slot_mapping = -1``); returns the MTP hidden states [(size + 1) * (K + 2), H].
 - ``draft`` (size): one chained MTP step, one token per row, and its logits (the drafter samples outside).
@@ -129,14 +129,15 @@ class SpecInputs:
             cont.append(int(r.keep_state))
             snaps[i * k : i * k + len(r.snapshots)] = r.snapshots
             off += n
-        for _ in range(len(rows), size):  # padding rows: a full width each, or no token (varlen)
+        for _ in range(len(rows), size):  # padding rows: a full width each, or one token (varlen)
+            n = width or 1
             qsl.append(off)
-            seq.append(max(width, 1) if width else 0)
+            seq.append(n)
             states.append(-1)
             cont.append(0)
-            for j in range(width):
+            for j in range(n):
                 pos[off + j] = j
-            off += width
+            off += n
         if not width:  # the sink sequence: every remaining token row, stored nowhere
             qsl.append(off)
             seq.append(t_cap - off)

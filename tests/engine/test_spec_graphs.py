@@ -53,12 +53,11 @@ def test_a_catch_up_fill_packs_rows_and_gives_the_rest_to_a_sink_sequence():
     inputs.fill(rows, 3, 0, [None] * 5)
     batch = inputs.batch(3, 0)
     assert batch.num_tokens == 16 and batch.num_sequences == 4  # 3 rows + the sink
-    assert batch.query_start_loc.tolist() == [0, 2, 6, 6, 16]  # the padding row has no token
-    assert batch.seq_lens.tolist() == [5, 12, 0, 10]
-    assert batch.slot_mapping[:6].tolist() == [3, 4, 16, 17, 18, 19] and set(
-        batch.slot_mapping[6:].tolist()
-    ) == {-1}
-    assert batch.positions[6:].tolist() == list(range(10)) and batch.verify_width == 0
+    assert batch.query_start_loc.tolist() == [0, 2, 6, 7, 16]  # the padding row feeds one token
+    assert batch.seq_lens.tolist() == [5, 12, 1, 9]
+    assert batch.slot_mapping[:6].tolist() == [3, 4, 16, 17, 18, 19]
+    assert set(batch.slot_mapping[6:].tolist()) == {-1}  # padding and sink rows store nothing
+    assert batch.positions[6:].tolist() == [0, *range(9)] and batch.verify_width == 0
 
 
 def test_fits_only_rows_a_captured_shape_holds():
