@@ -1,8 +1,8 @@
 """The MTP drafter: K draft tokens per lane from the target's last hidden state and the MTP layer.
 
 Owns: the per-slot continuation hidden state (``hidden[slot]``: the target's final hidden state at a
-sequence's last computed position, kept beside the GDN state of the same slot so prefix checkpoints and
-their restores carry it) and the MTP layer's forward passes. The MTP layer's KV lives in the model's
+sequence's last computed position, registered in the cache's ``slot_extras`` beside the GDN state of the
+same slot, so prefix checkpoints, host parking and restores carry it and count its bytes) and the MTP layer's forward passes. The MTP layer's KV lives in the model's
 cache (the entry after the attention layers), in the same pages as the sequence's main KV, so prefix
 reuse and host parking of pages carry it too. Must not touch: requests, the scheduler, page ownership.
 
@@ -69,6 +69,7 @@ class MtpDrafter:
         self.model, self.cache, self.generator = model, cache, generator
         self.page_size = cache.page_size
         self.hidden = torch.zeros(num_slots, model.config.hidden_size, dtype=param.dtype, device=param.device)
+        cache.slot_extras.append(self.hidden)  # host parking parks and restores it with the slot's GDN state
         self.graphs: SpecGraphs | None = None  # static buffers / CUDA graphs (set by the runner)
 
     def copy_slot(self, src: int, dst: int) -> None:
