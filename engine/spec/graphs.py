@@ -9,7 +9,8 @@ A speculative step runs three kinds of forwards, each a fixed shape once its row
   packed back to back (a varlen batch; a padding row feeds one token); a sink sequence ``size`` takes the unused token rows, so every token
   row of the captured shape belongs to a sequence (no unwritten attention rows) and no row is stored
   (``slot_mapping = -1``); returns the MTP hidden states [(size + 1) * (K + 2), H].
-- ``draft`` (size): one chained MTP step, one token per row, and its logits (the drafter samples outside).
+- ``draft`` (size): one chained MTP step, one token per row, and its logits (the full head, or the reduced
+  head of `--lm-head-draft`; the drafter samples outside).
 
 Graphs are keyed ``(kind, size, width)``, captured for sizes 1..8 and widths 1..K+1 sharing one memory pool,
 and replayed over the same `SpecInputs`; the eager path (the CPU, a graph that failed to capture, a step that
@@ -30,6 +31,7 @@ import torch
 
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.spec.draft_head import proposal_logits
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +224,7 @@ class SpecGraphs:
             hidden = self.model.forward_mtp(
                 self.inputs.batch(size, 1), self.inputs.hidden_in[:size], self.cache
             )
-            return hidden, self.model.compute_logits(hidden)
+            return hidden, proposal_logits(self.model, hidden)
 
         return fn
 

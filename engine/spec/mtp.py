@@ -31,6 +31,7 @@ import torch
 from engine.model.forward import ModelCache, make_forward_batch
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
+from engine.spec.draft_head import proposal_logits
 from engine.spec.graphs import SpecGraphs, StaticRow
 from engine.spec.verify import GeneratorFor, draft_tokens
 
@@ -141,7 +142,7 @@ class MtpDrafter:
             device=hidden.device,
         )  # fmt: skip
         out = self.model.forward_mtp(batch, hidden, self.cache)
-        return out, self.model.compute_logits(out)
+        return out, proposal_logits(self.model, out)
 
     def _propose(
         self,
@@ -174,7 +175,7 @@ class MtpDrafter:
                     [[tokens[a][-1]] for a in active], [pos[a] + j for a in active], [ids[a] for a in active], hidden
                 )  # fmt: skip
             else:
-                logits = self.model.compute_logits(hidden)
+                logits = proposal_logits(self.model, hidden)
             history = [list(ids[a].history) + tokens[a] for a in active]
             new, q = draft_tokens(
                 logits, [ids[a].params for a in active], [ids[a].request_id for a in active], self.generator,
