@@ -10,7 +10,9 @@ accepted / rolled-back counts and new drafts (`StepResult.draft_token_ids`).
 Forwards of one step: rows that sample every fed position ("decode-like": a verify row of width k + 1,
 or a plain decode row of width 1 near the context limit) run grouped by width, each group one uniform
 batch; prefill chunks run as one varlen batch. A verify group flags `ForwardBatch.verify_width`, so the
-GDN layers run its positions one at a time with the decode ops and snapshot the state after each.
+GDN layers run its positions one at a time with the decode ops and snapshot the state after each. Uniform
+groups of up to 8 rows, the MTP catch-up and the chained draft steps run through static buffers, replayed as
+CUDA graphs on CUDA (engine/spec/graphs.py, `use_static_inputs`); what does not fit them runs eagerly.
 
 Rollback (per-position snapshots, not replay): lane l owns snapshot slots `base + l*K .. base + l*K + K-1`
 (slot `base + j` of a lane holds its conv + recurrent state after verify position j); a row that accepted

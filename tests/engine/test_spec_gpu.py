@@ -106,3 +106,39 @@ def test_bench_spec_round_runs():
     got = run_spec_rounds(runner, model.config.vocab_size, 2, 200, 2, 4, 3)
     assert got["round_s"] > 0 and got["tokens_per_round"] >= 1.0
     assert got["graph_replays_per_round"] >= 2  # the verify pass and the catch-up, at least
+
+
+def test_lm_head_draft_graphs_on_the_gpu(tmp_path):
+    """`--lm-head-draft` through the captured draft step: greedy output = plain, drafts from the shortlist."""
+    from test_spec_draft_head import _converted
+
+    from engine.core import load_artifact
+    from engine.spec.draft_head import draft_head_of
+
+    art = load_artifact(
+        _converted(tmp_path), device="cuda", dtype=torch.float32, with_mtp=True, lm_head_draft=True
+    )
+    head = draft_head_of(art.model)
+    assert head is not None
+    shortlist = set(head.token_ids.tolist())
+    prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
+    flags: dict[str, Any] = {"max_context": 512, "pending_timeout_ms": 600_000, "prefill_chunk_multiple": 1}
+    plain = EngineCore(art.model, art.tokenizer, EngineConfig.from_flags(max_concurrency=8, **flags), seed=0)
+    want = run(plain, prompts, GREEDY)[0]
+    config = EngineConfig.from_flags(
+        max_concurrency=8, spec="mtp", draft_tokens=3, lm_head_draft=True, **flags
+    )
+    engine = EngineCore(art.model, art.tokenizer, config, seed=0)
+    spec = engine.runner.spec
+    assert spec is not None and engine.runner.spec_graphs_captured
+    real, drafts = spec.drafter.advance, []
+
+    def advance(rows, hidden):
+        out = real(rows, hidden)
+        drafts.extend(t for p in out for t in p.tokens)
+        return out
+
+    spec.drafter.advance = advance  # type: ignore[method-assign]
+    assert run(engine, prompts, GREEDY)[0] == want
+    assert drafts and set(drafts) <= shortlist
+    assert spec.graphs is not None and spec.graphs.runs["draft"] > 0 and spec.graphs.num_replays > 0
