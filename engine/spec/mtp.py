@@ -121,8 +121,13 @@ class MtpDrafter:
                 last.append(sum(len(t) for t in pair_tokens) - 1)
             mtp_hidden = self._forward(pair_tokens, starts, [rows[i] for i in live], torch.cat(pieces))
             out = self._propose(rows, live, starts, pair_tokens, mtp_hidden[last], out)
-        for r in rows:  # after the catch-up read it: the continuation state for the next step
-            self.hidden[r.state_slot].copy_(target_hidden[r.hidden_rows[len(r.tokens) - 1]])
+        if rows:  # after the catch-up read it: the continuation state for the next step (one copy)
+            device = target_hidden.device
+            slots = torch.tensor([r.state_slot for r in rows], dtype=torch.int64, device=device)
+            src = torch.tensor(
+                [r.hidden_rows[len(r.tokens) - 1] for r in rows], dtype=torch.int64, device=device
+            )
+            self.hidden.index_copy_(0, slots, target_hidden.index_select(0, src))
         return out
 
     def _chain(
