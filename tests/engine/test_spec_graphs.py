@@ -93,3 +93,36 @@ def test_the_static_path_gives_the_eager_and_the_plain_tokens():
     assert eager.runner.spec is not None
     eager.runner.spec.graphs = eager.runner.spec.drafter.graphs = None
     assert run(eager, prompts, params)[0] == want
+
+
+def test_a_captured_key_replays_over_the_filled_buffers_and_returns_its_static_outputs():
+    """The replay decision without a GPU: a key with a graph replays it (after the fill) and returns the rows'
+    slice of its static outputs; a key without one runs the forward eagerly; capture covers every key."""
+    from engine_harness import tiny_loaded
+
+    from engine.cache.kv import allocate_cache
+    from engine.model.forward import kv_spec
+    from engine.spec.graphs import SpecGraphs
+
+    model = tiny_loaded("dense").model
+    cache = allocate_cache(kv_spec(model.config, torch.float32, with_mtp=False), 8, 4, 3, "cpu")
+    graphs = SpecGraphs(model, cache, num_draft_tokens=2, max_pages=6, sink_slot=2)
+    seen: list[list[int]] = []
+
+    class FakeGraph:
+        def replay(self) -> None:
+            seen.append(graphs.inputs.input_ids[:6].tolist())
+
+    static = torch.arange(6 * model.config.hidden_size, dtype=torch.float32).view(6, -1)
+    graphs._graphs[("target", 2, 3)] = FakeGraph()  # type: ignore[assignment]
+    graphs._outputs[("target", 2, 3)] = (static,)
+    rows = [StaticRow((5, 6, 7), 0, (0,), 0, False, (1, 1)), StaticRow((8, 9, 4), 0, (1,), 1, False, (1, 1))]
+    out = graphs.target(rows, 3)
+    assert seen == [[5, 6, 7, 8, 9, 4]] and out.data_ptr() == static.data_ptr() and graphs.num_replays == 1
+    eager = graphs.target(rows[:1], 3)  # size 1 has no graph: the real forward
+    assert eager.shape == (3, model.config.hidden_size) and graphs.num_replays == 1
+    assert graphs.runs["target"] == 2
+    keys = graphs.keys()  # widths 1..K+1 per size, one catch-up and one draft per size, largest first
+    assert len(keys) == len(set(keys)) == 8 * 3 + 8 + 8
+    sizes = [graphs.inputs.num_tokens(size, width) for _, size, width in keys]
+    assert sizes == sorted(sizes, reverse=True)
