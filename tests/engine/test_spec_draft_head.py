@@ -112,3 +112,28 @@ def test_build_draft_head_and_frequency_lists(tmp_path):
     bad.write_text('{"token_ids": []}')
     with pytest.raises(ArtifactError, match="non-empty list"):
         read_frequency_list(bad)
+
+
+def test_the_bench_random_head_proposes_only_its_shortlist():
+    """`ninfer-bench --spec-lm-head-draft`'s random head: proposal logits are -inf outside its rows."""
+    from torch import nn
+
+    from engine.model.config import ModelConfig
+    from engine.spec.draft_head import proposal_logits
+    from engine.testing.bench.spec import attach_random_draft_head
+    from engine.testing.tiny import tiny_hf_config
+
+    class Stub(nn.Module):  # what the head needs of a model: its config, device and dtype
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = ModelConfig.from_hf(tiny_hf_config("dense"))
+            self.anchor = nn.Parameter(torch.zeros(1), requires_grad=False)
+
+    model = Stub()
+    attach_random_draft_head(model, rows=1000)  # type: ignore[arg-type]
+    head = draft_head_of(model)  # type: ignore[arg-type]
+    assert head is not None and head.num_rows == 1000
+    logits = proposal_logits(model, torch.randn(3, model.config.hidden_size))  # type: ignore[arg-type]
+    finite = torch.isfinite(logits)
+    assert finite.sum(dim=1).tolist() == [1000] * 3
+    assert set(finite[0].nonzero().flatten().tolist()) == set(head.token_ids.tolist())

@@ -12,14 +12,32 @@ from __future__ import annotations
 import time
 
 import torch
+from torch import nn
 
 from engine.config import KVDtype
+from engine.model.linear import Linear
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.runner import ModelRunner
+from engine.spec.draft_head import DRAFT_ROWS, DraftHead, attach
 from engine.step import RowPlan, StepPlan
 from engine.testing.bench.steps import GREEDY, PAGE_SIZE
 
 ACCEPTANCE_LENGTH = 3.2  # tokens per MTP3 round, upstream's published average (UPSTREAM.md section 9.3)
+
+
+def attach_random_draft_head(model: Qwen3_5ForCausalLM, rows: int = DRAFT_ROWS) -> None:
+    """`--spec-lm-head-draft`: a random dense reduced head (`rows` random vocabulary ids) on the synthetic
+    model, so a round's proposals cost what `--lm-head-draft` costs (dense rows in the model dtype; the
+    published files store them Q4G64)."""
+    param = next(model.parameters())
+    config = model.config
+    rows = min(rows, config.vocab_size)
+    with torch.device("meta"):
+        head = Linear(config.hidden_size, rows, [("out", rows)])
+    weight = torch.randn(rows, config.hidden_size, device=param.device, dtype=param.dtype) * 0.02
+    head.weight = nn.Parameter(weight, requires_grad=False)
+    ids = torch.randperm(config.vocab_size, device=param.device)[:rows]
+    attach(model, DraftHead(head, ids, config.vocab_size))
 
 
 def make_spec_runner(model: Qwen3_5ForCausalLM, num_pages: int, lanes: int, kv_dtype: KVDtype, k: int,
