@@ -5,10 +5,11 @@ A speculative step runs three kinds of forwards, each a fixed shape once its row
 - ``target`` (size, width): the target model over `size` rows of exactly `width` tokens (a verify group,
   width k + 1, GDN snapshots into ``snapshot_slots``; or width 1: plain decode rows of a speculative engine);
   returns the hidden states [size * width, H].
-- ``catch_up`` (size): one MTP pass over `size` rows of up to ``K + 2`` (target hidden, next token) pairs each,
-  packed back to back (a varlen batch; a padding row feeds one token); a sink sequence ``size`` takes the unused token rows, so every token
-  row of the captured shape belongs to a sequence (no unwritten attention rows) and no row is stored
-  (``slot_mapping = -1``); returns the MTP hidden states [(size + 1) * (K + 2), H].
+- ``catch_up`` (size): one MTP pass over `size` rows of up to ``K + 2`` (target hidden, next token) pairs
+  each, packed back to back (a varlen batch; a padding row feeds one token); a sink sequence ``size`` takes
+  the unused token rows, so every token row of the captured shape belongs to a sequence (no unwritten
+  attention rows) and no row is stored (``slot_mapping = -1``); returns the MTP hidden states [(size + 1) *
+  (K + 2), H].
 - ``draft`` (size): one chained MTP step, one token per row, and its logits (the full head, or the reduced
   head of `--lm-head-draft`; the drafter samples outside).
 

@@ -2,9 +2,11 @@
 
 Owns: the per-slot continuation hidden state (``hidden[slot]``: the target's final hidden state at a
 sequence's last computed position, registered in the cache's ``slot_extras`` beside the GDN state of the
-same slot, so prefix checkpoints, host parking and restores carry it and count its bytes) and the MTP layer's forward passes. The MTP layer's KV lives in the model's
-cache (the entry after the attention layers), in the same pages as the sequence's main KV, so prefix
-reuse and host parking of pages carry it too. Must not touch: requests, the scheduler, page ownership.
+same slot, so prefix checkpoints, host parking and restores carry it and count its bytes) and the MTP
+layer's forward passes (through engine/spec/graphs.py's static buffers / CUDA graphs when they fit). The MTP
+layer's KV lives in the model's cache (the entry after the attention layers), in the same pages as the
+sequence's main KV, so prefix reuse and host parking of pages carry it too. Must not touch: requests, the
+scheduler, page ownership.
 
 The MTP pair at position p is (target hidden h_p, token x_{p+1}); its output predicts x_{p+2}. Between
 steps a sequence with computed positions [0, e) holds MTP KV for pairs [0, e - 2] and ``hidden[slot] =

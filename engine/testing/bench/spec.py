@@ -2,9 +2,10 @@
 
 Random weights make acceptance meaningless, so this measures what acceptance does not change: the time of
 one round (verify K + 1 positions per row in one pass, roll back, catch the MTP layer up, draft K tokens)
-relative to one plain decode step, with the speculative CUDA graphs (engine/spec/graphs.py: the verify
-widths, the MTP catch-up and the draft steps) unless `--no-cuda-graph`, and projects the time per output token at an acceptance length of
-`ACCEPTANCE_LENGTH` tokens per round (upstream's published MTP3 figure): TPOT = round time / 3.2.
+relative to one plain decode step, with the speculative CUDA graphs (engine/spec/graphs.py: the verify widths,
+the MTP catch-up and the draft steps) unless `--no-cuda-graph`, and projects the time per output token at an
+acceptance length of `ACCEPTANCE_LENGTH` tokens per round (upstream's published MTP3 figure): TPOT = round
+time / 3.2.
 """
 
 from __future__ import annotations
