@@ -12,6 +12,8 @@ FP8 rows: ours). An NVFP4 site's input divisor is calibration this converter doe
 (the A16 paths never read it). A development identity (`ninfer-tiny-*`) gets the text tower and MTP block; a
 published identity needs a complete checkpoint (vision tower, draft head), which this converter does not build
 yet, and is refused with the object it cannot source.
+`--draft-head-frequencies FILE` (plain weights ids) adds the reduced output head of `--lm-head-draft`
+(`text/draft_head` + `text/draft_head_token_ids`, engine/spec/draft_head.py) built from a frequency list.
 Frontend files (tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json) are taken
 from the directory when present; missing ones are filled with NInfer's Qwen3.5 defaults, and the command says
 which. Tensors are streamed one at a time, so converting a 55 GB checkpoint does not hold it in memory.
@@ -232,9 +234,42 @@ def _profile_tensors(
     return out
 
 
+def _draft_head_tensors(
+    tensors: list[tuple[str, Any]],
+    config: dict[str, Any],
+    frequencies: str | os.PathLike[str],
+    weights_id: str,
+) -> list[tuple[str, Any]]:
+    """`--draft-head-frequencies`: the reduced output head of `--lm-head-draft` (engine/spec/draft_head.py)
+    from the checkpoint's output head (the embedding when tied) and a frequency list."""
+    from engine.spec.draft_head import DRAFT_HEAD, DRAFT_HEAD_TOKEN_IDS, build_draft_head, read_frequency_list
+
+    if weights_id not in WEIGHT_PROFILES:
+        raise ArtifactError(
+            f"--draft-head-frequencies: weights id {weights_id!r} stores a weight profile; this converter builds "
+            f"the draft head for {sorted(WEIGHT_PROFILES)} only"
+        )
+    text = config.get("text_config", config)
+    names = ["lm_head.weight"] if not text.get("tie_word_embeddings") else []
+    names += ["model.language_model.embed_tokens.weight", "model.embed_tokens.weight"]
+    by_name = dict(tensors)
+    source = next((by_name[n] for n in names if n in by_name), None)
+    if source is None:
+        raise ArtifactError(f"--draft-head-frequencies: the checkpoint has none of {names}")
+    head = source.load() if isinstance(source, LazyTensor) else source
+    weight, ids = build_draft_head(head, read_frequency_list(frequencies))
+    return [(DRAFT_HEAD, weight.to(WEIGHT_PROFILES[weights_id])), (DRAFT_HEAD_TOKEN_IDS, ids)]
+
+
 def convert(
-    hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, model_id: str, weights_id: str
+    hf_dir: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    model_id: str,
+    weights_id: str,
+    draft_head_frequencies: str | os.PathLike[str] | None = None,
 ) -> Path:
+    """`draft_head_frequencies`: also write the `--lm-head-draft` head built from this frequency list."""
     hf_dir = Path(hf_dir)
     if weights_id not in WEIGHT_PROFILES and weights_id not in QUANTIZED_WEIGHTS_IDS:
         raise ArtifactError(
@@ -264,6 +299,8 @@ def convert(
         if not any(name.startswith("mtp/") for name, _ in tensors):  # a checkpoint without the MTP head
             text = config.get("text_config", config)
             text["mtp_num_hidden_layers"] = 0  # the stored config says so: its inventory has no mtp/ objects
+    if draft_head_frequencies is not None:
+        tensors += _draft_head_tensors(tensors, config, draft_head_frequencies, weights_id)
     resources, filled = _frontend_resources(hf_dir, config)
     if filled:
         print(
