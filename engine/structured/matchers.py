@@ -142,9 +142,8 @@ class GrammarRows:
         staged, self._staged = self._staged, None
         fresh = [i for i, state in zip(request_ids, states, strict=True) if state is not None]
         if staged is not None and staged.request_ids == tuple(request_ids) and staged.known.issuperset(fresh):
-            index = (
-                staged.buffer
-            )  # the decode step's rows, in the committed order: the worker filled them all
+            # the decode step's rows in the committed order: the worker filled them all
+            index = staged.buffer
             self.num_precomputed += sum(1 for state in states if state is not None and state.active)
         else:
             index = self._take_buffer(len(states))
