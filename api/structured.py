@@ -26,7 +26,7 @@ from engine.structured import (
     tool_call_spec,
 )
 from engine.structured.schema import resolved
-from engine.structured.spec import RAW_FORMATS, pattern_error
+from engine.structured.spec import RAW_FORMATS, json_pattern_error, pattern_error
 
 
 def bad_schema(exc: StructuredError) -> ApiError:
@@ -60,7 +60,7 @@ def json_format(fmt: Any, param: str, *, schema_key: str = "schema") -> Structur
     schema = holder.get("schema")
     strict = bool(holder.get("strict"))
     try:
-        check_schema(schema, param=f"{where}.schema", strict=strict)
+        check_schema(schema, param=f"{where}.schema", strict=strict, regex_error=json_pattern_error)
         return json_schema_spec(schema, strict=strict, what=f"{where}.schema")  # type: ignore[arg-type]
     except StructuredError as exc:
         raise bad_schema(exc) from None

@@ -173,6 +173,16 @@ def pattern_error(pattern: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
+def json_pattern_error(pattern: str) -> str:
+    """ "" when llguidance's JSON compiler accepts the `pattern` of a JSON string, else its message."""
+    import llguidance
+
+    grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "string", "pattern": pattern})
+    error = llguidance.LLMatcher.validate_grammar(grammar, None)
+    return error.splitlines()[0] if error else ""
+
+
+@functools.lru_cache(maxsize=1024)
 def _regex_error(lark_regex: str) -> str:
     import llguidance  # (lazily: this module stays plain data for `engine.request`)
 

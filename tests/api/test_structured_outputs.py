@@ -21,6 +21,9 @@ import pytest
 from api_helpers import VENV_BIN, Server, free_port, start_server, stop_server
 from pydantic import BaseModel, Field
 
+from api.errors import ApiError
+from api.structured import json_format
+
 MAX_TOKENS = 400
 MODEL = "ninfer-tiny-dense"
 NO_THINKING: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -409,3 +412,12 @@ def test_n_choices_reuse_the_first_choices_prompt(oa: openai.OpenAI, server: Ser
     )
     assert len(done.choices) == 4
     assert _prefix_hits(server) - before >= 3  # choices 1..3 started from choice 0's prompt
+
+
+def test_a_response_format_pattern_the_grammar_cannot_compile_is_refused_with_its_path() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=a)b"}}}
+    for strict in (True, False):  # (llguidance cannot compile it leniently either)
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "strict": strict, "schema": schema}}
+        with pytest.raises(ApiError) as info:
+            json_format(fmt, "response_format", schema_key="json_schema")
+        assert info.value.status == 400 and "#/properties/a/pattern" in info.value.message
