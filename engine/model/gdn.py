@@ -83,11 +83,12 @@ class GatedDeltaNet(nn.Module):
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[T, conv_dim] -> query, key [T, Hk, Dk] and value [T, Hv, Dv]: views (C methods only: no Python-level
         torch wrappers on the decode path)."""
+        tokens = mixed.shape[0]
         query, key, value = mixed.split_with_sizes([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         return (
-            query.view(-1, self.num_k_heads, self.k_dim),
-            key.view(-1, self.num_k_heads, self.k_dim),
-            value.view(-1, self.num_v_heads, self.v_dim),
+            query.view(tokens, self.num_k_heads, self.k_dim),
+            key.view(tokens, self.num_k_heads, self.k_dim),
+            value.view(tokens, self.num_v_heads, self.v_dim),
         )
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
