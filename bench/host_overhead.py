@@ -18,6 +18,10 @@ the numbers are the real launch path's host cost; on the CPU the torch reference
 kernel than one launch), which is what ``--profile`` separates: Python calls per step and own time by where
 the code lives (engine, kernels, nn.Module's call machinery, torch's C ops).
 
+``--engine-only`` times one decode forward with every kernel launcher the model calls replaced by a stub that
+allocates its output (``STUBS``): the model's own Python per layer, whatever the kernels cost (best and median
+thread CPU time of ``--repeats * --steps`` forwards; the best is the steadiest figure on a shared machine).
+
 Runs against an older tree too (the pre-#16 layout: ``engine.bench``, ``engine.synthetic``), to compare the
 same step before and after a change: ``PYTHONPATH=/path/to/old/tree python3 bench/host_overhead.py``.
 """
@@ -178,6 +182,83 @@ def measure(name: str, concurrency: int, args: argparse.Namespace) -> dict[str, 
     return row
 
 
+def _empty(t: torch.Tensor, *shape: int) -> torch.Tensor:
+    return torch.empty(shape or t.shape, dtype=t.dtype, device=t.device)
+
+
+# ``--engine-only``: every kernel launcher the model's modules call, replaced by a stub that allocates its output
+# as a launcher does and returns (the CPU MoE experts too), so what is timed is the model's own Python per layer.
+STUBS: dict[str, Any] = {
+    "rms_norm": lambda x, w, eps: _empty(x),
+    "add_rms_norm": lambda x, r, w, eps: (_empty(x), _empty(x)),
+    "gated_rms_norm": lambda x, g, w, eps: _empty(x),
+    "linear": lambda x, w: _empty(x, x.shape[0], w.shape[0]),
+    "apply_rope_qk": lambda q, k, cos, sin: (q, k),
+    "store_kv": lambda *args: None,
+    "paged_attention_decode": lambda q, *args: _empty(q),
+    "sigmoid_gate_mul": lambda x, gate: _empty(x),
+    "causal_conv1d_decode": lambda x, *args: _empty(x),
+    "gated_delta_rule_decode": lambda q, k, v, *args: _empty(v),
+    "silu_mul": lambda gate, up: _empty(gate),
+    "moe_route": lambda logits, k: (
+        _empty(logits, logits.shape[0], k).float(),
+        torch.zeros(logits.shape[0], k, dtype=torch.int64, device=logits.device),
+    ),
+    "_experts_gathered": lambda x, *args: _empty(x),
+    "moe_experts": lambda x, *args: _empty(x),
+}
+
+
+def stub_kernels() -> None:
+    """Replace the launchers (``STUBS``) in every ``engine.model`` module that imported them."""
+    import importlib
+    import pkgutil
+
+    import engine.model
+
+    for info in pkgutil.iter_modules(engine.model.__path__):
+        module = importlib.import_module(f"engine.model.{info.name}")
+        for name, stub in STUBS.items():
+            if hasattr(module, name):
+                setattr(module, name, stub)
+
+
+def measure_engine_only(name: str, concurrency: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One eager decode forward (``model(batch, cache)``) with the kernels stubbed: thread CPU time, best and
+    median of ``--repeats * --steps`` forwards."""
+    device = torch.device(args.device)
+    config = tiny_geometry(name)
+    model = build_synthetic(
+        config, 0, device=device, dtype=torch.float32 if device.type == "cpu" else torch.bfloat16
+    )
+    per_lane = -(-(CONTEXT + 1) // PAGE_SIZE)
+    runner = make_runner(
+        model, concurrency * per_lane + 1, concurrency + 1, "bf16", False, per_lane * PAGE_SIZE
+    )
+    from engine.model.forward import make_forward_batch
+
+    pages = [list(range(i * per_lane, (i + 1) * per_lane)) for i in range(concurrency)]
+    batch = make_forward_batch(
+        [[1]] * concurrency, [CONTEXT] * concurrency, pages, list(range(concurrency)), page_size=PAGE_SIZE,
+        device=device,
+    )  # fmt: skip
+    times = []
+    with torch.inference_mode():
+        for _ in range(args.warmup):
+            model(batch, runner.cache)
+        for _ in range(args.repeats * args.steps):
+            start = time.thread_time()
+            model(batch, runner.cache)
+            times.append(time.thread_time() - start)
+    layers = config.num_hidden_layers
+    return {
+        "geometry": name, "concurrency": concurrency, "layers": layers, "engine_only": True,
+        "cpu_forward_us_best": round(min(times) * 1e6, 1),
+        "cpu_layer_us_best": round(min(times) * 1e6 / layers, 2),
+        "cpu_layer_us_median": round(statistics.median(times) * 1e6 / layers, 2),
+    }  # fmt: skip
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu", help="cpu (torch references) or cuda (the Triton launchers)")
@@ -188,6 +269,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: the host's own cost)")
     p.add_argument("--profile", action="store_true", help="also cProfile --steps steps: calls and own time")
+    p.add_argument(
+        "--engine-only",
+        action="store_true",
+        help="time the model's forward with every kernel launcher stubbed (the model's own Python)",
+    )
     p.add_argument("--json", help="write the rows here")
     return p.parse_args(argv)
 
@@ -197,8 +283,17 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     rows = []
+    if args.engine_only:
+        stub_kernels()
     for name in args.geometry.split(","):
         for c in (int(x) for x in args.concurrency.split(",")):
+            if args.engine_only:
+                row = measure_engine_only(name, c, args)
+                rows.append(row)
+                print(f"{name} C={c} ({row['layers']} layers, {args.device}, {LAYOUT}): engine only (kernels "
+                      f"stubbed), thread CPU per layer {row['cpu_layer_us_best']:.1f} us best, "
+                      f"{row['cpu_layer_us_median']:.1f} us median", flush=True)  # fmt: skip
+                continue
             row = measure(name, c, args)
             rows.append(row)
             print(f"{name} C={c} ({row['layers']} layers, {args.device}, {LAYOUT}): per step, median / best: wall "
