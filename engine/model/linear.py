@@ -145,9 +145,8 @@ class InputProjections:
         for index, layer in enumerate(self.layers):
             for name, (begin, end) in layer.row_ranges().items():
                 where[name] = (index, begin, end)
-        segments: list[
-            list[tuple[int, int, int]]
-        ] = []  # per group: (parent, begin, end) runs of adjacent columns
+        # per group: its (parent, begin, end) runs of adjacent columns
+        segments: list[list[tuple[int, int, int]]] = []
         for group in groups:
             missing = [n for n in group if n not in where]
             if missing:
