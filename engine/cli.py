@@ -81,8 +81,10 @@ def run(
     messages, tools = _messages(args)
     print(f"loading {args.artifact} ...", file=err)
     start = time.perf_counter()
-    loaded = load_artifact(args.artifact, device=args.device, with_mtp=config.spec == "mtp",
-                           with_dflash=config.spec == "dflash")  # fmt: skip
+    loaded = load_artifact(
+        args.artifact, device=args.device, with_mtp=config.spec == "mtp", lm_head_draft=config.lm_head_draft,
+        with_dflash=config.spec == "dflash",
+    )  # fmt: skip
     core = EngineCore(loaded.model, loaded.tokenizer, config)
     print(f"loaded {loaded.model_id} in {time.perf_counter() - start:.1f} s", file=err)
 

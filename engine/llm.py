@@ -88,7 +88,12 @@ class LLM:
             artifact = demo_artifact_path()
         spec = self.config.spec
         loaded = load_artifact(
-            artifact, device=device, dtype=dtype, with_mtp=spec == "mtp", with_dflash=spec == "dflash"
+            artifact,
+            device=device,
+            dtype=dtype,
+            with_mtp=spec == "mtp",
+            lm_head_draft=self.config.lm_head_draft,
+            with_dflash=spec == "dflash",
         )
         self._artifact = loaded.artifact  # keeps memory-mapped weights alive
         self.model_id = loaded.model_id

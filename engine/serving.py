@@ -98,6 +98,7 @@ class AsyncEngine:
             device=device,
             dtype=dtype,
             with_mtp=config.spec == "mtp",
+            lm_head_draft=config.lm_head_draft,
             with_dflash=config.spec == "dflash",
         )
         engine = cls(

@@ -27,6 +27,7 @@ from engine.testing.bench.hf import add_speedups, round_sig, time_hf
 from engine.testing.bench.spec import (
     ACCEPTANCE_LENGTH,
     DFLASH_ACCEPTANCE_LENGTH,
+    attach_random_draft_head,
     make_spec_runner,
     run_spec_rounds,
 )
@@ -81,11 +82,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-prefill", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--spec-rounds", type=int, default=0, metavar="K",
-                   help="also time speculative rounds of K drafts per row (eager; --spec picks the drafter) "
-                   "against a plain decode step, and project TPOT at 3.2 tokens per round (0 = skip)")  # fmt: skip
+                   help="also time speculative rounds of K drafts per row (MTP: CUDA graphs unless --no-cuda-graph; "
+                   "--spec picks the drafter) against a plain decode step, and project TPOT (0 = skip)")  # fmt: skip
+    p.add_argument("--spec-lm-head-draft", action="store_true",
+                   help="--spec-rounds with a random 131,072-row reduced proposal head (as --lm-head-draft)")  # fmt: skip
     p.add_argument("--spec", choices=("mtp", "dflash"), default="mtp",
                    help="--spec-rounds drafter: 'dflash' attaches a random DFlash companion (35B-A3B only; K "
-                   "1..15) and projects at its published 4.95 tokens per round")  # fmt: skip
+                   "1..15; eager) and projects at its published 4.95 tokens per round")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--vs-hf", action="store_true", help="also time HF transformers on the same geometry")
     p.add_argument("--hf-max-prompt-len", type=int, default=16384,
@@ -263,9 +266,18 @@ def _bench_spec(
     """Per concurrency: one speculative round's time vs the plain decode step measured above (graph and
     eager), and the projected time per output token at ACCEPTANCE_LENGTH tokens per round."""
     k, max_c = args.spec_rounds, max(args.concurrency)
+    if args.spec_lm_head_draft:
+        attach_random_draft_head(model)
     max_context = args.decode_context + (args.decode_warmup + args.decode_tokens + 2) * (k + 1)
     runner = make_spec_runner(
-        model, max_c * -(-max_context // PAGE_SIZE) + 1, max_c, args.kv_dtype, k, max_context, args.spec
+        model,
+        max_c * -(-max_context // PAGE_SIZE) + 1,
+        max_c,
+        args.kv_dtype,
+        k,
+        max_context,
+        cuda_graph=not args.no_cuda_graph,
+        spec=args.spec,
     )
     length = DFLASH_ACCEPTANCE_LENGTH if args.spec == "dflash" else ACCEPTANCE_LENGTH
     rows = []
@@ -278,6 +290,9 @@ def _bench_spec(
         }
         round_ms = got["round_s"] * 1e3
         row = {"spec": args.spec, "concurrency": c, "draft_tokens": k, "round_ms": round(round_ms, 3),
+               "lm_head_draft": bool(args.spec_lm_head_draft),
+               "spec_cuda_graph": runner.spec_graphs_captured,
+               "graph_replays_per_round": got["graph_replays_per_round"],
                "tokens_per_round_random_weights": round(got["tokens_per_round"], 3),
                "plain_step_ms": plain, "round_over_plain": {m: round(round_ms / v, 3) for m, v in plain.items()},
                f"projected_tpot_ms_at_{length}": round(round_ms / length, 3),
@@ -300,7 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "--spec-rounds needs dense weights: quantized synthetic weights carry no MTP head"
                 )
         if args.spec_rounds:
-            EngineConfig(spec=args.spec, draft_tokens=args.spec_rounds)  # K within the method's range
+            # K within the method's range; a reduced proposal head only with MTP (the engine's own rules)
+            EngineConfig(spec=args.spec, draft_tokens=args.spec_rounds, lm_head_draft=args.spec_lm_head_draft)
             if args.spec == "dflash":
                 geometry = GEOMETRIES[args.synthetic]
                 check_target(PUBLISHED_35B_A3B, geometry.hidden_size, geometry.num_hidden_layers,
