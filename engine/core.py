@@ -103,6 +103,11 @@ class EngineStats:
     num_loop_iterations: int  # passes of the serving loop (0 when driven inline)
     num_requests_added: int
     num_requests_finished: dict[str, int] = field(default_factory=dict)  # by finish kind
+    # Pages on demand (engine/scheduler/ondemand.py): lanes preempted because the pool ran short, and the
+    # tokens computed before a preemption that the resumes computed again (not restored from a checkpoint).
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
+    overlap: bool = False  # overlap scheduling is on (engine/core.py)
     num_requests_rejected: dict[str, int] = field(default_factory=dict)  # by reject code
     # Host KV parking (`--host-kv-cache-mib`; all zero when off; engine/runner/host_copies.py host_stat_fields).
     host_kv_capacity_bytes: int = 0
@@ -474,6 +479,9 @@ class EngineCore:
             num_loop_iterations=self.num_loop_iterations,
             num_requests_added=self.num_requests_added,
             num_requests_finished=dict(self.finished),
+            num_preemptions=s.num_preemptions,
+            num_recomputed_tokens=s.num_recomputed_tokens,
+            overlap=self.overlap,
             num_requests_rejected=dict(self.rejected),
             **host_stat_fields(self.host, self.runner.host_copies),
             host_kv_park_skips=dict(planner.park_skips) if planner is not None else {},

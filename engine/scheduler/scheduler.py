@@ -217,15 +217,15 @@ class Scheduler:
         running = [
             lane for lane in self.lanes if lane is not None and lane not in starved and _runnable(lane)
         ]
-        for lane in running:  # decode-ready first, compacted in lane order
-            if lane.num_known_tokens - lane.request.num_computed_tokens == 1:
-                rows.append(self._decode_row(lane, copies))
+        decoding = [lane for lane in running if lane.num_known_tokens - lane.request.num_computed_tokens == 1]
+        for lane in decoding:  # decode-ready first, compacted in lane order
+            rows.append(self._decode_row(lane, copies))
         # A step with decode rows bounds their latency: its prefill gets the smaller (>= 1) budget.
         budget = self.config.effective_prefill_chunk_decoding if rows else self.config.prefill_chunk
         for lane in sorted(running, key=lambda lane: lane.admitted_seq):
             request = lane.request
             remaining = lane.num_known_tokens - request.num_computed_tokens
-            if remaining == 1 or budget == 0:
+            if lane in decoding or budget == 0:
                 continue
             n = min(remaining, budget)
             if lane.boundaries:
