@@ -328,3 +328,37 @@ def test_overlap_defaults_off_on_the_cpu_and_the_flags_set_it() -> None:
     assert engine_config(parser.parse_args(["--overlap"]), None).overlap is True
     assert engine_config(parser.parse_args(["--no-overlap"]), None).overlap is False
     assert engine_config(parser.parse_args([]), None).overlap is None
+
+
+def test_a_stream_that_falls_behind_gets_every_ready_token_in_one_event() -> None:
+    """The consumer's event loop is blocked while the engine runs the whole request: the stream then hands
+    over one `TokenEvent` with every token, then the finish (one SSE chunk instead of one per step)."""
+    import asyncio
+    import time
+
+    from engine_harness import tiny_loaded
+
+    from engine.config import EngineConfig
+    from engine.serving import AsyncEngine
+
+    loaded = tiny_loaded("dense")
+    config = EngineConfig.from_flags(max_context=512, overlap=True)
+    engine = AsyncEngine(loaded.model, loaded.tokenizer, config, model_id="tiny")
+    engine.start()
+
+    async def main() -> list[Any]:
+        stream = engine.generate("slow", prompt(6, 50), SamplingParams(temperature=0.0, max_tokens=8))
+        first = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0)  # submitted; now this loop falls behind the engine
+        deadline = time.monotonic() + 120
+        while engine.stats().num_requests_finished.get("length", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)  # blocks the event loop: the engine's events queue up
+        return [await first] + [event async for event in stream]
+
+    try:
+        events = asyncio.run(main())
+    finally:
+        engine.shutdown(drain=False, timeout=10)
+    assert [type(e) for e in events] == [TokenEvent, FinishEvent], events
+    assert len(events[0].token_ids) == 8 and events[0].num_output_tokens == 8
+    assert events[1].num_output_tokens == 8
