@@ -282,6 +282,8 @@ def test_prefix_reuse_and_preemption_with_host_parking_keep_overlapped_outputs()
         assert _summary(overlapped) == _summary(sync), flags
         stats = core.stats()
         assert stats.num_preemptions > 0 and stats.overlap, flags
+        if flags == {"prefix_reuse": False}:  # every resume recomputes what its lane had computed
+            assert stats.num_recomputed_tokens >= 12 * stats.num_preemptions, stats
         assert core.runner.num_overlapped_launches > 0, flags
         if "host_kv_cache_mib" in flags:
             assert stats.host_kv_parks > 0 and stats.host_kv_restores > 0
@@ -362,3 +364,16 @@ def test_a_stream_that_falls_behind_gets_every_ready_token_in_one_event() -> Non
     assert [type(e) for e in events] == [TokenEvent, FinishEvent], events
     assert len(events[0].token_ids) == 8 and events[0].num_output_tokens == 8
     assert events[1].num_output_tokens == 8
+
+
+def test_bench_decode_runs_with_overlap_on_and_off() -> None:
+    """`ninfer-bench --overlap / --no-overlap`: the decode loop launches step N+1 before collecting step N."""
+    from engine_harness import tiny_loaded
+
+    from engine.testing.bench.steps import make_runner, run_decode
+
+    model = tiny_loaded("dense").model
+    for overlap in (False, True):
+        runner = make_runner(model, 8, 3, "bf16", False, 256)
+        assert run_decode(runner, model.config.vocab_size, 2, 16, 1, 3, overlap) > 0
+        assert runner.num_overlapped_launches == (3 if overlap else 0) and runner.num_steps == 4
