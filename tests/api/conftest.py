@@ -1,7 +1,6 @@
 """Session servers for the API tests, each a real process on 127.0.0.1 driven over real HTTP.
 
-- `real_server`: `ninfer-serve` on the embedded demo model (the real engine), with a request log and overlap
-  scheduling on (`--overlap`; the CPU's default is off).
+- `real_server`: `ninfer-serve` on the embedded demo model (the real engine), with a request log.
 - `scripted_server`: the same app and flags serving `ScriptedEngine` (reasoning, tool calls, stops), with an
   API key and a short SSE keep-alive.
 """
@@ -29,7 +28,6 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "--request-log-jsonl", str(request_log),
         "--log-stats-interval-ms", "500",
         "--model-id", "tiny-alias",
-        "--overlap",
     ]  # fmt: skip
     url, process = start_server(cmd, root / "server.log", port)
     yield Server(url, process, root / "server.log", request_log)
