@@ -272,8 +272,8 @@ def test_stop_tokens_and_stop_strings_end_overlapped_streams_where_synchronous_o
 def test_prefix_reuse_and_preemption_with_host_parking_keep_overlapped_outputs() -> None:
     """A pool of one max_context for three lanes preempts (the engine steps synchronously for those
     decisions), host parking restores, and a repeated prompt reuses its prefix: outputs are unchanged."""
-    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-    prompts = [prompt(12, 20 + k) for k in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
+    prompts = [prompt(12, 20 + k) for k in range(3)]  # 3 x 26 tokens on a pool of 40
     arrivals = [(0, p, params) for p in prompts]
     for flags in ({"prefix_reuse": False}, {"host_kv_cache_mib": 1}):
         sync, overlapped, core = both(
