@@ -238,7 +238,7 @@ class EngineConfig:
     # None = the whole device. CUDA only (ignored on the CPU); the CUDA context itself is outside the cap.
     gpu_memory_limit: float | None = None
     # --overlap / --no-overlap: plan step N+1 while the device runs step N (engine/core.py says how and which
-    # rows fall back to the synchronous step). None = on when the model is on CUDA, off on the CPU.
+    # rows fall back to the synchronous step). None = off: opt-in until an H200 run has validated it.
     overlap: bool | None = None
 
     def __post_init__(self) -> None:

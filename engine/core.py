@@ -294,7 +294,7 @@ class EngineCore:
             )
         if limit is not None:
             check_pool_fits(config, num_pages * spec.page_bytes(config.cache.page_size), param.device)
-        overlap = config.overlap if config.overlap is not None else param.device.type == "cuda"
+        overlap = bool(config.overlap)  # None = off until an H200 run has validated it (README)
         self.overlap = overlap and config.spec is None  # speculative steps are synchronous
         self.scheduler = Scheduler(
             config.scheduler,
