@@ -41,17 +41,27 @@ def test_server_bench_reports_engine_step_client_tpot_and_loss_per_concurrency(
             assert row[key] > 0, (key, row)
         expected = 100 * (row["client_tpot_ms_mean"] / row["engine_step_ms"] - 1)
         assert row["loss_pct"] == pytest.approx(expected, abs=0.1)
+        assert "client_tpot_ms_steady" in row and "loss_pct_steady" in row
         # every output token after the first arrived in some chunk: the round cannot be shorter than them
         assert row["wall_s"] * 1e3 >= row["ttft_ms_mean"] + (OUTPUT - 1) * row["client_tpot_ms_mean"] * 0.99
     assert "| C | engine step ms |" in capsys.readouterr().out
 
 
-def test_summary_spreads_tokens_over_chunks_and_weights_tpot_by_tokens() -> None:
+def test_summary_weights_tpot_by_tokens_and_times_the_steady_window() -> None:
     # request a: first text at 0.1 s, then 4 chunks 0.01 s apart for 4 tokens; request b: 2 chunks for 4
     # tokens (a held-back token), 0.03 s apart -> TPOT mean = (0.04 + 0.06) / 8 tokens.
-    a = RequestTiming(0.1, (0.11, 0.12, 0.13, 0.14), 30, 5, "length")
-    b = RequestTiming(0.2, (0.23, 0.26), 30, 5, "length")
+    a = RequestTiming(0.1, (0.11, 0.12, 0.13, 0.14), 30, 5, "length", sent_s=100.0)
+    b = RequestTiming(0.2, (0.23, 0.26), 30, 5, "length", sent_s=100.0)
     row = summarize([a, b], wall_s=0.5, engine_step_ms=10.0)
+    # steady window [100.2, 100.14]... is empty: a finished before b's first token
+    assert row["client_tpot_ms_steady"] is None and row["loss_pct_steady"] is None
+    c = RequestTiming(0.1, (0.11, 0.12, 0.13, 0.14), 30, 5, "length", sent_s=100.0)
+    d = RequestTiming(0.105, (0.115, 0.125, 0.135, 0.15), 30, 5, "length", sent_s=100.0)
+    steady = summarize([c, d], wall_s=0.5, engine_step_ms=10.0)
+    # window [100.105, 100.14]: c's gaps .11-.12, .12-.13, .13-.14; d's .105-.115, .115-.125, .125-.135
+    # (c's .10-.11 starts before d's first token; d's .135-.15 ends after c's last chunk)
+    assert steady["steady_gaps"] == 6 and steady["client_tpot_ms_steady"] == pytest.approx(10.0)
+    assert steady["loss_pct_steady"] == pytest.approx(0.0, abs=0.05)
     assert row["client_tpot_ms_mean"] == pytest.approx(12.5)
     assert row["client_tpot_ms_p50"] == pytest.approx(10.0)
     assert row["tokens_per_chunk"] == pytest.approx(8 / 6, abs=1e-3)

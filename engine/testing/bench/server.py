@@ -21,6 +21,10 @@ What a row reports, per C (times from ``time.perf_counter`` around the SDK's str
   token, a partial UTF-8 character) or the server batches ready tokens into one chunk; ``tokens_per_chunk``
   says how many tokens the chunks carried on average (1.0: the median is per token);
 - ``loss_pct``: 100 * (client_tpot_ms_mean / engine_step_ms - 1), what serving adds to the engine step;
+- ``client_tpot_ms_steady`` / ``loss_pct_steady``: the same over the steady window only (every request has its
+  first token and none has finished: each step decodes all C rows with no prefill beside them, the condition
+  the engine step is timed in), the mean chunk gap there over ``tokens_per_chunk``; null when the window holds
+  no gap (a round too short for one);
 - ``client_tok_s``: completion tokens of the round / the round's wall time.
 The server runs with prefix reuse off (every request's prefill is cold; the prompts are the same text) and
 thinking off; its log is ``--server-log`` (default: a temporary file, its tail printed on failure).
@@ -63,6 +67,7 @@ class RequestTiming:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str | None
+    sent_s: float = 0.0  # time.perf_counter() when it was sent (the round's requests share the clock)
 
 
 # ---- the server process --------------------------------------------------------------------------
@@ -170,7 +175,7 @@ async def _stream_one(client: Any, model: str, content: str, max_tokens: int) ->
         raise RuntimeError("the stream carried no usage chunk (stream_options.include_usage)")
     if first is None:
         raise RuntimeError(f"no text in {usage.completion_tokens} streamed tokens")
-    return RequestTiming(first, tuple(after), usage.prompt_tokens, usage.completion_tokens, finish)
+    return RequestTiming(first, tuple(after), usage.prompt_tokens, usage.completion_tokens, finish, sent)
 
 
 async def run_round(base_url: str, model: str, content: str, concurrency: int, max_tokens: int) -> tuple[
@@ -217,6 +222,16 @@ def summarize(timings: Sequence[RequestTiming], wall_s: float, engine_step_ms: f
         gaps += [b - a for a, b in zip(marks, marks[1:], strict=False)]
     tpot_mean_ms = 1e3 * sum(spans) / tokens_after_first
     ttfts = [1e3 * t.ttft_s for t in timings]
+    # steady state: from the moment every request has its first token to the first one's last chunk, each
+    # step decodes all C rows and no prefill shares it (the engine step's own condition)
+    begin = max(t.sent_s + t.ttft_s for t in timings)
+    end = min(t.sent_s + (t.chunk_s[-1] if t.chunk_s else t.ttft_s) for t in timings)
+    steady = []
+    for t in timings:
+        at = [t.sent_s + x for x in (t.ttft_s, *t.chunk_s)]
+        steady += [b - a for a, b in zip(at, at[1:], strict=False) if a >= begin and b <= end]
+    tokens_per_chunk = tokens_after_first / max(1, len(gaps))
+    steady_ms = 1e3 * statistics.fmean(steady) / tokens_per_chunk if steady else None
     return {
         "concurrency": len(timings),
         "prompt_tokens": sorted({t.prompt_tokens for t in timings}),
@@ -225,10 +240,15 @@ def summarize(timings: Sequence[RequestTiming], wall_s: float, engine_step_ms: f
         "engine_step_ms": round(engine_step_ms, 3),
         "client_tpot_ms_mean": round(tpot_mean_ms, 3),
         "client_tpot_ms_p50": round(1e3 * statistics.median(gaps), 3),
-        "tokens_per_chunk": round(tokens_after_first / max(1, len(gaps)), 3),
+        "tokens_per_chunk": round(tokens_per_chunk, 3),
+        "client_tpot_ms_steady": None if steady_ms is None else round(steady_ms, 3),
+        "steady_gaps": len(steady),
         "ttft_ms_mean": round(statistics.fmean(ttfts), 2),
         "ttft_ms_p50": round(statistics.median(ttfts), 2),
         "loss_pct": round(100.0 * (tpot_mean_ms / engine_step_ms - 1.0), 1),
+        "loss_pct_steady": None
+        if steady_ms is None
+        else round(100.0 * (steady_ms / engine_step_ms - 1.0), 1),
         "client_tok_s": round(sum(t.completion_tokens for t in timings) / wall_s, 1),
         "wall_s": round(wall_s, 3),
     }
@@ -292,11 +312,15 @@ def bench_server(args: argparse.Namespace, log: Callable[[str], None]) -> dict[s
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a Markdown table (the issue's shape: engine step, client TPOT, loss)."""
-    head = "| C | engine step ms | client TPOT ms (mean / p50) | TTFT ms (mean / p50) | loss | client tok/s |"
+    head = (
+        "| C | engine step ms | client TPOT ms (mean / p50 / steady) | TTFT ms (mean / p50) | loss (steady)"
+        " | client tok/s |"
+    )
     lines = [head, "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['concurrency']} | {r['engine_step_ms']} | {r['client_tpot_ms_mean']} / {r['client_tpot_ms_p50']}"
-            f" | {r['ttft_ms_mean']} / {r['ttft_ms_p50']} | {r['loss_pct']}% | {r['client_tok_s']} |"
+            f" / {r['client_tpot_ms_steady']} | {r['ttft_ms_mean']} / {r['ttft_ms_p50']} | {r['loss_pct']}%"
+            f" ({r['loss_pct_steady']}%) | {r['client_tok_s']} |"
         )
     return "\n".join(lines)
