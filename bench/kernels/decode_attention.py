@@ -109,12 +109,14 @@ def summarize(rows: list[dict]) -> list[dict]:
     for batch in sorted({r["batch"] for r in rows}):
         timed = [r for r in rows if r["batch"] == batch and "us_per_layer" in r]
 
-        def pick(kv: str, config: str | None, timed: list[dict] = timed) -> dict:
-            chosen = [r for r in timed if r["kv"] == kv and (config is None or r["config"] == config)]
-            return min(chosen, key=lambda r: r["us_per_layer"])
-
         for config in ("default", "old default", None):
-            b, i = pick("bf16", config), pick("int8", config)
+            have = {
+                kv: [r for r in timed if r["kv"] == kv and (config is None or r["config"] == config)]
+                for kv in ("bf16", "int8")
+            }
+            if not all(have.values()):
+                continue  # a configuration that failed on one side: its rows say why
+            b, i = (min(have[kv], key=lambda r: r["us_per_layer"]) for kv in ("bf16", "int8"))
             out.append({"batch": batch, "config": config or "best of sweep", "bf16_us": b["us_per_layer"],
                         "int8_us": i["us_per_layer"], "int8_over_bf16": round(i["us_per_layer"] / b["us_per_layer"], 3),
                         "bf16_knobs": {k: b[k] for k in OLD if k in b},
