@@ -81,7 +81,9 @@ def run(
     messages, tools = _messages(args)
     print(f"loading {args.artifact} ...", file=err)
     start = time.perf_counter()
-    loaded = load_artifact(args.artifact, device=args.device, with_mtp=config.spec == "mtp")
+    loaded = load_artifact(
+        args.artifact, device=args.device, with_mtp=config.spec == "mtp", lm_head_draft=config.lm_head_draft
+    )
     core = EngineCore(loaded.model, loaded.tokenizer, config)
     print(f"loaded {loaded.model_id} in {time.perf_counter() - start:.1f} s", file=err)
 

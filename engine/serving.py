@@ -93,7 +93,13 @@ class AsyncEngine:
         server_sampling: SamplingParams | None = None,
     ) -> AsyncEngine:
         """Load `path`. Not started: call `start()`."""
-        loaded = load_artifact(path, device=device, dtype=dtype, with_mtp=config.spec == "mtp")
+        loaded = load_artifact(
+            path,
+            device=device,
+            dtype=dtype,
+            with_mtp=config.spec == "mtp",
+            lm_head_draft=config.lm_head_draft,
+        )
         engine = cls(
             loaded.model,
             loaded.tokenizer,
