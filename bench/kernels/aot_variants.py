@@ -374,4 +374,8 @@ VARIANTS: dict[str, list[Variant]] = {
         )
         for has_shared in (False, True)
     ],
+    # kernels/bitmask.py apply_token_bitmask_: fp32 logits of the sampler, int32 llguidance bitmask words, BLOCK 4096
+    "_apply_token_bitmask_kernel": [
+        Variant("V=248320 fp32", dict(logits_ptr="fp32", bitmask_ptr="i32"), dict(BLOCK=4096)),
+    ],
 }

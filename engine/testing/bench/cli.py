@@ -79,6 +79,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--eager-decode-tokens", type=int, default=8,
                    help="also time this many eager (no-graph) decode steps per concurrency (0 = skip)")  # fmt: skip
     p.add_argument("--no-cuda-graph", action="store_true", help="decode eagerly")
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decode with overlap scheduling: launch step N+1 before collecting step N (default on)",
+    )
     p.add_argument("--profile", action="store_true", help="kernel-time breakdown of decode (C=1) and prefill")
     p.add_argument("--skip-prefill", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
@@ -141,6 +147,7 @@ def _header(args: argparse.Namespace) -> dict[str, Any]:
         "weights_id": args.weights_id or "bf16",
         "kv_dtype": args.kv_dtype,
         "cuda_graph": not args.no_cuda_graph and torch.cuda.is_available(),
+        "overlap": args.overlap,
     }
     try:
         import triton
@@ -224,13 +231,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 result["graph_capture_s"] = round(time.perf_counter() - t0, 2)
             for c in args.concurrency:
                 per_step = run_decode(
-                    runner, config.vocab_size, c, args.decode_context, args.decode_warmup, steps
+                    runner, config.vocab_size, c, args.decode_context, args.decode_warmup, steps, args.overlap
                 )
                 nbytes = decode_step_bytes(
                     config, weights, c, args.decode_context + steps // 2, args.kv_dtype
                 )
                 limit = c * bandwidth / nbytes
-                row = {"concurrency": c, "cuda_graph": graphs and runner.graphs_captured,
+                row = {"concurrency": c, "cuda_graph": graphs and runner.graphs_captured, "overlap": args.overlap,
                        "context": args.decode_context, "steps": steps, "step_ms": round(per_step * 1e3, 3),
                        "tok_s": round(c / per_step, 1), "bytes_per_step_GB": round(nbytes / 1e9, 3),
                        "limit_tok_s": round(limit, 1), "fraction_of_limit": round(c / per_step / limit, 3)}  # fmt: skip

@@ -1,8 +1,8 @@
 """`ninfer-bench --server`: the engine's own decode step next to what a client of `ninfer-serve` sees.
 
 One run, per concurrency C of ``--concurrency``:
-1. engine: C rows decode through ``ModelRunner.execute`` in this process (steps.py's ``run_decode``, CUDA
-   graphs unless ``--no-cuda-graph``) at the context the served requests average (prompt tokens + half of
+1. engine: C rows decode through the ``ModelRunner`` in this process (steps.py's ``run_decode``, CUDA graphs
+   unless ``--no-cuda-graph``, overlapped steps on a GPU unless ``--no-overlap``, as the server runs them) at the context the served requests average (prompt tokens + half of
    ``--server-max-tokens``); the step time is ``engine_step_ms``. The model is then freed.
 2. server: ``ninfer-serve --synthetic`` on the same geometry and flags runs as a subprocess (``python -m
    api.serve``: the same interpreter and code as this process); once its ``/ready`` answers 200, one
@@ -100,6 +100,8 @@ def server_command(args: argparse.Namespace, port: int) -> list[str]:
         cmd += ["--weights-id", args.weights_id]
     if args.no_cuda_graph:
         cmd.append("--no-cuda-graph")
+    if not args.overlap:
+        cmd.append("--no-overlap")  # else the server's default: overlap on with CUDA
     return cmd + shlex.split(args.server_args or "")
 
 
@@ -269,9 +271,12 @@ def engine_steps(args: argparse.Namespace, context: int, log: Callable[[str], No
     pages = max_c * -(-max_context // PAGE_SIZE) + 1
     graphs = not args.no_cuda_graph and torch.cuda.is_available()
     runner = make_runner(model, pages, max_c + 1, args.kv_dtype, graphs, max_context)
+    overlap = (
+        args.overlap and torch.cuda.is_available()
+    )  # as the server: overlap on with CUDA unless --no-overlap
     steps = {}
     for c in args.concurrency:
-        steps[c] = run_decode(runner, vocab, c, context, args.decode_warmup, args.decode_tokens)
+        steps[c] = run_decode(runner, vocab, c, context, args.decode_warmup, args.decode_tokens, overlap)
         log(f"engine decode C={c} context={context}: {steps[c] * 1e3:.3f} ms/step")
     del runner, model
     gc.collect()
