@@ -240,9 +240,13 @@ class EngineConfig:
     # the card had it (torch's per-process memory fraction; `--kv-capacity auto` sizes the pool within it).
     # None = the whole device. CUDA only (ignored on the CPU); the CUDA context itself is outside the cap.
     gpu_memory_limit: float | None = None
+    # --overlap / --no-overlap: plan step N+1 while the device runs step N (engine/core.py says how and which
+    # rows fall back to the synchronous step). None = off: opt-in until an H200 run has validated it.
+    overlap: bool | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.greedy, bool), "greedy", self.greedy, "must be a bool")
+        _require(self.overlap in (None, True, False), "overlap", self.overlap, "must be None, True or False")
         limit = self.gpu_memory_limit
         _require(
             limit is None

@@ -270,6 +270,7 @@ def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
     rendered = tools if tools and mode != "none" else None
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = replace(params, structured=output_spec(req, rendered, mode), logprobs=logprobs)
+    params = replace(params, ignore_eos=req.ignore_eos)
     legacy = req.functions is not None
     return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit, req.n or 1, legacy)
 
