@@ -1,6 +1,6 @@
 """Decode attention over bf16 vs int8 KV at long context, Qwen3.6-27B geometry (24 query / 4 KV heads x 256, pages
-of 64), batch 1 and 4: the launcher's defaults, the previous defaults (64 splits, 32-key tiles, int8 dequantised
-in fp32) and a sweep of the tuning knobs (``max_splits``, ``block_n``, ``num_warps``, ``int8_f16``).
+of 64), batch 1 and 4: the launcher's defaults (64 splits, 32-key tiles, int8 dequantised in fp32), the candidate new
+defaults (``kernels.attention.DECODE_NEW_DEFAULTS``: 128 splits; int8: 64-key tiles, fp16 dequantisation) and a sweep of the tuning knobs (``max_splits``, ``block_n``, ``num_warps``, ``int8_f16``).
 
     python bench/kernels/decode_attention.py --json bench/results/decode_attention_h200_<date>.json \\
         [--context 100000] [--batch 1,4] [--layers 16] [--quick]
@@ -26,9 +26,27 @@ import torch
 import triton
 from hot_path_common import BF16, DEV, HEAD_DIM, HKV, HQ, PAGE, _err, _us
 
-from kernels.attention import kv_int8_group_size, paged_attention_decode, paged_attention_decode_ref
+from kernels.attention import (
+    DECODE_NEW_DEFAULTS,
+    kv_int8_group_size,
+    paged_attention_decode,
+    paged_attention_decode_ref,
+)
 
-OLD = {"max_splits": 64, "block_n": 32, "num_warps": 4, "int8_f16": False}  # the defaults before this sweep
+OLD = {
+    "max_splits": 64,
+    "block_n": 32,
+    "num_warps": 4,
+    "int8_f16": False,
+}  # the launcher's defaults (knob names)
+
+
+def _candidate(kv: str) -> dict:
+    """DECODE_NEW_DEFAULTS as launcher knobs for ``kv``."""
+    knobs = {"max_splits": DECODE_NEW_DEFAULTS["max_splits"]}
+    if kv == "int8":
+        knobs |= {"block_n": DECODE_NEW_DEFAULTS["int8_block_n"], "int8_f16": DECODE_NEW_DEFAULTS["int8_f16"]}
+    return knobs
 
 
 def _sweep(kv: str, quick: bool) -> list[dict]:
@@ -75,10 +93,9 @@ def bench(context: int, batch: int, layers: int, quick: bool) -> list[dict]:
         nbytes = 2 * batch * context * HKV * row_bytes  # K and V of one layer
         k0, v0, ks0, vs0 = caches[0]
         expected = paged_attention_decode_ref(query, k0, v0, table, lens, scale, ks0, vs0)
-        old = {k: v for k, v in OLD.items() if kv == "int8" or k != "int8_f16"}
         for label, knobs in [
             ("default", {}),
-            ("old default", old),
+            ("candidate", _candidate(kv)),
             *(("sweep", k) for k in _sweep(kv, quick)),
         ]:
 
@@ -109,7 +126,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     for batch in sorted({r["batch"] for r in rows}):
         timed = [r for r in rows if r["batch"] == batch and "us_per_layer" in r]
 
-        for config in ("default", "old default", None):
+        for config in ("default", "candidate", None):
             have = {
                 kv: [r for r in timed if r["kv"] == kv and (config is None or r["config"] == config)]
                 for kv in ("bf16", "int8")
@@ -130,7 +147,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=100_000, help="keys per sequence")
     p.add_argument("--batch", default="1,4", help="batch sizes, comma-separated")
     p.add_argument("--layers", type=int, default=16, help="layers' caches per timed replay")
-    p.add_argument("--quick", action="store_true", help="the defaults and the old defaults only")
+    p.add_argument("--quick", action="store_true", help="the defaults and the candidate defaults only")
     args = p.parse_args()
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):

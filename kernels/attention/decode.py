@@ -39,16 +39,21 @@ def paged_attention_decode_ref(
     )
 
 
-DECODE_MAX_SPLITS = 128  # the most splits one sequence's keys are cut into (the reduce kernel's BLOCK_S)
+# NOTE: the defaults below are the ones last measured on an H200 (64 splits; int8 tiles as bf16's; the fp32
+# int8 dequantization). The issue-bound int8 rework (``int8_f16``, 64-key int8 tiles) and 128 splits are
+# CPU-tested (Triton interpreter, AOT) but not yet timed: bench/kernels/decode_attention.py compares them, and
+# they become the defaults once an H200 run shows them faster (NEW_DEFAULTS is what to switch to).
+DECODE_MAX_SPLITS = 64  # the most splits one sequence's keys are cut into (the reduce kernel's BLOCK_S)
+NEW_DEFAULTS = {"max_splits": 128, "int8_block_n": 64, "int8_f16": True}
 
 
 def decode_block_n(head_dim: int, kv_int8: bool = False) -> int:
-    """Keys per tile of the decode kernel (and its default split unit): 64, or 32 for heads over 128; int8 KV
-    keeps 64 up to heads of 256. An int8 tile of 64 keys is as many bytes as a bf16 tile of 32, and the
+    """Keys per tile of the decode kernel (and its default split unit): 64, or 32 for heads over 128.
+    (NEW_DEFAULTS, not yet measured: int8 KV keeps 64 up to heads of 256.) An int8 tile of 64 keys is as many bytes as a bf16 tile of 32, and the
     per-tile work (page ids, scales, softmax bookkeeping) is spread over twice the keys: at head_dim 256 the
     sm_90 build issues ~19% fewer instructions per KV byte than with 32 keys (the int8 kernel is issue-bound,
     not memory-bound), in 250 registers without spills."""
-    return 64 if head_dim <= 128 or (kv_int8 and head_dim <= 256) else 32
+    return 64 if head_dim <= 128 else 32
 
 
 def decode_split_tokens(seq_len: int, split_unit: int, max_splits: int = DECODE_MAX_SPLITS) -> int:
@@ -273,9 +278,9 @@ def paged_attention_decode(
     rows included) or on the page table's width, so it is bitwise the same alone or batched.
 
     The split rule, and its trade-off: a split is the fewest whole ``split_unit``s (default one tile,
-    ``decode_block_n``: 32 keys at head_dim 256, 64 over int8 KV) that keep a sequence at ``max_splits`` (128) splits or
+    ``decode_block_n``: 32 keys at head_dim 256) that keep a sequence at ``max_splits`` (64; NEW_DEFAULTS) splits or
     fewer. Short sequences get one-tile splits, for parallelism where it is scarce: batch 1, 4 KV heads,
-    1k keys = 32 splits = 128 programs; 4k keys and longer = 128 splits = 512 programs (~4 per SM on 132
+    1k keys = 32 splits = 128 programs; with 128 splits (NEW_DEFAULTS) 4k keys and longer = 512 programs (~4 per SM on 132
     SMs, what a memory-bound kernel needs in flight to fill the H200's bandwidth; 64 splits left the long
     contexts at ~2 programs a SM, and on the H200 128 beat 64 by 10% at batch 1, 8k keys, bf16). Long
     sequences get longer splits, never more of them: 100k keys = 128 splits of 800, 128k = 128 of 1024, so
@@ -290,7 +295,7 @@ def paged_attention_decode(
     Tuning knobs, each a constant across a deployment (varying one per call would break the invariance):
     ``max_splits``, ``split_unit``, ``block_n`` (keys per tile, default ``decode_block_n``), ``num_warps`` and
     ``int8_f16`` (int8 KV with 16-bit queries: dequantise in fp16 without the conversion unit and run fp16
-    dots, the default; False: the fp32 dequantisation of the prefill kernel, I2F conversions at a quarter of
+    dots, in NEW_DEFAULTS; False, the default for now: the fp32 dequantisation of the prefill kernel, I2F conversions at a quarter of
     the issue rate). bench/kernels/decode_attention.py sweeps them on the GPU.
 
     The grid is sized from shapes only (``min(max_splits, cdiv(capacity, split_unit))`` splits), so the
@@ -315,7 +320,7 @@ def paged_attention_decode(
     split_unit = block_n if split_unit is None else split_unit
     assert split_unit % block_n == 0 and max_splits >= 1, f"split_unit={split_unit}, max_splits={max_splits}"
     if int8_f16 is None:
-        int8_f16 = query.dtype in (torch.bfloat16, torch.float16)
+        int8_f16 = False  # NEW_DEFAULTS: query.dtype in (torch.bfloat16, torch.float16), once measured
     int8_f16 = kv_int8 and int8_f16
     capacity = page_table.shape[1] * page_size
     part_splits = max(1, min(max_splits, triton.cdiv(capacity, split_unit)))

@@ -23,6 +23,9 @@ from kernels.attention import (
     store_kv,
     store_kv_ref,
 )
+from kernels.attention import (
+    DECODE_NEW_DEFAULTS as NEW_DEFAULTS,
+)
 
 # NOTE: interpreter_fixes (conftest.py): two gaps of Triton 3.6's interpreter that the decode kernel meets
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("interpreter_fixes")]
@@ -233,9 +236,11 @@ def test_split_rule_bounds_splits_and_depends_on_length_only():
             assert n == unit or -(-seq_len // (n - unit)) > DECODE_MAX_SPLITS  # the fewest units that fit
     # enough programs at batch 1 with 4 KV heads (132 SMs), a bounded count at 128k
     assert 4 * -(-1024 // decode_split_tokens(1024, 32)) == 128
-    assert 4 * -(-8192 // decode_split_tokens(8192, 32)) == 512
-    assert -(-100_000 // decode_split_tokens(100_000, 32)) == 125  # splits of 800 keys
-    assert -(-131072 // decode_split_tokens(131072, 32)) == 128
+    assert 4 * -(-8192 // decode_split_tokens(8192, 32)) == 4 * DECODE_MAX_SPLITS
+    for cap in (DECODE_MAX_SPLITS, NEW_DEFAULTS["max_splits"]):
+        assert 4 * -(-8192 // decode_split_tokens(8192, 32, cap)) == 4 * cap
+        assert -(-131072 // decode_split_tokens(131072, 32, cap)) == cap
+    assert -(-100_000 // decode_split_tokens(100_000, 32, 128)) == 125  # 128 splits max: splits of 800 keys
 
 
 # Batch invariance. The engine pads the way engine/runner/graphs.py says: a captured batch of m rows serves n <= m
