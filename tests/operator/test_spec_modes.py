@@ -61,8 +61,8 @@ def test_every_mode_is_in_the_table():
 def test_the_operators_argv_for_each_spec_mode_passes_the_servers_validation(
     mode: str,
     k: int | None,
-    layout: dict[str, str],
-    capsys: pytest.CaptureFixture[str],  # noqa: F811
+    layout: dict[str, str],  # noqa: F811 (the imported fixture)
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     row = MODES[mode]
     spec = _spec(mode, k)
