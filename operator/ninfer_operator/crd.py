@@ -89,8 +89,8 @@ def spec_schema() -> Schema:
             "hostKvCacheMiB": _int(0, description="--host-kv-cache-mib; also adds to the memory request"),
             "spec": _obj(
                 {
-                    "mode": _str(enum=["off", "mtp"], default="off", description="--spec"),
-                    "draftTokens": _int(1, 5, description="--draft-tokens"),
+                    "mode": _str(enum=["off", "mtp", "dflash"], default="off", description="--spec"),
+                    "draftTokens": _int(1, 15, description="--draft-tokens (mtp 1..5, dflash 1..15)"),
                 }
             ),
             "prefixReuse": {"type": "boolean", "default": True, "description": "false -> --no-prefix-reuse"},

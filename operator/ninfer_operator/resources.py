@@ -56,13 +56,30 @@ STARTUP_UNKNOWN_SIZE_FAILURES = 180  # 30 minutes when sizeBytes is not given
 # ---------------------------------------------------------------------------------------------- spec
 
 
+DRAFT_LIMITS = {
+    "mtp": 5,
+    "dflash": 15,
+}  # engine.config.MAX_DRAFT_TOKENS (the operator imports no engine code)
+
+
 def validate_spec(name: str, spec: Spec) -> list[str]:
     """Rules the CRD schema cannot state on Kubernetes 1.20 (no CEL), plus the name. Empty = valid."""
     errors: list[str] = names.name_errors(name)
     engine = spec.get("engine") or {}
     spec_dec = engine.get("spec") or {}
-    if spec_dec.get("draftTokens") is not None and spec_dec.get("mode", "off") != "mtp":
-        errors.append("engine.spec.draftTokens is set but engine.spec.mode is not 'mtp'")
+    mode, draft = spec_dec.get("mode", "off"), spec_dec.get("draftTokens")
+    if draft is not None and mode not in DRAFT_LIMITS:
+        errors.append("engine.spec.draftTokens is set but engine.spec.mode is not 'mtp' or 'dflash'")
+    elif draft is not None and not 1 <= int(draft) <= DRAFT_LIMITS[mode]:
+        errors.append(
+            f"engine.spec.draftTokens must be 1..{DRAFT_LIMITS[mode]} for mode {mode!r}, got {draft}"
+        )
+    if mode == "dflash" and engine.get("hostKvCacheMiB"):
+        errors.append(
+            "engine.spec.mode 'dflash' cannot be combined with engine.hostKvCacheMiB (host parking)"
+        )
+    if mode == "dflash" and engine.get("vision"):
+        errors.append("engine.spec.mode 'dflash' is text only; it cannot be combined with engine.vision")
     kv, ctx = engine.get("kvCapacity"), engine.get("maxContext")
     if kv is not None and str(kv) != "auto" and (not str(kv).isdigit() or int(kv) < 1):
         errors.append(f"engine.kvCapacity must be 'auto' or a positive token count, got {kv!r}")

@@ -4,10 +4,8 @@ For every speculative mode (the CRD's enum, plus the modes the server knows, `en
 and every draft count the mode allows, the test renders the operator's real Deployment, takes the server
 container's exact command (`flags.server_args` via `resources.render_deployment`), and runs the server's own
 argument validation on it (`ninfer-serve --check-args`: the parser and `EngineConfig`'s rules, no model
-loaded). `MODES` states what each mode must do today. DFlash is being built: while the server refuses it,
-its row says so and the test checks the refusal names the reason; when the server accepts `--spec dflash`
-the test fails here until the row is flipped (`accepted=True`, the reason removed), the CRD enum gains
-'dflash', and the operator's `draftTokens` rule allows it (DFlash refuses host parking: its spec carries none).
+loaded). `MODES` states what each mode must do today (a mode the server refuses says so, and the test checks
+the refusal names the reason). DFlash refuses host parking, so its spec carries none.
 """
 
 from __future__ import annotations
@@ -35,9 +33,7 @@ class Mode:
 MODES: dict[str, Mode] = {
     "off": Mode(accepted=True),
     "mtp": Mode(accepted=True, draft_tokens=(None, *range(1, MAX_DRAFT_TOKENS["mtp"] + 1))),
-    # the server accepts `--spec dflash` (K 1..15); the CRD does not offer it yet (operator follow-up: the enum
-    # gains 'dflash', draftTokens up to 15 for it, then in_crd=True and draft_tokens=(None, *range(1, 16)))
-    "dflash": Mode(accepted=True, in_crd=False),
+    "dflash": Mode(accepted=True, draft_tokens=(None, *range(1, MAX_DRAFT_TOKENS["dflash"] + 1))),
 }
 CASES = [(mode, k) for mode, m in MODES.items() for k in m.draft_tokens]
 
