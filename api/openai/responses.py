@@ -23,6 +23,7 @@ from api import pipeline, structured
 from api.errors import ApiError, invalid
 from api.generation import Outcome
 from api.openai.convert import (
+    content_of_parts,
     effort_budget,
     forced_tool,
     text_of_parts,
@@ -97,6 +98,12 @@ def items_to_messages(items: list[dict[str, Any]], instructions: str | None) -> 
                     f"message role must be user, assistant, system or developer; got {role!r}",
                     param=f"{where}.role",
                 )
+            if role == "user":  # text, or text and images (api/media.py)
+                assistant = None
+                messages.append(
+                    {"role": role, "content": content_of_parts(item.get("content"), f"{where}.content")}
+                )
+                continue
             text = text_of_parts(item.get("content"), f"{where}.content")
             if role == "assistant":
                 turn = open_assistant()

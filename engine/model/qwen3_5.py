@@ -65,6 +65,9 @@ class Qwen3_5TextModel(nn.Module):
 
     def forward(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         residual = self.embed_tokens(batch.input_ids)
+        if batch.media_embeds is not None and batch.media_mask is not None:  # images / video frames
+            mask = batch.media_mask.unsqueeze(-1)
+            residual = residual.masked_scatter(mask, batch.media_embeds.to(residual.dtype))
         rope = self.rope(batch.positions)
         if not self.layers:
             return self.norm(residual)

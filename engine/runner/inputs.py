@@ -44,13 +44,15 @@ def sample_indices(rows: Sequence[RowPlan]) -> list[int]:
 @dataclass(frozen=True)
 class DecodeRow:
     """One decode row in plain ints: feed ``token`` at ``position`` of a sequence whose KV pages are
-    ``page_ids`` and whose GDN state is ``state_slot`` (``keep_state`` False = start from zeros)."""
+    ``page_ids`` and whose GDN state is ``state_slot`` (``keep_state`` False = start from zeros). ``rope_delta``:
+    a request with media rotates by ``position + rope_delta`` (engine/runner/media.py)."""
 
     token: int
     position: int
     page_ids: Sequence[int]
     state_slot: int
     keep_state: bool = True
+    rope_delta: int = 0
 
     @classmethod
     def of(cls, row: RowPlan) -> DecodeRow:
@@ -112,7 +114,7 @@ class InputBuffers:
         num_rows = len(rows)
         slots = [r.page_ids[r.position // page_size] * page_size + r.position % page_size for r in rows]
         host = torch.tensor(
-            [[r.token for r in rows], [r.position for r in rows], [r.position + 1 for r in rows], slots,
+            [[r.token for r in rows], [r.position + r.rope_delta for r in rows], [r.position + 1 for r in rows], slots,
              [r.state_slot for r in rows], [int(r.keep_state) for r in rows]],
             dtype=torch.int64,
         )  # fmt: skip

@@ -37,10 +37,12 @@ from engine.cache.kv import KVDtype, ModelCache, allocate_cache
 from engine.model.config import ModelConfig
 from engine.model.forward import kv_spec
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.model.vision import VisionTower
 from engine.request import SamplingParams, TokenLogprob
 from engine.runner.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner
 from engine.runner.host_copies import HostCopies
 from engine.runner.inputs import DecodeRow, eager_batch, sample_indices
+from engine.runner.media import MediaInputs, feeds_media, rope_delta
 from engine.runner.speculative import SpecExecutor, num_spec_slots
 from engine.runner.warmup import WarmupReport, warm_up
 from engine.sampling import Sampler, output_token_counts, token_logprobs
@@ -70,13 +72,15 @@ class ModelRunner:
         spec: str | None = None,
         num_draft_tokens: int = 0,
         num_lanes: int = 1,
+        vision: VisionTower | None = None,
     ) -> None:
         """max_context bounds a request's page-table row (the graphs' page-table width); None = the
         whole pool. cuda_graph=False keeps every step eager. kv_dtype: as `CacheConfig` validated it.
         host_budget: host KV parking's budget (`--host-kv-cache-mib`): the runner copies what the
         scheduler's plans park and restore (None: off). grammars: serves structured outputs.
         spec="mtp": speculative decoding with `num_draft_tokens` MTP drafts per row
-        (engine/runner/speculative.py; lanes 0..num_lanes-1)."""
+        (engine/runner/speculative.py; lanes 0..num_lanes-1). vision: the vision tower (`--vision`;
+        engine/runner/media.py splices its rows at a prompt's media placeholders)."""
         self.model = model
         self.config: ModelConfig = model.config
         param = next(model.parameters())
@@ -93,6 +97,7 @@ class ModelRunner:
             self.device,
         )
         self.sampler = Sampler(self.device, seed, grammars)
+        self.media = MediaInputs(vision, self.device, self.dtype)
         self.spec: SpecExecutor | None = None
         if spec is not None:
             if spec != "mtp":
@@ -195,7 +200,7 @@ class ModelRunner:
         return sampled
 
     def _execute_eager(self, rows: Sequence[RowPlan]) -> list[list[int]]:
-        batch = eager_batch(rows, self.page_size, self.device)
+        batch = self.media.apply(eager_batch(rows, self.page_size, self.device), rows)
         hidden = self.model(batch, self.cache)  # [T, hidden]
         indices = sample_indices(rows)
         if not indices:
@@ -207,18 +212,21 @@ class ModelRunner:
 
     def _execute_graph(self, rows: Sequence[RowPlan]) -> list[list[int]]:
         assert self.graphs is not None
-        logits = self.graphs.run([DecodeRow.of(row) for row in rows])
+        logits = self.graphs.run([replace(DecodeRow.of(row), rope_delta=rope_delta(row)) for row in rows])
         self.num_graph_steps += 1
         return self._sample(logits, rows)
 
     def _graph_eligible(self, rows: Sequence[RowPlan]) -> bool:
         if self.graphs is None or not all(row.num_tokens == 1 and row.num_sample == 1 for row in rows):
             return False
+        if any(feeds_media(row) for row in rows):
+            return False
         return self.graphs.can_run(len(rows), max(len(row.page_ids) for row in rows), width=1)
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Drop the sampler state of requests that ended."""
         self.sampler.release(request_ids)
+        self.media.release(request_ids)
         if self.spec is not None:
             self.spec.release(request_ids)
         for request_id in request_ids:

@@ -348,8 +348,9 @@ class Scheduler:
         if self.prefix is None or len(self.prefix) == 0:
             return None
         limit = request.num_tokens - 1  # a resumed request may match its own output too
-        extend_page_hashes(request.page_hashes, request.token_ids, limit, self.pages.page_size)
-        match = self.prefix.lookup(request.token_ids, request.page_hashes, limit)
+        identity = request.identity_ids  # token ids, media placeholders by their SHA-256
+        extend_page_hashes(request.page_hashes, identity, limit, self.pages.page_size)
+        match = self.prefix.lookup(identity, request.page_hashes, limit)
         if match is not None:
             self.prefix.pin(match.checkpoint)
             if self.num_draft_tokens:
@@ -361,8 +362,9 @@ class Scheduler:
         if self.host is None:
             return None
         limit = request.num_tokens - 1  # a resumed request may match its own output too
-        extend_page_hashes(request.page_hashes, request.token_ids, limit, self.pages.page_size)
-        found = self.host.match(request.token_ids, request.page_hashes, limit)
+        identity = request.identity_ids
+        extend_page_hashes(request.page_hashes, identity, limit, self.pages.page_size)
+        found = self.host.match(identity, request.page_hashes, limit)
         best = match.num_tokens if match is not None else 0
         return found if found is not None and found.num_tokens > best else None
 
@@ -423,6 +425,7 @@ class Scheduler:
             num_sample=1 + len(drafts) if end == request.num_tokens else 0,
             sampling_params=request.sampling_params,
             num_output_tokens=request.num_output_tokens,
+            media=request.media,
         )
 
     # ---- commit ---------------------------------------------------------------------------------
@@ -463,7 +466,7 @@ class Scheduler:
             if lane.pending_save is not None:
                 slot, position = lane.pending_save
                 lane.pending_save = None
-                self.prefix.insert(request.token_ids, request.page_hashes, position, lane.page_ids, slot)  # type: ignore[union-attr]
+                self.prefix.insert(request.identity_ids, request.page_hashes, position, lane.page_ids, slot)  # type: ignore[union-attr]
             if row.num_sample > 1:
                 self.spec_stats.verified(request, row.num_sample - 1, accepted)
             if tokens:
@@ -543,9 +546,10 @@ class Scheduler:
         if lane.restore is not None:
             self.prefix.unpin(lane.restore)  # type: ignore[union-attr]
         num_done = request.num_computed_tokens
+        retain = retain and not request.splits_media(num_done)  # never a checkpoint inside an image's tokens
         if retain and self.prefix is not None and num_done >= 1 and not lane.restoring:
             self.prefix.insert(
-                request.token_ids, request.page_hashes, num_done, lane.page_ids, lane.state_slot
+                request.identity_ids, request.page_hashes, num_done, lane.page_ids, lane.state_slot
             )
         else:
             self.slots.free(lane.state_slot)
