@@ -1,4 +1,5 @@
-"""Shared comparison helper for the kernel reference tests (fla-style relative RMS + absolute floor)."""
+"""Shared comparison helper for the kernel reference tests (fla-style relative RMS + absolute floor), and the
+early start of the AOT compile (test_aot_sm120.py) so it runs beside the rest of the suite."""
 
 from __future__ import annotations
 
@@ -20,6 +21,18 @@ def _assert_close(
     assert rms_ratio <= ratio or max_abs <= atol, (
         f"{name}: rms ratio {rms_ratio:.3e} (limit {ratio:.0e}), max abs {max_abs:.3e}"
     )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the AOT compile subprocess as soon as the run is known to include its test (see AotCompile)."""
+    if any(item.nodeid.endswith("test_every_kernel_compiles_for_sm120_and_sm90") for item in session.items):
+        from test_aot_sm120 import AotCompile, _tools_python
+
+        if not _tools_python().exists():
+            return  # the report fixture fails the test with the reason
+
+        tmp = session.config._tmp_path_factory.mktemp("aot")  # type: ignore[attr-defined]
+        session.config._ninfer_aot_compile = AotCompile(tmp)  # type: ignore[attr-defined]
 
 
 @pytest.fixture
