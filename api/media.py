@@ -3,9 +3,8 @@
 Each protocol's convert.py turns a media part (OpenAI ``image_url`` / ``video_url``, Responses ``input_image``,
 Anthropic ``image`` with a base64 source) into a chat-template part (``{"type": "image"}``, which the template
 renders as ``<|vision_start|><|image_pad|><|vision_end|>``) carrying a ``MediaRef`` under ``MEDIA_KEY``. After
-the prompt is rendered and tokenized, ``attach_media`` (off the event loop) fetches and decodes each medium in
-prompt order, expands each single placeholder into the medium's run (a video: one run per frame group, each
-after its ``<t seconds>`` timestamp, as the checkpoint's processor writes it) and builds the ``PromptMedia``.
+the prompt is rendered and tokenized, ``attach_media`` (off the event loop) fetches each medium and hands them to
+``engine.media.expand.expand_prompt`` (decode, expand each placeholder into the medium's run, ``PromptMedia``).
 
 Sources: ``data:`` URIs (base64) and base64 blocks always; ``http(s)://`` URLs only with
 ``--allow-remote-media``, fetched within ``REMOTE_TIMEOUT_SECONDS`` and ``MAX_MEDIA_BYTES``. Every failure is
@@ -26,8 +25,8 @@ from typing import Any
 
 from api.errors import ApiError
 from api.prompt import Prompt, checkpoint_positions
-from engine.core import check_media
-from engine.media import MediaError, MediaItem, prepare_image, prompt_media
+from engine.media import MediaError
+from engine.media.expand import expand_prompt
 from engine.model.vision_load import VisionParts
 from engine.tokenizer import Tokenizer
 
@@ -115,16 +114,6 @@ def _download(ref: MediaRef) -> bytes:
     return data
 
 
-def prepare(ref: MediaRef, data: bytes, vision: VisionParts) -> tuple[MediaItem, list[float]]:
-    """The tower's input for one medium, and (video) each frame group's timestamp in seconds."""
-    if ref.kind == "image":
-        return MediaItem.image(prepare_image(data, vision.processor)), []
-    from engine.media.video import prepare_video  # PyAV: imported only when a video comes
-
-    video = prepare_video(data, vision.processor)
-    return video.item, list(video.timestamps)
-
-
 def attach_media(
     prompt: Prompt,
     messages: Sequence[Mapping[str, Any]],
@@ -141,56 +130,19 @@ def attach_media(
     if vision is None:
         raise _error("vision_disabled", "this server was started without --vision: images and video are refused",
                      refs[0].param)  # fmt: skip
-    tokens = vision.tokens
-    pads = {"image": tokens.image_token_id, "video": tokens.video_token_id}
-    found = [t for t in prompt.token_ids if t in pads.values()]
-    if found != [pads[r.kind] for r in refs]:
-        raise _error(
-            "invalid_media", "the prompt's text holds media placeholder tokens of its own", refs[0].param
-        )
-    items: list[MediaItem] = []
-    ids: list[int] = []
-    k = 0
-    total = 0
-    for token in prompt.token_ids:
-        if token not in pads.values():
-            ids.append(token)
-            continue
-        ref = refs[k]
-        k += 1
-        try:
-            item, stamps = prepare(ref, fetch(ref, allow_remote), vision)
-        except MediaError as exc:
-            raise _error(exc.code, str(exc), ref.param) from None
-        total += item.num_tokens
-        if total > max_media_tokens:
-            raise _error("media_token_budget_exceeded", f"the request's media take over {max_media_tokens} tokens "
-                         "(--max-media-tokens)", ref.param)  # fmt: skip
-        items.append(item)
-        if ref.kind == "image":
-            ids.extend([token] * item.num_tokens)
-            continue
-        # a video: <|vision_start|> <|video_pad|> <|vision_end|> becomes, per frame group,
-        # <t seconds> <|vision_start|> <|video_pad|> * n <|vision_end|>
-        assert ids and ids[-1] == tokens.vision_start_token_id, "the template opens a video with vision_start"
-        ids.pop()
-        per_frame = item.num_tokens // item.grid_thw[0]
-        for i, stamp in enumerate(stamps):
-            ids.extend(tokenizer.encode(f"<{stamp:.1f} seconds>"))
-            ids.append(tokens.vision_start_token_id)
-            ids.extend([token] * per_frame)
-            if i + 1 < len(stamps):
-                ids.append(tokens.vision_end_token_id)
+    media = [(ref.kind, fetch(ref, allow_remote)) for ref in refs]
     try:
-        media = prompt_media(ids, items, tokens)
-        check_media(media, True, max_media_tokens)
+        ids, prepared = expand_prompt(
+            prompt.token_ids, media, vision.tokens, vision.processor, tokenizer.encode, max_media_tokens
+        )
     except MediaError as exc:
-        raise _error(exc.code, str(exc), refs[0].param) from None
+        index = getattr(exc, "index", -1)
+        raise _error(exc.code, str(exc), refs[index].param if index >= 0 else "messages") from None
     return replace(
         prompt,
         token_ids=ids,
         checkpoint_positions=checkpoint_positions(ids, tokenizer.special_ids.im_end_id),
-        media=media,
+        media=prepared,
     )
 
 

@@ -199,3 +199,51 @@ def test_chat_video_url(oa, model):
         }
     ]
     assert _code(_chat_error(oa, model, bad)) == "invalid_media"
+
+
+def test_remote_fetch_with_the_allow_flag_keeps_its_size_and_time_limits(monkeypatch):
+    """api.media.fetch against a local HTTP server (what `--allow-remote-media` turns on)."""
+    import http.server
+    import threading
+    import time
+
+    from api import media
+    from api.errors import ApiError
+
+    body = png(64, 64, 9)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            if self.path == "/slow.png":
+                time.sleep(1.0)
+            try:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (the timeout case)
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        ref = media.MediaRef("image", "messages[0].content[0]", url=f"{base}/a.png")
+        assert media.fetch(ref, allow_remote=True) == body
+        with pytest.raises(ApiError) as err:
+            media.fetch(ref, allow_remote=False)
+        assert err.value.code == "remote_media_disabled"
+        monkeypatch.setattr(media, "MAX_MEDIA_BYTES", len(body) - 1)
+        with pytest.raises(ApiError) as err:
+            media.fetch(ref, allow_remote=True)
+        assert err.value.code == "media_too_large"
+        monkeypatch.setattr(media, "MAX_MEDIA_BYTES", 1 << 20)
+        monkeypatch.setattr(media, "REMOTE_TIMEOUT_SECONDS", 0.2)
+        with pytest.raises(ApiError) as err:
+            media.fetch(media.MediaRef("image", "p", url=f"{base}/slow.png"), allow_remote=True)
+        assert err.value.code == "invalid_media" and "timed out" in str(err.value)
+    finally:
+        server.shutdown()
