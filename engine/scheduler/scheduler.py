@@ -348,9 +348,8 @@ class Scheduler:
         if self.prefix is None or len(self.prefix) == 0:
             return None
         limit = request.num_tokens - 1  # a resumed request may match its own output too
-        identity = request.identity_ids  # token ids, media placeholders by their SHA-256
-        extend_page_hashes(request.page_hashes, identity, limit, self.pages.page_size)
-        match = self.prefix.lookup(identity, request.page_hashes, limit)
+        extend_page_hashes(request.page_hashes, request.identity_ids, limit, self.pages.page_size)
+        match = self.prefix.lookup(request.identity_ids, request.page_hashes, limit)
         if match is not None:
             self.prefix.pin(match.checkpoint)
             if self.num_draft_tokens:
@@ -362,9 +361,8 @@ class Scheduler:
         if self.host is None:
             return None
         limit = request.num_tokens - 1  # a resumed request may match its own output too
-        identity = request.identity_ids
-        extend_page_hashes(request.page_hashes, identity, limit, self.pages.page_size)
-        found = self.host.match(identity, request.page_hashes, limit)
+        extend_page_hashes(request.page_hashes, request.identity_ids, limit, self.pages.page_size)
+        found = self.host.match(request.identity_ids, request.page_hashes, limit)
         best = match.num_tokens if match is not None else 0
         return found if found is not None and found.num_tokens > best else None
 
