@@ -171,3 +171,28 @@ def test_engine_refuses_media_without_vision_and_over_the_budget(vl):
     assert err.value.code == "media_token_budget_exceeded"
     with pytest.raises(MediaError):  # a placeholder run that matches no image
         prompt_media(ids[:-3] + [IMAGE, IMAGE, END], items, TOKENS)
+
+
+@pytest.mark.parametrize("vl", ["dense"], indirect=True)
+def test_preempted_image_requests_resume_with_the_tokens_of_a_lone_run(vl):
+    """Three image prompts on a pool of one max_context: lanes are preempted mid-way (recompute, or a host restore)
+    and resume; each output equals the request run alone (no checkpoint is ever cut inside an image's run)."""
+    ids, _ = media_of(vl, "one_image")
+    dim = vl[2].tower.config.patch_dim
+    prompts = [(ids, [item("image", (1, 6, 8), 20 + k, dim)]) for k in range(3)]
+    expected = [
+        run(make_core(vl, prefix_reuse=False, max_context=64), "x", p, i, steps=16)[0] for p, i in prompts
+    ]
+    for flags in ({"prefix_reuse": False}, {"host_kv_cache_mib": 1}):
+        core = make_core(vl, page_size=8, max_context=64, kv_capacity=64, max_concurrency=3, **flags)
+        params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, presence_penalty=0.0)
+        for k, (p, i) in enumerate(prompts):
+            assert core.add_request(f"r{k}", p, params, media=prompt_media(p, i, TOKENS)) is None
+        tokens: dict[str, list[int]] = {f"r{k}": [] for k in range(3)}
+        while core.has_work():
+            for event in core.step():
+                if isinstance(event, TokenEvent):
+                    tokens[event.request_id].extend(event.token_ids)
+            core.check_integrity()
+        assert core.scheduler.num_preemptions > 0, flags
+        assert [tokens[f"r{k}"] for k in range(3)] == expected, flags
