@@ -146,6 +146,15 @@ def attach_media(
     )
 
 
+def prompt_with_media(engine: Any, messages: Sequence[Mapping[str, Any]], prompt: Prompt) -> Prompt:
+    """``attach_media`` with the engine's vision parts and limits (an ``EngineClient``); blocking: run off the loop."""
+    if not media_refs(messages):
+        return prompt
+    config = engine.config
+    return attach_media(prompt, messages, engine.tokenizer, engine_vision(engine),
+                        allow_remote=config.allow_remote_media, max_media_tokens=config.max_media_tokens)  # fmt: skip
+
+
 def engine_vision(engine: object) -> VisionParts | None:
     """The engine's vision parts (None: started without --vision, or an engine without vision at all)."""
     vision = getattr(engine, "vision", None)

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from api import structured
 from api.errors import ApiError
 from api.generation import Generation, Outcome
-from api.media import attach_media, engine_vision, media_refs
+from api.media import media_refs, prompt_with_media
 from api.prompt import Prompt, PromptTooLong, build_prompt, check_fits
 from api.sse import with_keepalive
 from api.state import ServerState
@@ -168,11 +168,7 @@ async def _with_media(state: ServerState, turn: Turn, prompt: Prompt) -> Prompt:
     """The prompt with its images / video prepared and their placeholders expanded (api/media.py)."""
     if not media_refs(turn.messages):
         return prompt
-    config = state.engine.config
-    return await off_loop(
-        attach_media, prompt, turn.messages, state.engine.tokenizer, engine_vision(state.engine),
-        allow_remote=config.allow_remote_media, max_media_tokens=config.max_media_tokens,
-    )  # fmt: skip
+    return await off_loop(prompt_with_media, state.engine, turn.messages, prompt)
 
 
 async def _many(

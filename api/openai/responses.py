@@ -22,6 +22,7 @@ from fastapi.responses import Response
 from api import pipeline, structured
 from api.errors import ApiError, invalid
 from api.generation import Outcome
+from api.media import prompt_with_media
 from api.openai.convert import (
     content_of_parts,
     effort_budget,
@@ -235,7 +236,8 @@ def _prompt(state: ServerState, plan: ResponsesPlan) -> Prompt:
 
 
 def count_input_tokens(state: ServerState, req: InputTokensRequest) -> int:
-    return len(_prompt(state, _plan_prompt(state, req)).token_ids)
+    plan = _plan_prompt(state, req)
+    return len(prompt_with_media(state.engine, plan.messages, _prompt(state, plan)).token_ids)
 
 
 def _refuse_unsupported(req: ResponsesRequest) -> None:

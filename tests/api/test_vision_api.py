@@ -10,6 +10,7 @@ import base64
 import io
 
 import anthropic
+import httpx
 import openai
 import pytest
 from PIL import Image
@@ -100,6 +101,9 @@ def test_responses_input_image(oa, model):
     )
     assert out.status in ("completed", "incomplete")
     assert out.usage.input_tokens == plain.usage.input_tokens + TINY_IMAGE_TOKENS + 2
+    counted = httpx.post(f"{oa.base_url}responses/input_tokens",
+                         json={"model": model, "input": [{"role": "user", "content": content}]})  # fmt: skip
+    assert counted.status_code == 200 and counted.json()["input_tokens"] == out.usage.input_tokens
 
 
 def test_anthropic_image_block_and_cache_read(vision_server, model):
@@ -116,6 +120,11 @@ def test_anthropic_image_block_and_cache_read(vision_server, model):
         model=model, max_tokens=4, messages=[*messages, {"role": "user", "content": "Why?"}]
     )
     assert again.usage.cache_read_input_tokens > TINY_IMAGE_TOKENS
+    counted = client.messages.count_tokens(
+        model=model, messages=[*messages, {"role": "user", "content": "Why?"}]
+    )
+    usage = again.usage
+    assert counted.input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0)  # images counted
 
 
 def _chat_error(client: openai.OpenAI, model: str, content: list[dict]) -> openai.BadRequestError:
