@@ -90,7 +90,11 @@ def run(
     print(f"loading {args.artifact} ...", file=err)
     start = time.perf_counter()
     loaded = load_artifact(
-        args.artifact, device=args.device, with_mtp=config.spec == "mtp", with_vision=config.vision
+        args.artifact,
+        device=args.device,
+        with_mtp=config.spec == "mtp",
+        lm_head_draft=config.lm_head_draft,
+        with_vision=config.vision,
     )
     core = EngineCore(loaded.model, loaded.tokenizer, config, vision=loaded.vision)
     print(f"loaded {loaded.model_id} in {time.perf_counter() - start:.1f} s", file=err)

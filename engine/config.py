@@ -232,6 +232,8 @@ class EngineConfig:
     draft_tokens: int | None = (
         None  # --draft-tokens: drafts per round (None: DEFAULT_DRAFT_TOKENS with --spec)
     )
+    # --lm-head-draft: MTP proposals from the artifact's reduced output head (engine/spec/draft_head.py)
+    lm_head_draft: bool = False
     # --gpu-memory-limit GiB: cap the engine's device memory (weights, KV pool, activations) at this much, as if
     # the card had it (torch's per-process memory fraction; `--kv-capacity auto` sizes the pool within it).
     # None = the whole device. CUDA only (ignored on the CPU); the CUDA context itself is outside the cap.
@@ -292,6 +294,14 @@ class EngineConfig:
                 k,
                 f"must be in 1..{MAX_DRAFT_TOKENS[spec]} with --spec {spec}",
             )
+
+        _require(isinstance(self.lm_head_draft, bool), "lm_head_draft", self.lm_head_draft, "must be a bool")
+        _require(
+            not self.lm_head_draft or spec == "mtp",
+            "lm_head_draft",
+            self.lm_head_draft,
+            "proposes MTP drafts: it needs --spec mtp",
+        )
 
     @property
     def num_draft_tokens(self) -> int:

@@ -52,6 +52,7 @@ from engine.runner.host_copies import host_budget, host_stat_fields
 from engine.runner.sizing import measure_auto_pages
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
+from engine.spec.draft_head import attach, draft_head_of, load_draft_head, require_draft_head
 from engine.structured.compiler import GrammarCompiler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -152,16 +153,22 @@ def load_artifact(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     with_mtp: bool = False,
+    lm_head_draft: bool = False,
     with_vision: bool = False,
 ) -> LoadedArtifact:
-    """Open `path`, load the text model and the tokenizer, and the vision tower when `with_vision` (ValueError
-    when the artifact has none). (The embedded demo model is the entry points' default,
+    """Open `path`, load the text model and the tokenizer (and, with `lm_head_draft`, the reduced proposal
+    head: engine/spec/draft_head.py; with `with_vision`, the vision tower: ValueError when the artifact has
+    none). (The embedded demo model is the entry points' default,
     engine/testing/demo.py: `LLM()`, `ninfer-serve`.)"""
     dev = torch.device(device) if device is not None else default_device()
     artifact = read_artifact(path)
+    if lm_head_draft:  # refuse before any weight is read
+        require_draft_head(artifact)
     model = load_model(
         artifact, device=dev, dtype=dtype if dtype is not None else default_dtype(dev), with_mtp=with_mtp
     )
+    if lm_head_draft:
+        attach(model, load_draft_head(artifact, model))
     vision = load_vision(artifact, dev, next(model.parameters()).dtype) if with_vision else None
     return LoadedArtifact(artifact, model, tokenizer_from_artifact(artifact), artifact.model_id, vision)
 
@@ -231,6 +238,11 @@ class EngineCore:
             raise ValueError("vision=True: no vision tower was loaded (load_artifact(..., with_vision=True))")
         self.tokenizer = tokenizer
         self.model_config: ModelConfig = model.config
+        if config.lm_head_draft and draft_head_of(model) is None:
+            raise ValueError(
+                "lm_head_draft=True: this model was loaded without a reduced output head (load the artifact with "
+                "lm_head_draft=True; the artifact must carry text/draft_head)"
+            )
         native = self.model_config.max_position_embeddings
         if config.scheduler.max_context > native:
             raise ValueError(

@@ -32,3 +32,12 @@ def gemv_mode() -> str:
     from kernels import _dispatch
 
     return _dispatch.GEMV_MODE
+
+
+def quant_gemv_mode() -> str:
+    """`NINFER_QUANT_GEMV`: `stored` (the default: the groupwise decode GEMV reads the file's byte order) or
+    `packed` (planes reordered once at load for the 16-byte-vector GEMV; opt-in until measured on an H200).
+    Read once when `kernels` is imported (`kernels._dispatch.QUANT_GEMV_MODE`)."""
+    from kernels import _dispatch
+
+    return _dispatch.QUANT_GEMV_MODE

@@ -119,6 +119,14 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
         metavar="K",
     ),
     EngineFlag(
+        "--lm-head-draft",
+        "lm_head_draft",
+        "with --spec mtp: propose drafts from the artifact's reduced output head (131,072 rows; verification "
+        "keeps the full head); refused when the artifact has none",
+        parse=None,
+        given=True,
+    ),
+    EngineFlag(
         "--gpu-memory-limit",
         "gpu_memory_limit",
         "cap the engine's device memory at this many GiB, as on a smaller card (e.g. 32 for an RTX 5090); "

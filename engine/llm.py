@@ -95,8 +95,14 @@ class LLM:
             from engine.testing.demo import demo_artifact_path  # an entry point: it may import engine.testing
 
             artifact = demo_artifact_path()
-        loaded = load_artifact(artifact, device=device, dtype=dtype, with_mtp=self.config.spec == "mtp",
-                               with_vision=self.config.vision)  # fmt: skip
+        loaded = load_artifact(
+            artifact,
+            device=device,
+            dtype=dtype,
+            with_mtp=self.config.spec == "mtp",
+            lm_head_draft=self.config.lm_head_draft,
+            with_vision=self.config.vision,
+        )
         self._artifact = loaded.artifact  # keeps memory-mapped weights alive
         self.model_id = loaded.model_id
         self.tokenizer: Tokenizer = loaded.tokenizer

@@ -101,7 +101,12 @@ class AsyncEngine:
     ) -> AsyncEngine:
         """Load `path`. Not started: call `start()`."""
         loaded = load_artifact(
-            path, device=device, dtype=dtype, with_mtp=config.spec == "mtp", with_vision=config.vision
+            path,
+            device=device,
+            dtype=dtype,
+            with_mtp=config.spec == "mtp",
+            lm_head_draft=config.lm_head_draft,
+            with_vision=config.vision,
         )
         engine = cls(
             loaded.model,

@@ -51,6 +51,55 @@ def variants(variant: Any) -> dict[str, list[Any]]:
             )  # fmt: skip
             for label, bits, group, k, split in _GROUP_SHAPES
         ],
+        # the GEMV layout's GEMV (packed_linear.packed_tiles "default": 128 rows a program, one 128-lane unit a
+        # step, 4 warps, K split for whole waves on 132 SMs): Q4 q/k [7168, 5120] (40 units, split 8), Q5 down
+        # [5120, 17408] (136 units, split 8), Q6 head (unsplit), W8 [2048, 4096] (32 units, split 32); fp16 x;
+        # the CUDA-core mode (T = 1)
+        "_quant_gemv_packed_kernel": [
+            variant(
+                label,
+                {
+                    "x_ptr": x,
+                    "codes_ptr": "i32",
+                    "high_ptr": {5: "i32", 6: "i16"}.get(bits, "i32"),
+                    "scales_ptr": "fp16",
+                    "out_ptr": "fp32" if units_split < units else x,
+                },
+                dict(
+                    BITS=bits,
+                    UNITS_SPLIT=units_split,
+                    STEP_UNITS=1,
+                    BLOCK_N=128,
+                    MODE=mode,
+                    EVEN_K=True,
+                    ASM=True,
+                ),
+                aligned=_GROUP_ALIGNED,
+                num_stages=1,
+            )  # fmt: skip
+            for label, bits, units, units_split, x, mode in (
+                ("27B Q4 7168x5120 split 8", 4, 40, 5, "bf16", 0),
+                ("27B Q5 5120x17408 split 8", 5, 136, 17, "bf16", 0),
+                ("27B Q6 head K=5120", 6, 40, 40, "bf16", 0),
+                ("35B-A3B W8 2048x4096 split 32", 8, 32, 1, "bf16", 0),
+                ("Q4 fp16 x", 4, 40, 5, "fp16", 0),
+                ("Q5 CUDA cores T=1", 5, 136, 8, "bf16", 1),
+            )
+        ],
+        "_quant_dequant_packed_kernel": [
+            variant(
+                f"Q{bits}" if bits < 8 else "W8",
+                {
+                    "codes_ptr": "i32",
+                    "high_ptr": {5: "i32", 6: "i16"}.get(bits, "i32"),
+                    "scales_ptr": "fp16",
+                    "out_ptr": "bf16",
+                },
+                dict(BITS=bits, BLOCK_N=32),
+                aligned=(*_GROUP_ALIGNED[1:], "out_stride"),
+            )  # fmt: skip
+            for bits in (4, 5, 6, 8)
+        ],
         # gemm_tiles at 7,680 rows: 128 weight rows x 128 rows of x, K steps of 64, 8 warps, 3 stages
         "_quant_gemm_group_kernel": [
             variant(

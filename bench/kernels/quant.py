@@ -17,7 +17,16 @@ check that each row is bitwise the row run alone.
     python bench/kernels/quant.py --json ... --only "attn query_key,MLP down" --no-prefill --no-moe --rep 20 \
         --sweep nosplit,p2048,n16,b2x
 
-``--sweep NAMES`` also times the GEMV with the named alternatives of ``SWEEP`` (``all``: every one); each is
+Groupwise formats (Q4/Q5/Q6/W8) are timed twice at decode, side by side: the stored layout's GEMV (old:
+``triton_group.py``) and the GEMV layout's (new: ``triton_gemv.py``, the weight repacked at load by
+``view_planes(..., repack=True)``); each row prints GB/s and the percentage of 4.8 TB/s (the H200's read
+bandwidth) for both, and the time 80% of it would take, for bytes = payload + x. ``--variants NAMES``
+(``all``: every one of ``kernels.quant.packed_linear.GEMV_VARIANTS``) times the new GEMV's tile variants too
+(the "fma" one at T = 1 only), to fill ``GEMV_TABLE`` from one run:
+
+    python bench/kernels/quant.py --json ... --formats groupwise --no-prefill --no-moe --rep 20 --variants all
+
+``--sweep NAMES`` also times the old GEMV with the named alternatives of ``SWEEP`` (``all``: every one); each is
 ``gemv_tiles`` with other arguments (rows a program, code bytes a step, warps, stages, the program count that
 sets split K), so every candidate is a valid split of that shape. The JSON is rewritten after every row (a
 run cut off by a time limit keeps what it measured).
@@ -60,6 +69,7 @@ from kernels.quant import (  # noqa: E402
     quant_moe_experts_ref,
     view_planes,
 )
+from kernels.quant.packed_linear import GEMV_VARIANTS, packed_tiles  # noqa: E402
 
 DEV = "cuda"
 BF16 = torch.bfloat16
@@ -116,6 +126,8 @@ def random_payload(fmt: str, n: int, k: int) -> torch.Tensor:
 
 
 REP_MS = 100  # do_bench_cudagraph's replay length (--rep)
+PEAK_GBPS = 4800.0  # the H200's read bandwidth (HBM3e), the percentages' base
+TARGET = 0.8  # the goal: 80% of it
 
 
 def _us(fn: Callable[[], object]) -> float:
@@ -166,19 +178,33 @@ SWEEP: dict[str, dict] = {
 }
 
 
-def bench_decode(name: str, fmt: str, n: int, k: int, read_gbps: float, sweep: list[str]) -> dict[int, float]:
-    """The GEMV rows of one projection and format; {T: us per call (default tiles)}."""
+def _pct(nbytes: int, us: float) -> dict:
+    gbps = nbytes / us / 1e3
+    return {"GBps": round(gbps, 1), "pct_of_4.8TBps": round(100 * gbps / PEAK_GBPS, 1)}
+
+
+def bench_decode(
+    name: str, fmt: str, n: int, k: int, read_gbps: float, sweep: list[str], variants: list[str]
+) -> dict[int, float]:
+    """The GEMV rows of one projection and format; {T: us per call (the GEMV quant_linear runs: new for
+    groupwise formats, else the format's one)}."""
     nbytes = geometry(fmt, (n, k)).payload_bytes
     copies = max(1, min(MAX_COPIES, -(-WORKING_SET // nbytes)))
-    weights = [view_planes(fmt, random_payload(fmt, n, k), (n, k), divisor=1.0) for _ in range(copies)]
+    payloads = [random_payload(fmt, n, k) for _ in range(copies)]
+    weights = [view_planes(fmt, p, (n, k), divisor=1.0) for p in payloads]
+    grouped = fmt in GROUP_FORMATS
+    packed = [view_planes(fmt, p.clone(), (n, k), repack=True) for p in payloads] if grouped else []
     dense_copies = max(1, min(MAX_COPIES, -(-WORKING_SET // (2 * n * k))))
     dense = [torch.randn(n, k, device=DEV, dtype=BF16) * k**-0.5 for _ in range(dense_copies)]
     default = gemv_tiles(fmt, n, k)
     times = {}
     for tokens in (1, 8):
         x = torch.randn(tokens, k, device=DEV, dtype=BF16)
+        read = nbytes + x.numel() * x.element_size()
+        target_us = read / (TARGET * PEAK_GBPS * 1e3)
+        expected = quant_linear_ref(x, weights[0])
         out = quant_linear(x, weights[0], route="gemv")
-        check = {**_err(out, quant_linear_ref(x, weights[0])), "tiles": list(default), "copies": copies}
+        check = {**_err(out, expected), "tiles": list(default), "copies": copies}
         if tokens > 1:
             check["batch_invariant"] = all(
                 torch.equal(quant_linear(x[i : i + 1], weights[0], route="gemv")[0], out[i])
@@ -188,10 +214,43 @@ def bench_decode(name: str, fmt: str, n: int, k: int, read_gbps: float, sweep: l
         t_cublas = _per_call(lambda w: F.linear(x, w), dense)
         times[tokens] = t
         gbps = nbytes / t / 1e3
-        _emit({"op": f"quant GEMV {fmt}", "shape": f"27B {name} T{tokens} N{n} K{k}", "kernel_us": round(t, 2),
+        _emit({"op": f"quant GEMV {fmt}" + (" old (stored layout)" if grouped else ""),
+               "shape": f"27B {name} T{tokens} N{n} K{k}", "kernel_us": round(t, 2),
                "bytes": nbytes, "kernel_GBps": round(gbps, 1), "fraction_of_read": round(gbps / read_gbps, 3),
                "cublas_bf16_us": round(t_cublas, 2), "cublas_bf16_GBps": round(2 * n * k / t_cublas / 1e3, 1),
                "speedup_vs_cublas_bf16": round(t_cublas / t, 3), **check})  # fmt: skip
+        if grouped:
+            out_new = quant_linear(x, packed[0], route="gemv")
+            t_new = _per_call(lambda w: quant_linear(x, w, route="gemv"), packed)
+            times[tokens] = t_new
+            new_check = _err(out_new, expected)
+            if tokens > 1:
+                new_check["batch_invariant"] = all(
+                    torch.equal(quant_linear(x[i : i + 1], packed[0], route="gemv")[0], out_new[i])
+                    for i in range(tokens)
+                )
+            old, new = _pct(read, t), _pct(read, t_new)
+            _emit({"op": f"quant GEMV {fmt} old vs new", "shape": f"27B {name} T{tokens} N{n} K{k}",
+                   "bytes_read": read, "target_us_80pct": round(target_us, 2),
+                   "old_us": round(t, 2), "old_GBps": old["GBps"], "old_pct": old["pct_of_4.8TBps"],
+                   "new_us": round(t_new, 2), "new_GBps": new["GBps"], "new_pct": new["pct_of_4.8TBps"],
+                   "speedup": round(t / t_new, 2), "new_tiles": list(packed_tiles(fmt, n, k)),
+                   "cublas_bf16_us": round(t_cublas, 2), **new_check})  # fmt: skip
+            print(f"  {fmt:<11} {name:<16} T{tokens}: old {t:8.2f} us {old['GBps']:7.1f} GB/s {old['pct_of_4.8TBps']:5.1f}%"
+                  f" | new {t_new:8.2f} us {new['GBps']:7.1f} GB/s {new['pct_of_4.8TBps']:5.1f}%"
+                  f" | 80% target {target_us:7.2f} us", flush=True)  # fmt: skip
+            for label in variants:
+                tiles = packed_tiles(fmt, n, k, label)
+                if tiles.mode != "dot" and tokens > 1:
+                    continue
+                t_v = _per_call(lambda w: quant_linear(x, w, route="gemv", tiles=tiles), packed)
+                v = _pct(read, t_v)
+                _emit({"op": f"quant GEMV {fmt} new variant", "shape": f"27B {name} T{tokens} N{n} K{k}",
+                       "variant": label, "tiles": list(tiles), "kernel_us": round(t_v, 2), "GBps": v["GBps"],
+                       "pct_of_4.8TBps": v["pct_of_4.8TBps"], "vs_new_default": round(t_new / t_v, 3),
+                       **_err(quant_linear(x, packed[0], route="gemv", tiles=tiles), expected)})  # fmt: skip
+                print(f"      variant {label:<9} {t_v:8.2f} us {v['GBps']:7.1f} GB/s {v['pct_of_4.8TBps']:5.1f}%"
+                      f"  {list(tiles)}", flush=True)  # fmt: skip
         for label in sweep:
             tiles = gemv_tiles(fmt, n, k, **SWEEP[label])
             t_s = _per_call(lambda w: quant_linear(x, w, route="gemv", tiles=tiles), weights)
@@ -271,6 +330,12 @@ def main() -> None:
         metavar="NAMES",
         help=f"comma list of GEMV tile alternatives to time too, or 'all': {', '.join(SWEEP)}",
     )
+    parser.add_argument(
+        "--variants",
+        default="",
+        metavar="NAMES",
+        help=f"comma list of the new GEMV's tile variants to time too, or 'all': {', '.join(GEMV_VARIANTS)}",
+    )
     parser.add_argument("--rep", type=int, default=100, help="ms of CUDA-graph replay a timing (default 100)")
     parser.add_argument("--no-moe", action="store_true", help="skip the 35B-A3B quantized MoE rows")
     args = parser.parse_args()
@@ -280,6 +345,11 @@ def main() -> None:
     unknown = [name for name in sweep if name not in SWEEP]
     if unknown:
         parser.error(f"--sweep: unknown {unknown} (known: {', '.join(SWEEP)}, all)")
+    variants = list(GEMV_VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
+    if any(v not in GEMV_VARIANTS for v in variants):
+        parser.error(
+            f"--variants: unknown {set(variants) - set(GEMV_VARIANTS)} (known: {', '.join(GEMV_VARIANTS)})"
+        )
     commit = (
         os.environ.get("NINFER_COMMIT")
         or subprocess.run(
@@ -292,7 +362,8 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(),
         "commit": commit,
         "software": {"torch": torch.__version__, "triton": triton.__version__},
-        "what": "quantized GEMV (T=1, 8) and GEMM (T=7680) vs cuBLAS bf16 at the Qwen3.6-27B shapes; times are "
+        "what": "quantized GEMV (T=1, 8; groupwise: old stored-layout vs new GEMV-layout kernel) and GEMM (T=7680) "
+        "vs cuBLAS bf16 at the Qwen3.6-27B shapes; times are "
         f"median CUDA-graph replays ({REP_MS} ms); decode rows over distinct weights (HBM reads)",
         "argv": sys.argv[1:],
     }
@@ -309,7 +380,7 @@ def main() -> None:
         ]
         for fmt in formats:
             if not args.no_decode:
-                times = bench_decode(name, fmt, n, k, read_gbps, sweep)
+                times = bench_decode(name, fmt, n, k, read_gbps, sweep, variants)
                 for tokens, us in times.items():
                     key = ("groupwise-int" if fmt in GROUP_FORMATS else fmt, tokens)
                     step[key] = step.get(key, 0.0) + calls * us

@@ -118,7 +118,10 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 def _cmd_convert(args: argparse.Namespace) -> int:
     from engine.artifact.convert import convert
 
-    out = convert(args.hf_dir, args.out, model_id=args.model_id, weights_id=args.weights_id)
+    out = convert(
+        args.hf_dir, args.out, model_id=args.model_id, weights_id=args.weights_id,
+        draft_head_frequencies=args.draft_head_frequencies,
+    )  # fmt: skip
     print(f"wrote {out} ({out.stat().st_size:,} bytes) as {args.model_id}/{args.weights_id}")
     return 0
 
@@ -219,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--weights-id", default="bf16", choices=["bf16", "fp32", "groupwise-int", "nvfp4", "nvfp4-mixed"],
         help="plain dtypes (bf16, fp32) or a weight profile, encoded by our encoder",
+    )  # fmt: skip
+    p.add_argument(
+        "--draft-head-frequencies", metavar="FILE", default=None,
+        help="also write the reduced output head of --lm-head-draft (131,072 rows) from this frequency list: "
+        "token ids, most frequent first (a JSON list or whitespace-separated); plain weights ids only",
     )  # fmt: skip
     p.set_defaults(func=_cmd_convert)
     p = sub.add_parser("plan", help="a weight profile's full inventory (offsets, formats) and file size")

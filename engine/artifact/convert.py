@@ -12,6 +12,8 @@ FP8 rows: ours). An NVFP4 site's input divisor is calibration this converter doe
 (the A16 paths never read it). A development identity (`ninfer-tiny-*`) gets the text tower and MTP block; a
 published identity needs a complete checkpoint (vision tower, draft head), which this converter does not build
 yet, and is refused with the object it cannot source.
+`--draft-head-frequencies FILE` (plain weights ids) adds the reduced output head of `--lm-head-draft`
+(`text/draft_head` + `text/draft_head_token_ids`, engine/spec/draft_head.py) built from a frequency list.
 Frontend files (tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json) are taken
 from the directory when present; missing ones are filled with NInfer's Qwen3.5 defaults, and the command says
 which. Tensors are streamed one at a time, so converting a 55 GB checkpoint does not hold it in memory.
@@ -19,6 +21,7 @@ which. Tensors are streamed one at a time, so converting a 55 GB checkpoint does
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -142,37 +145,76 @@ def _profile_tensors(
     from engine.artifact.container import EncodedTensor
     from engine.artifact.profiles import TensorSpec, profile_for
     from engine.artifact.profiles.hf_source import source_tensor
+    from engine.artifact.profiles.prequant import NotQuantized, PrequantSource, detect, spec_words
     from engine.model.config import ModelConfig
-    from engine.model.weights import collect_weights, normalize_name
+    from engine.model.weights import check_inventory, collect_weights, is_skipped, normalize_name
     from kernels.quant import encode
+    from kernels.quant.codec import pack_nvfp4
+    from kernels.quant.formats import NVFP4
 
     model_config = ModelConfig.from_hf(config)
     profile = profile_for(model_id, weights_id, moe=model_config.is_moe)
     if profile is None:
         raise ArtifactError(f"{model_id}/{weights_id}: no weight profile for this identity")
-    handles = {}
+    handles, shapes = {}, {}
     for file in files:
         with safe_open(file, framework="pt") as f:
-            handles.update({name: file for name in f.keys()})  # noqa: SIM118 (safe_open is not a mapping)
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                handles[name] = file
+                shapes[normalize_name(name)] = tuple(f.get_slice(name).get_shape())
 
     def get_tensor(name: str) -> torch.Tensor:
         with safe_open(handles[name], framework="pt") as f:
             return f.get_tensor(name)
 
     has_mtp = any(normalize_name(name).startswith("mtp.") for name in handles)
-    tensors = collect_weights(handles, get_tensor, model_config, with_mtp=has_mtp)
+    scheme = detect(files[0].parent, config)
+    source: PrequantSource | None = None
+    if scheme is None:
+        tensors = collect_weights(handles, get_tensor, model_config, with_mtp=has_mtp)
+        get = tensors.__getitem__
+    else:
+        if model_config.is_moe:
+            raise ArtifactError(f"{model_id}: pre-quantized ({scheme}) MoE checkpoints are not supported")
+        raw = {normalize_name(n): functools.partial(get_tensor, n) for n in handles}
+        source = PrequantSource(scheme, raw, shapes)
+        kept = [n for n in source.names() if not is_skipped(n, model_config, has_mtp)]
+        check_inventory({n: source.shape(n) for n in kept}, model_config, has_mtp)
+        get = source.dense
     out: list[tuple[str, Any]] = []
+    copied = rescaled = 0
+    reencoded: list[str] = []
+    input_divisor: float | None = None
     for spec in profile.objects(model_config):
         if not isinstance(spec, TensorSpec) or (spec.name.startswith("mtp/") and not has_mtp):
             continue
         if spec.name.endswith("/input_scale_divisor"):
-            out.append((spec.name, torch.tensor(1.0, dtype=torch.float32)))
+            out.append((spec.name, torch.tensor(input_divisor or 1.0, dtype=torch.float32)))
             continue
+        input_divisor = None
+        if source is not None and spec.format == NVFP4:
+            try:
+                words = spec_words(spec, source, model_config)
+            except NotQuantized:
+                pass
+            except KeyError as exc:
+                raise ArtifactError(f"{model_id}/{weights_id}: {exc.args[0]}") from None
+            else:
+                data = pack_nvfp4(words.codes, words.scales, words.divisor).numpy().tobytes()
+                out.append((spec.name, EncodedTensor(spec.shape, spec.format, spec.layout, data)))
+                input_divisor, copied, rescaled = (
+                    words.input_divisor,
+                    copied + 1,
+                    rescaled + bool(words.rescaled_rows),
+                )
+                continue
         try:
-            value = source_tensor(spec, tensors.__getitem__, model_config)
+            value = source_tensor(spec, get, model_config)
         except KeyError as exc:
             raise ArtifactError(f"{model_id}/{weights_id}: {exc.args[0]}") from None
         if spec.quantized:
+            if source is not None:
+                reencoded.append(spec.name)
             data = encode(spec.format, value.float()).numpy().tobytes()
             out.append((spec.name, EncodedTensor(spec.shape, spec.format, spec.layout, data)))
         else:
@@ -182,12 +224,52 @@ def _profile_tensors(
                     value.to({"BF16": torch.bfloat16, "FP32": torch.float32}.get(spec.format, value.dtype)),
                 )
             )
+    if source is not None:
+        print(
+            f"convert: {scheme} NVFP4 words copied into {copied} objects ({rescaled} of them with scale words "
+            f"re-rounded to a shared divisor); {len(reencoded)} quantized objects encoded from dense values"
+            + (f" ({', '.join(reencoded[:4])}{', ...' if len(reencoded) > 4 else ''})" if reencoded else ""),
+            file=sys.stderr,
+        )
     return out
 
 
+def _draft_head_tensors(
+    tensors: list[tuple[str, Any]],
+    config: dict[str, Any],
+    frequencies: str | os.PathLike[str],
+    weights_id: str,
+) -> list[tuple[str, Any]]:
+    """`--draft-head-frequencies`: the reduced output head of `--lm-head-draft` (engine/spec/draft_head.py)
+    from the checkpoint's output head (the embedding when tied) and a frequency list."""
+    from engine.spec.draft_head import DRAFT_HEAD, DRAFT_HEAD_TOKEN_IDS, build_draft_head, read_frequency_list
+
+    if weights_id not in WEIGHT_PROFILES:
+        raise ArtifactError(
+            f"--draft-head-frequencies: weights id {weights_id!r} stores a weight profile; this converter builds "
+            f"the draft head for {sorted(WEIGHT_PROFILES)} only"
+        )
+    text = config.get("text_config", config)
+    names = ["lm_head.weight"] if not text.get("tie_word_embeddings") else []
+    names += ["model.language_model.embed_tokens.weight", "model.embed_tokens.weight"]
+    by_name = dict(tensors)
+    source = next((by_name[n] for n in names if n in by_name), None)
+    if source is None:
+        raise ArtifactError(f"--draft-head-frequencies: the checkpoint has none of {names}")
+    head = source.load() if isinstance(source, LazyTensor) else source
+    weight, ids = build_draft_head(head, read_frequency_list(frequencies))
+    return [(DRAFT_HEAD, weight.to(WEIGHT_PROFILES[weights_id])), (DRAFT_HEAD_TOKEN_IDS, ids)]
+
+
 def convert(
-    hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, model_id: str, weights_id: str
+    hf_dir: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    model_id: str,
+    weights_id: str,
+    draft_head_frequencies: str | os.PathLike[str] | None = None,
 ) -> Path:
+    """`draft_head_frequencies`: also write the `--lm-head-draft` head built from this frequency list."""
     hf_dir = Path(hf_dir)
     if weights_id not in WEIGHT_PROFILES and weights_id not in QUANTIZED_WEIGHTS_IDS:
         raise ArtifactError(
@@ -203,12 +285,22 @@ def convert(
     config = _load_config(hf_dir)
     tensors: list[tuple[str, Any]]
     if weights_id in WEIGHT_PROFILES:
+        from engine.artifact.profiles.prequant import detect
+
+        scheme = detect(hf_dir, config)
+        if scheme is not None:
+            raise ArtifactError(
+                f"{hf_dir} is a pre-quantized ({scheme}) NVFP4 checkpoint: convert it to its quantized profile "
+                "(--weights-id nvfp4 or nvfp4-mixed); its packed words are not bf16 weights"
+            )
         tensors = list(_lazy_tensors(_safetensors_files(hf_dir), WEIGHT_PROFILES[weights_id]))
     else:
         tensors = _profile_tensors(_safetensors_files(hf_dir), config, model_id, weights_id)
         if not any(name.startswith("mtp/") for name, _ in tensors):  # a checkpoint without the MTP head
             text = config.get("text_config", config)
             text["mtp_num_hidden_layers"] = 0  # the stored config says so: its inventory has no mtp/ objects
+    if draft_head_frequencies is not None:
+        tensors += _draft_head_tensors(tensors, config, draft_head_frequencies, weights_id)
     resources, filled = _frontend_resources(hf_dir, config)
     if filled:
         print(

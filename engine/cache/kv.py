@@ -15,11 +15,14 @@ fp16 scale per `int8_group_size` values along head_dim.
     key_scale[i], value_scale[i]    [num_pages, page_size, num_kv_heads, head_dim / group]  then MTP)
     conv_state[j]                   [num_slots, conv_dim, conv_kernel - 1]  model dtype (j: GDN layer)
     recurrent_state[j]              [num_slots, Hv, Dk, Dv]  fp32
+    slot_extras[n]                  [num_slots, ...]  per-slot state a drafter adds (the MTP continuation
+                                    hidden state, engine/spec/mtp.py): copied, checkpointed and host-parked
+                                    with the GDN state of the same slot
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -73,6 +76,7 @@ class ModelCache:
     kv_dtype: KVDtype = "bf16"
     key_scale: list[torch.Tensor] | None = None  # int8 only, one per KV entry
     value_scale: list[torch.Tensor] | None = None
+    slot_extras: list[torch.Tensor] = field(default_factory=list)  # per-slot drafter state (see above)
 
     @property
     def num_pages(self) -> int:

@@ -2,8 +2,10 @@
 
 A quantized ``Linear`` stores one artifact object's payload (uint8, the bytes exactly as the file holds them,
 copied once to the device) as a buffer, and ``kernels.quant.view_planes`` views of its planes (``qweight``,
-no copy). ``QuantMethod.apply`` is ``kernels.quant.quant_linear`` (the decode-in-register GEMV for at most 8
-rows, the GEMM above that, on CUDA; the exact reference ``quant_linear_ref`` elsewhere). A fused parent is one
+no copy); on a GPU under ``NINFER_QUANT_GEMV=packed`` a row-split payload's code planes are first reordered in
+place into the packed decode GEMV's layout (``view_planes(..., repack=True)``, ``kernels.quant.repack``). ``QuantMethod.apply`` is
+``kernels.quant.quant_linear`` (the decode-in-register GEMV for at most 8 rows, the GEMM above that, on CUDA;
+the exact reference ``quant_linear_ref`` elsewhere). A fused parent is one
 such payload; its row ranges are the layer's ``outputs`` (the activations are split, the weight never is).
 
 NVFP4 sites keep their FP32 input divisor on the weight (``QuantWeight.input_divisor``) for a W4A4 prefill
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 
 from engine.model.linear import Linear, LinearMethod
+from kernels import _dispatch
 from kernels.quant import QuantWeight, dequantize, quant_linear, view_planes
 from kernels.quant.formats import NVFP4
 
@@ -53,8 +56,13 @@ def make_quantized(
 ) -> None:
     """Turn ``layer`` into a quantized layer holding ``payload`` (uint8 1-D on its final device)."""
     layer.set_method(quant_method(fmt), {"payload": payload})
+    # packed: on a GPU the row-split planes are rewritten in place into the decode GEMV's layout (opt-in)
     layer.qweight = view_planes(
-        fmt, payload, (layer.out_features, layer.in_features), input_divisor=input_divisor
+        fmt,
+        payload,
+        (layer.out_features, layer.in_features),
+        input_divisor=input_divisor,
+        repack=payload.is_cuda and _dispatch.QUANT_GEMV_MODE == "packed",
     )
 
 

@@ -139,7 +139,7 @@ def normalize_name(name: str) -> str:
 
 def is_skipped(name: str, config: ModelConfig, with_mtp: bool) -> bool:
     """Tensors present in real checkpoints that this text model deliberately does not load."""
-    if name.startswith(("model.visual.", "visual.")):
+    if name.startswith(("model.visual.", "visual.", "text/draft_head")):  # the draft head: engine/spec
         return True
     if name.startswith("mtp.") and not with_mtp:
         return True

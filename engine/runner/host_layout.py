@@ -36,11 +36,12 @@ def paged_tensors(cache: ModelCache) -> list[torch.Tensor]:
 
 
 def state_tensors(cache: ModelCache) -> list[torch.Tensor]:
-    """Every tensor indexed by state slot, in layout order: conv, recurrent per GDN layer."""
+    """Every tensor indexed by state slot, in layout order: conv, recurrent per GDN layer, then the slot
+    extras (the MTP continuation hidden state under `--spec mtp`)."""
     out: list[torch.Tensor] = []
     for conv, rec in zip(cache.conv_state, cache.recurrent_state, strict=True):
         out += [conv, rec]
-    return out
+    return out + list(cache.slot_extras)
 
 
 def _spec(t: torch.Tensor) -> TensorSpec:

@@ -99,6 +99,7 @@ class ModelRunner:
         self.sampler = Sampler(self.device, seed, grammars)
         self.media = MediaInputs(vision, self.device, self.dtype)
         self.spec: SpecExecutor | None = None
+        self.spec_graphs_captured = False
         if spec is not None:
             if spec != "mtp":
                 raise ValueError(f"spec={spec!r}: this runner drafts with 'mtp' only")
@@ -106,7 +107,13 @@ class ModelRunner:
                 model, self.cache, num_draft_tokens=num_draft_tokens, num_lanes=num_lanes,
                 snapshot_base=num_state_slots, generator=self.sampler.generator,
             )  # fmt: skip
-            cuda_graph = False  # TODO(#21): graphs for the verify widths and the draft steps
+            max_pages = num_pages if max_context is None else min(num_pages, -(-max_context // page_size))
+            # static buffers on every device (the CPU runs them eagerly); CUDA graphs of the verify widths,
+            # the catch-up and the draft steps when graphs are on (engine/spec/graphs.py)
+            self.spec_graphs_captured = self.spec.use_static_inputs(
+                max_pages, capture=cuda_graph and self.device.type == "cuda"
+            )
+            cuda_graph = False  # the plain decode graphs: a speculative engine never runs a plain step
         self.host_copies = HostCopies(self.cache, host_budget) if host_budget is not None else None
         self._host_reports: tuple[HostRestoreReport, ...] = ()
         self._output_token_ids: dict[str, list[int]] = {}  # for presence / frequency penalties
@@ -130,7 +137,7 @@ class ModelRunner:
 
     @property
     def graphs_captured(self) -> bool:
-        return self.graphs is not None and self.graphs.captured
+        return (self.graphs is not None and self.graphs.captured) or self.spec_graphs_captured
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:

@@ -10,7 +10,9 @@ accepted / rolled-back counts and new drafts (`StepResult.draft_token_ids`).
 Forwards of one step: rows that sample every fed position ("decode-like": a verify row of width k + 1,
 or a plain decode row of width 1 near the context limit) run grouped by width, each group one uniform
 batch; prefill chunks run as one varlen batch. A verify group flags `ForwardBatch.verify_width`, so the
-GDN layers run its positions one at a time with the decode ops and snapshot the state after each.
+GDN layers run its positions one at a time with the decode ops and snapshot the state after each. Uniform
+groups of up to 8 rows, the MTP catch-up and the chained draft steps run through static buffers, replayed as
+CUDA graphs on CUDA (engine/spec/graphs.py, `use_static_inputs`); what does not fit them runs eagerly.
 
 Rollback (per-position snapshots, not replay): lane l owns snapshot slots `base + l*K .. base + l*K + K-1`
 (slot `base + j` of a lane holds its conv + recurrent state after verify position j); a row that accepted
@@ -31,6 +33,7 @@ from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
 from engine.runner.inputs import eager_batch
+from engine.spec.graphs import SpecGraphs, StaticRow
 from engine.spec.mtp import DraftRow, MtpDrafter
 from engine.spec.verify import GeneratorFor, Verdict, verify
 from engine.step import RowPlan
@@ -78,6 +81,7 @@ class SpecExecutor:
         self.device = next(model.parameters()).device
         self.generator = generator
         self.drafter = MtpDrafter(model, cache, cache.num_state_slots, generator)
+        self.graphs: SpecGraphs | None = None
         self._draft_probs: dict[str, torch.Tensor | None] = {}  # q of each request's pending drafts
         self.num_verify_forwards = 0
 
@@ -93,7 +97,36 @@ class SpecExecutor:
         table = [[b + j for j in range(width - 1)] for b in base]
         return torch.tensor(table, dtype=torch.int64, device=self.device).reshape(len(rows), width - 1)
 
+    def use_static_inputs(self, max_pages: int, capture: bool) -> bool:
+        """Run the fixed-shape forwards through static buffers (engine.spec.graphs.py), replaying
+        CUDA graphs when `capture` (on CUDA). Returns whether graphs were captured."""
+        self.graphs = SpecGraphs(
+            self.model, self.cache, num_draft_tokens=self.k, max_pages=max_pages, sink_slot=self.sink
+        )  # fmt: skip
+        self.drafter.graphs = self.graphs
+        return self.graphs.capture() if capture else False
+
+    def _static_rows(self, rows: Sequence[RowPlan], width: int) -> list[StaticRow]:
+        return [
+            StaticRow(
+                row.token_ids,
+                row.start_pos,
+                row.page_ids,
+                row.state_slot,
+                not row.reset_state,
+                range(
+                    self.snapshot_base + row.lane * self.k, self.snapshot_base + row.lane * self.k + width - 1
+                ),
+            )  # fmt: skip
+            for row in rows
+        ]
+
     def _forward(self, rows: Sequence[RowPlan], width: int) -> torch.Tensor:
+        if width > 0 and self.graphs is not None:
+            static = self._static_rows(rows, width)
+            if self.graphs.fits(static, width):
+                self.num_verify_forwards += width > 1
+                return self.graphs.target(static, width)
         batch: ForwardBatch = eager_batch(rows, self.cache.page_size, self.device)
         if width > 1:
             batch = replace(batch, verify_width=width, snapshot_slots=self._snapshots(rows, width))

@@ -1,10 +1,12 @@
 """The MTP drafter: K draft tokens per lane from the target's last hidden state and the MTP layer.
 
 Owns: the per-slot continuation hidden state (``hidden[slot]``: the target's final hidden state at a
-sequence's last computed position, kept beside the GDN state of the same slot so prefix checkpoints and
-their restores carry it) and the MTP layer's forward passes. The MTP layer's KV lives in the model's
-cache (the entry after the attention layers), in the same pages as the sequence's main KV, so prefix
-reuse and host parking of pages carry it too. Must not touch: requests, the scheduler, page ownership.
+sequence's last computed position, registered in the cache's ``slot_extras`` beside the GDN state of the
+same slot, so prefix checkpoints, host parking and restores carry it and count its bytes) and the MTP
+layer's forward passes (through engine/spec/graphs.py's static buffers / CUDA graphs when they fit). The MTP
+layer's KV lives in the model's cache (the entry after the attention layers), in the same pages as the
+sequence's main KV, so prefix reuse and host parking of pages carry it too. Must not touch: requests, the
+scheduler, page ownership.
 
 The MTP pair at position p is (target hidden h_p, token x_{p+1}); its output predicts x_{p+2}. Between
 steps a sequence with computed positions [0, e) holds MTP KV for pairs [0, e - 2] and ``hidden[slot] =
@@ -31,6 +33,8 @@ import torch
 from engine.model.forward import ModelCache, make_forward_batch
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
+from engine.spec.draft_head import proposal_logits
+from engine.spec.graphs import SpecGraphs, StaticRow
 from engine.spec.verify import GeneratorFor, draft_tokens
 
 
@@ -68,9 +72,20 @@ class MtpDrafter:
         self.model, self.cache, self.generator = model, cache, generator
         self.page_size = cache.page_size
         self.hidden = torch.zeros(num_slots, model.config.hidden_size, dtype=param.dtype, device=param.device)
+        cache.slot_extras.append(self.hidden)  # host parking parks and restores it with the slot's GDN state
+        self.graphs: SpecGraphs | None = None  # static buffers / CUDA graphs (set by the runner)
 
     def copy_slot(self, src: int, dst: int) -> None:
         self.hidden[dst].copy_(self.hidden[src])
+
+    def _static(
+        self, tokens: Sequence[Sequence[int]], starts: Sequence[int], rows: Sequence[DraftRow], width: int
+    ) -> list[StaticRow] | None:
+        """The forward's rows for the static path, or None when it has none or they do not fit it."""
+        if self.graphs is None:
+            return None
+        static = [StaticRow(t, s, r.page_ids) for t, s, r in zip(tokens, starts, rows, strict=True)]
+        return static if self.graphs.fits(static, width) else None
 
     def _forward(
         self,
@@ -79,6 +94,10 @@ class MtpDrafter:
         rows: Sequence[DraftRow],
         hidden: torch.Tensor,
     ) -> torch.Tensor:
+        static = self._static(tokens, starts, rows, 0)
+        if static is not None:
+            assert self.graphs is not None
+            return self.graphs.catch_up(static, hidden)
         batch = make_forward_batch(
             tokens, starts, [r.page_ids for r in rows], [r.state_slot for r in rows], self.page_size,
             device=hidden.device,
@@ -104,9 +123,33 @@ class MtpDrafter:
                 last.append(sum(len(t) for t in pair_tokens) - 1)
             mtp_hidden = self._forward(pair_tokens, starts, [rows[i] for i in live], torch.cat(pieces))
             out = self._propose(rows, live, starts, pair_tokens, mtp_hidden[last], out)
-        for r in rows:  # after the catch-up read it: the continuation state for the next step
-            self.hidden[r.state_slot].copy_(target_hidden[r.hidden_rows[len(r.tokens) - 1]])
+        if rows:  # after the catch-up read it: the continuation state for the next step (one copy)
+            device = target_hidden.device
+            slots = torch.tensor([r.state_slot for r in rows], dtype=torch.int64, device=device)
+            src = torch.tensor(
+                [r.hidden_rows[len(r.tokens) - 1] for r in rows], dtype=torch.int64, device=device
+            )
+            self.hidden.index_copy_(0, slots, target_hidden.index_select(0, src))
         return out
+
+    def _chain(
+        self,
+        feed: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        rows: Sequence[DraftRow],
+        hidden: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chained single-token MTP step: (MTP hidden, logits), a graph replay when one fits."""
+        static = self._static(feed, starts, rows, 1)
+        if static is not None:
+            assert self.graphs is not None
+            return self.graphs.draft(static, hidden)
+        batch = make_forward_batch(
+            feed, starts, [r.page_ids for r in rows], [r.state_slot for r in rows], self.page_size,
+            device=hidden.device,
+        )  # fmt: skip
+        out = self.model.forward_mtp(batch, hidden, self.cache)
+        return out, proposal_logits(self.model, out)
 
     def _propose(
         self,
@@ -135,9 +178,11 @@ class MtpDrafter:
         active = list(range(len(ids)))
         for j in range(max(limit)):
             if j > 0:  # one chained MTP step for the rows still drafting
-                feed = [[tokens[a][-1]] for a in active]
-                hidden = self._forward(feed, [pos[a] + j for a in active], [ids[a] for a in active], hidden)
-            logits = self.model.compute_logits(hidden)
+                hidden, logits = self._chain(
+                    [[tokens[a][-1]] for a in active], [pos[a] + j for a in active], [ids[a] for a in active], hidden
+                )  # fmt: skip
+            else:
+                logits = proposal_logits(self.model, hidden)
             history = [list(ids[a].history) + tokens[a] for a in active]
             new, q = draft_tokens(
                 logits, [ids[a].params for a in active], [ids[a].request_id for a in active], self.generator,

@@ -11,10 +11,13 @@ Public API (what the model's linear layer builds on):
   weight divisor is inside the payload (its last 4 bytes). ``pack_groupwise`` / ``pack_nvfp4`` / ``pack_fp8``
   pack already chosen words (a pre-quantized checkpoint's), ``decode_words`` recovers them.
 - ``decode_ref(fmt, payload, shape)`` -> float32 [N, K]: the represented weight, exact to the bit.
-- ``view_planes(fmt, payload, shape, divisor=None, input_divisor=None)`` -> ``QuantWeight``: typed views of the
-  payload's planes on its device, no copy; ``QuantWeight.rows(begin, count)`` a row range of a fused parent
-  (no copy); ``dequantize(qw)`` -> float32 [N, K] on the weight's device.
-- ``quant_linear(x, qw)`` -> ``x @ W^T`` in x's dtype: the Triton weight-streaming GEMV for at most 8 rows, the
+- ``view_planes(fmt, payload, shape, divisor=None, input_divisor=None, repack=False)`` -> ``QuantWeight``: typed
+  views of the payload's planes on its device, no copy; ``repack=True`` (row-split formats, the model's layers
+  on a GPU) first rewrites the code planes in place into the decode GEMV's layout (``kernels.quant.repack``,
+  ``QuantWeight.gemv_layout``); ``QuantWeight.rows(begin, count)`` a row range of a fused parent (no copy);
+  ``dequantize(qw)`` -> float32 [N, K] on the weight's device (either layout).
+- ``quant_linear(x, qw)`` -> ``x @ W^T`` in x's dtype: the Triton weight-streaming GEMV for at most 8 rows (a
+  GEMV-layout weight: ``triton_gemv.py``, tiles ``packed_linear.packed_tiles``), the
   Triton GEMM (FP8: ``torch._scaled_mm`` where the GPU has FP8 tensor cores) above that, on CUDA;
   ``quant_linear_ref(x, qw)`` = ``dequantize`` + matmul in float32 (what the CPU runs).
 - ``quant_moe_experts(x, gate_up, down, weights, expert_ids)``: a MoE layer's routed experts on groupwise

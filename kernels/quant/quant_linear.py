@@ -6,7 +6,9 @@ device (``kernels._dispatch.use_triton``) and x is bf16 or fp16:
 
 - at most ``GEMV_MAX_ROWS`` rows (decode): the weight-streaming GEMV of the format (``triton_group.py``,
   ``triton_fp.py``): the weight's planes read once, dequantized in registers, no bf16 copy of the weight;
-  the tiles depend on the weight's shape only, so a row's output is bitwise the same in any batch;
+  the tiles depend on the weight's shape only, so a row's output is bitwise the same in any batch. A
+  row-split weight repacked at load (``QuantWeight.gemv_layout``: what the model's layers hold on a GPU)
+  runs the GEMV layout's kernel instead (``packed_linear.py``, ``triton_gemv.py``);
 - more rows (prefill): ``route="dequant"``: slabs of weight rows dequantized to x's dtype (one rounding
   of each weight) and multiplied by cuBLAS; on the H200 (bench/results/kernels_quant_h200_2026-12-03_session5)
   it ran at 0.80-0.94 of cuBLAS bf16 on every 27B shape, the format's Triton GEMM (weight tiles dequantized
@@ -29,6 +31,13 @@ import torch
 
 from kernels._dispatch import HAS_TRITON, use_triton
 from kernels.quant.formats import FP8, GROUP_FORMATS, NVFP4
+from kernels.quant.packed_linear import (
+    PackedTiles,
+    dequantize_packed_to,
+    device_sms,
+    gemv_packed,
+    packed_tiles,
+)
 from kernels.quant.weight import QuantWeight, dequantize
 
 if HAS_TRITON:
@@ -162,11 +171,16 @@ def _route(x: torch.Tensor, qw: QuantWeight) -> str:
 
 
 def quant_linear(
-    x: torch.Tensor, qw: QuantWeight, route: str | None = None, tiles: QuantTiles | None = None
+    x: torch.Tensor,
+    qw: QuantWeight,
+    route: str | None = None,
+    tiles: QuantTiles | PackedTiles | None = None,
 ) -> torch.Tensor:
     """Launcher for ``quant_linear_ref``'s contract, ``x @ W^T``: the GEMV for at most 8 rows and the GEMM
     above (bf16 slabs + cuBLAS; ``torch._scaled_mm`` for FP8 rows on FP8 tensor cores), on CUDA; the
     reference elsewhere (see the module docstring). ``route`` (one of ``ROUTES``) and ``tiles`` override it.
+    A GEMV-layout weight (``qw.gemv_layout``) runs ``packed_linear.gemv_packed`` (``tiles``: ``PackedTiles``)
+    and takes the "dequant" route for the GEMM.
 
     x: [T, K] bf16 or fp16 for the kernels (any float dtype for the reference), unit stride along K;
     qw: [N, K] on x's device -> [T, N] (x's dtype).
@@ -187,7 +201,15 @@ def quant_linear(
         return out
     if route == "gemv":
         assert rows <= GEMV_MAX_ROWS, f"{rows} rows: the GEMV takes 1..{GEMV_MAX_ROWS}"
+        if qw.gemv_layout:
+            assert tiles is None or isinstance(tiles, PackedTiles), f"{tiles}: a GEMV-layout weight"
+            tiles = tiles or packed_tiles(qw.format, n, k, sms=device_sms(x.device))
+            return gemv_packed(x, qw, tiles, out)
+        assert tiles is None or isinstance(tiles, QuantTiles), f"{tiles}: a stored-layout weight"
         return _gemv(x, qw, tiles or gemv_tiles(qw.format, n, k), out)
+    if qw.gemv_layout:
+        return _dequant_linear(x, qw)
+    assert tiles is None or isinstance(tiles, QuantTiles), f"{tiles}: GEMM tiles"
     return _gemm(x, qw, tiles or gemm_tiles(qw.format, n, k, rows), out)
 
 
@@ -270,6 +292,8 @@ def dequantize_to(qw: QuantWeight, dtype: torch.dtype, out: torch.Tensor | None 
     n, k = qw.shape
     out = torch.empty(n, k, dtype=dtype, device=qw.device) if out is None else out
     assert out.shape == (n, k) and out.stride(1) == 1, f"out {tuple(out.shape)} strides {out.stride()}"
+    if qw.gemv_layout:
+        return dequantize_packed_to(qw, out)
     if qw.format in GROUP_FORMATS:
         spec = GROUP_FORMATS[qw.format]
         high = qw.high if qw.high is not None else qw.codes

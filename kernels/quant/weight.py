@@ -5,6 +5,11 @@
 ``QuantWeight.rows`` takes a row range of a fused parent the same way (three plane spans, no copy), which is
 how a fused projection is bound as several logical weights. The kernels read these views; ``dequantize`` is
 the reference decode, exact to the bit (float32, one rounding at most), and runs on any device.
+
+``view_planes(..., repack=True)`` (the model's quantized linear layers, once at load) rewrites a row-split
+payload's code and high planes in place into the GEMV layout (``kernels.quant.repack``: same bytes a plane,
+another order within each row) and marks the weight ``gemv_layout``; every reader here and in the kernels
+follows the flag, so the represented weight is the same.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from kernels.quant.formats import FP8, GROUP_FORMATS, NVFP4, NVFP4_BLOCK, W8, geometry
+from kernels.quant.repack import repack_in_place, unpack_planes
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -56,6 +62,7 @@ class QuantWeight:
     scales: torch.Tensor
     divisor: float = 1.0
     input_divisor: float | None = None
+    gemv_layout: bool = False  # row-split planes rewritten by ``kernels.quant.repack`` (the GEMV's layout)
 
     @property
     def device(self) -> torch.device:
@@ -98,11 +105,14 @@ def view_planes(
     shape: tuple[int, int] | list[int],
     divisor: float | None = None,
     input_divisor: float | None = None,
+    repack: bool = False,
 ) -> QuantWeight:
     """A payload (contiguous 1-D uint8, exactly ``payload_bytes(fmt, shape)`` long) as typed plane views.
 
     NVFP4's weight divisor is read from the payload's last 4 bytes unless ``divisor`` is given (a device
-    payload then needs no host read).
+    payload then needs no host read). ``repack`` (row-split formats; ignored for the others): rewrite the
+    payload's code and high planes IN PLACE into the GEMV layout (``kernels.quant.repack``) and return the
+    weight marked ``gemv_layout``; call it once per payload.
     """
     geo = geometry(fmt, shape)
     if payload.dtype != torch.uint8 or payload.dim() != 1 or not payload.is_contiguous():
@@ -127,7 +137,12 @@ def view_planes(
             divisor = _divisor(bytes(payload[geo.divisor_offset :].cpu().numpy().tobytes()))
     else:
         scales = raw_scales.view(torch.bfloat16)
-    return QuantWeight(fmt, (n, geo.k), geo.k_pad, codes, high, scales, float(divisor or 1.0), input_divisor)
+    packed = repack and fmt in GROUP_FORMATS
+    if packed:
+        repack_in_place(fmt, codes, high)
+    return QuantWeight(
+        fmt, (n, geo.k), geo.k_pad, codes, high, scales, float(divisor or 1.0), input_divisor, packed
+    )
 
 
 def unswizzle_scales(tiles: torch.Tensor, n: int, k: int) -> torch.Tensor:
@@ -146,6 +161,9 @@ def group_codes(qw: QuantWeight) -> torch.Tensor:
     """The signed codes of a row-split weight, int32 [N, K_pad] (padding lanes included)."""
     spec = GROUP_FORMATS[qw.format]
     n = qw.shape[0]
+    if qw.gemv_layout:
+        codes, high = unpack_planes(qw.format, qw.codes, qw.high)
+        return group_codes(replace(qw, codes=codes, high=high, gemv_layout=False))
     if spec.bits == 8:
         return qw.codes.to(torch.int32)
     base = qw.codes.to(torch.int32)

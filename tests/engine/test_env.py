@@ -12,7 +12,8 @@ from kernels import _dispatch
 def test_engine_env_reports_what_the_kernels_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_dispatch, "KERNELS_MODE", "ref")
     monkeypatch.setattr(_dispatch, "GEMV_MODE", "on")
-    assert (env.kernels_mode(), env.gemv_mode()) == ("ref", "on")
+    monkeypatch.setattr(_dispatch, "QUANT_GEMV_MODE", "packed")
+    assert (env.kernels_mode(), env.gemv_mode(), env.quant_gemv_mode()) == ("ref", "on", "packed")
 
 
 def test_kernel_switches_are_normalised_or_refused_with_the_variable_named() -> None:
@@ -21,3 +22,6 @@ def test_kernel_switches_are_normalised_or_refused_with_the_variable_named() -> 
         _dispatch.parse_kernels_mode("fast")
     with pytest.raises(ValueError, match=r"^NINFER_GEMV='1': expected 'auto', 'on', 'off'$"):
         _dispatch.parse_gemv_mode("1")
+    assert _dispatch.parse_quant_gemv_mode(" Packed") == "packed"
+    with pytest.raises(ValueError, match=r"^NINFER_QUANT_GEMV='on': expected 'stored', 'packed'$"):
+        _dispatch.parse_quant_gemv_mode("on")

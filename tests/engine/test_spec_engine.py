@@ -227,6 +227,50 @@ def test_host_parking_with_spec_equals_plain():
     assert core.stats().host_kv_restores > 0
 
 
+def _recorded_drafts(core: EngineCore) -> list[tuple[str, tuple[int, ...]]]:
+    """Every proposal the real drafter makes, in order (request id, draft tokens)."""
+    spec = core.runner.spec
+    assert spec is not None
+    real, log = spec.drafter.advance, []
+
+    def advance(rows, hidden):
+        out = real(rows, hidden)
+        log.extend((row.request_id, p.tokens) for row, p in zip(rows, out, strict=True) if p.tokens)
+        return out
+
+    spec.drafter.advance = advance  # type: ignore[method-assign]
+    return log
+
+
+def test_a_host_restored_session_drafts_like_a_device_checkpoint():
+    """The MTP continuation hidden state is parked and restored with the slot's GDN state (cache slot extras):
+    a session restored from host RAM proposes exactly the drafts of the same session resumed from a device
+    checkpoint (a stale hidden state would change the MTP KV at the resume point and the drafts after it),
+    and the greedy tokens stay the plain ones. The parked checkpoint's bytes count the hidden state."""
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    turns = [prompt(40, s) for s in range(3)]
+    parked = spec_core("dense", 2, max_checkpoints=1, max_boundary_saves=0, host_kv_cache_mib=8)
+    resident = spec_core("dense", 2, max_checkpoints=8, max_boundary_saves=0)
+    first = [run(parked, [t], params)[0][0] for t in turns]
+    assert first == [run(resident, [t], params)[0][0] for t in turns]
+    logs = [_recorded_drafts(parked), _recorded_drafts(resident)]
+    second = [t + o + prompt(7, 10 + i) for i, (t, o) in enumerate(zip(turns, first, strict=True))]
+    plain = make_core("dense", prefix_reuse=False)
+    for turn in second:  # each resumes turn i's checkpoint: from host RAM, and from the device
+        got_parked, finish_parked = run(parked, [turn], params)
+        got_resident, finish_resident = run(resident, [turn], params)
+        assert got_parked == got_resident == run(plain, [turn], params)[0]
+        cached = [next(iter(f.values())).num_cached_tokens for f in (finish_parked, finish_resident)]
+        assert cached[0] == cached[1] > 0, cached
+    assert parked.stats().host_kv_restores >= 2 and resident.stats().host_kv_restores == 0
+    assert logs[0] == logs[1] and logs[0], "the restored session drafted differently"
+    assert parked.host is not None
+    hidden = parked.model_config.hidden_size * 4  # float32 rows
+    gdn = sum(t[0].numel() * t.element_size() for t in (*parked.runner.cache.conv_state,
+                                                         *parked.runner.cache.recurrent_state))  # fmt: skip
+    assert parked.host.geometry.bytes_per_checkpoint == gdn + hidden
+
+
 def test_sampled_spec_is_reproducible_with_a_seed():
     params = SamplingParams(temperature=0.9, top_p=0.9, seed=3, max_tokens=12)
     p = [prompt(10, 1)]

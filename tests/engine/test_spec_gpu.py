@@ -1,5 +1,6 @@
 """`--spec mtp` on the GPU (Triton kernels) with the tiny artifacts: invariant 3 (greedy output with
-speculation = without it), K 1..5, one and eight lanes; drafts that always agree give K + 1 tokens per
+speculation = without it), K 1..5, one and eight lanes; the speculative CUDA graphs (verify widths, MTP
+catch-up, draft steps: engine/spec/graphs.py) replay to the eager output; drafts that always agree give K + 1 tokens per
 round; the bench mode's round runs at a tiny geometry.
 
 float32 weights: the verify pass multiplies [k + 1, H] rows where a plain step multiplies [1, H], so in bf16
@@ -48,6 +49,28 @@ def test_greedy_spec_equals_plain_on_the_gpu(arch):
         assert run(core(arch, spec="mtp", draft_tokens=k), prompts[:1], GREEDY)[0] == want[:1], k
 
 
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+def test_spec_graph_replay_equals_eager_and_plain(arch):
+    """K 1..5 at C=1 and C=8: the graph-replayed speculative engine gives the eager speculative engine's tokens
+    (and the plain engine's); every kind of speculative forward replayed a graph."""
+    prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
+    want = run(core(arch, max_concurrency=8, prefix_reuse=False, cuda_graph=False), prompts, GREEDY)[0]
+    for k in (1, 2, 3, 4, 5):
+        for c in (1, 8):
+            graphed = core(arch, max_concurrency=c, spec="mtp", draft_tokens=k)
+            assert graphed.runner.spec_graphs_captured, "speculative graphs were not captured"
+            eager = core(arch, max_concurrency=c, spec="mtp", draft_tokens=k, cuda_graph=False)
+            assert not eager.runner.spec_graphs_captured
+            subset = prompts[:c]
+            got = run(graphed, subset, GREEDY)[0]
+            assert got == run(eager, subset, GREEDY)[0] == want[:c], (k, c)
+            spec = graphed.runner.spec
+            assert spec is not None and spec.graphs is not None
+            assert spec.graphs.num_replays > 0 and all(n > 0 for n in spec.graphs.runs.values()), (
+                spec.graphs.runs
+            )
+
+
 def test_always_agreeing_drafts_on_the_gpu():
     prompts = [prompt(n, s) for s, n in enumerate(LENGTHS[:4])]
     want = run(core("dense", max_concurrency=4, prefix_reuse=False), prompts, GREEDY)[0]
@@ -79,5 +102,43 @@ def test_bench_spec_round_runs():
 
     model = loaded("dense").model
     runner = make_spec_runner(model, 64, 2, "bf16", 3, 1024)
+    assert runner.spec_graphs_captured
     got = run_spec_rounds(runner, model.config.vocab_size, 2, 200, 2, 4, 3)
     assert got["round_s"] > 0 and got["tokens_per_round"] >= 1.0
+    assert got["graph_replays_per_round"] >= 2  # the verify pass and the catch-up, at least
+
+
+def test_lm_head_draft_graphs_on_the_gpu(tmp_path):
+    """`--lm-head-draft` through the captured draft step: greedy output = plain, drafts from the shortlist."""
+    from test_spec_draft_head import _converted
+
+    from engine.core import load_artifact
+    from engine.spec.draft_head import draft_head_of
+
+    art = load_artifact(
+        _converted(tmp_path), device="cuda", dtype=torch.float32, with_mtp=True, lm_head_draft=True
+    )
+    head = draft_head_of(art.model)
+    assert head is not None
+    shortlist = set(head.token_ids.tolist())
+    prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
+    flags: dict[str, Any] = {"max_context": 512, "pending_timeout_ms": 600_000, "prefill_chunk_multiple": 1}
+    plain = EngineCore(art.model, art.tokenizer, EngineConfig.from_flags(max_concurrency=8, **flags), seed=0)
+    want = run(plain, prompts, GREEDY)[0]
+    config = EngineConfig.from_flags(
+        max_concurrency=8, spec="mtp", draft_tokens=3, lm_head_draft=True, **flags
+    )
+    engine = EngineCore(art.model, art.tokenizer, config, seed=0)
+    spec = engine.runner.spec
+    assert spec is not None and engine.runner.spec_graphs_captured
+    real, drafts = spec.drafter.advance, []
+
+    def advance(rows, hidden):
+        out = real(rows, hidden)
+        drafts.extend(t for p in out for t in p.tokens)
+        return out
+
+    spec.drafter.advance = advance  # type: ignore[method-assign]
+    assert run(engine, prompts, GREEDY)[0] == want
+    assert drafts and set(drafts) <= shortlist
+    assert spec.graphs is not None and spec.graphs.runs["draft"] > 0 and spec.graphs.num_replays > 0

@@ -64,6 +64,7 @@ TARGET = torch.randn(V, V, generator=torch.Generator().manual_seed(1)) * 1.5  # 
 DRAFT = TARGET + torch.randn(V, V, generator=torch.Generator().manual_seed(2)) * 1.2  # a worse drafter
 CASES = {
     "temperature": SamplingParams(temperature=0.9),
+    "top_k": SamplingParams(temperature=1.0, top_k=3),
     "top_k_top_p": SamplingParams(temperature=1.0, top_k=4, top_p=0.85),
     "min_p": SamplingParams(temperature=1.2, min_p=0.12),
     "penalty_top_p": SamplingParams(temperature=0.8, top_p=0.9, frequency_penalty=0.8),

@@ -51,6 +51,8 @@ KNOWN_KERNELS = {
     "_quant_moe_down_kernel",
     "_quant_dequant_group_kernel",
     "_quant_dequant_fp_kernel",
+    "_quant_gemv_packed_kernel",
+    "_quant_dequant_packed_kernel",
 }
 
 

@@ -22,7 +22,12 @@ from engine.config import EngineConfig
 from engine.core import apply_memory_limit
 from engine.testing.bench.fit import fit_report
 from engine.testing.bench.hf import add_speedups, round_sig, time_hf
-from engine.testing.bench.spec import ACCEPTANCE_LENGTH, make_spec_runner, run_spec_rounds
+from engine.testing.bench.spec import (
+    ACCEPTANCE_LENGTH,
+    attach_random_draft_head,
+    make_spec_runner,
+    run_spec_rounds,
+)
 from engine.testing.bench.steps import (
     PAGE_SIZE,
     decode_step_bytes,
@@ -74,8 +79,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-prefill", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--spec-rounds", type=int, default=0, metavar="K",
-                   help="also time speculative rounds of K MTP drafts per row (eager) against a plain decode "
-                   "step, and project TPOT at 3.2 tokens per round (0 = skip)")  # fmt: skip
+                   help="also time speculative rounds of K MTP drafts per row (CUDA graphs unless --no-cuda-graph) "
+                   "against a plain decode step, and project TPOT at 3.2 tokens per round (0 = skip)")  # fmt: skip
+    p.add_argument("--spec-lm-head-draft", action="store_true",
+                   help="--spec-rounds with a random 131,072-row reduced proposal head (as --lm-head-draft)")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--vs-hf", action="store_true", help="also time HF transformers on the same geometry")
     p.add_argument("--hf-max-prompt-len", type=int, default=16384,
@@ -251,9 +258,17 @@ def _bench_spec(
     """Per concurrency: one speculative round's time vs the plain decode step measured above (graph and
     eager), and the projected time per output token at ACCEPTANCE_LENGTH tokens per round."""
     k, max_c = args.spec_rounds, max(args.concurrency)
+    if args.spec_lm_head_draft:
+        attach_random_draft_head(model)
     max_context = args.decode_context + (args.decode_warmup + args.decode_tokens + 2) * (k + 1)
     runner = make_spec_runner(
-        model, max_c * -(-max_context // PAGE_SIZE) + 1, max_c, args.kv_dtype, k, max_context
+        model,
+        max_c * -(-max_context // PAGE_SIZE) + 1,
+        max_c,
+        args.kv_dtype,
+        k,
+        max_context,
+        cuda_graph=not args.no_cuda_graph,
     )
     rows = []
     for c in args.concurrency:
@@ -265,6 +280,9 @@ def _bench_spec(
         }
         round_ms = got["round_s"] * 1e3
         row = {"concurrency": c, "draft_tokens": k, "round_ms": round(round_ms, 3),
+               "lm_head_draft": bool(args.spec_lm_head_draft),
+               "spec_cuda_graph": runner.spec_graphs_captured,
+               "graph_replays_per_round": got["graph_replays_per_round"],
                "tokens_per_round_random_weights": round(got["tokens_per_round"], 3),
                "plain_step_ms": plain, "round_over_plain": {m: round(round_ms / v, 3) for m, v in plain.items()},
                "projected_tpot_ms_at_3.2": round(round_ms / ACCEPTANCE_LENGTH, 3),

@@ -2,8 +2,10 @@
 
 Random weights make acceptance meaningless, so this measures what acceptance does not change: the time of
 one round (verify K + 1 positions per row in one pass, roll back, catch the MTP layer up, draft K tokens)
-relative to one plain decode step, and projects the time per output token at an acceptance length of
-`ACCEPTANCE_LENGTH` tokens per round (upstream's published MTP3 figure): TPOT = round time / 3.2.
+relative to one plain decode step, with the speculative CUDA graphs (engine/spec/graphs.py: the verify widths,
+the MTP catch-up and the draft steps) unless `--no-cuda-graph`, and projects the time per output token at an
+acceptance length of `ACCEPTANCE_LENGTH` tokens per round (upstream's published MTP3 figure): TPOT = round
+time / 3.2.
 """
 
 from __future__ import annotations
@@ -11,21 +13,39 @@ from __future__ import annotations
 import time
 
 import torch
+from torch import nn
 
 from engine.config import KVDtype
+from engine.model.linear import Linear
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.runner import ModelRunner
+from engine.spec.draft_head import DRAFT_ROWS, DraftHead, attach
 from engine.step import RowPlan, StepPlan
 from engine.testing.bench.steps import GREEDY, PAGE_SIZE
 
 ACCEPTANCE_LENGTH = 3.2  # tokens per MTP3 round, upstream's published average (UPSTREAM.md section 9.3)
 
 
+def attach_random_draft_head(model: Qwen3_5ForCausalLM, rows: int = DRAFT_ROWS) -> None:
+    """`--spec-lm-head-draft`: a random dense reduced head (`rows` random vocabulary ids) on the synthetic
+    model, so a round's proposals cost what `--lm-head-draft` costs (dense rows in the model dtype; the
+    published files store them Q4G64)."""
+    param = next(model.parameters())
+    config = model.config
+    rows = min(rows, config.vocab_size)
+    with torch.device("meta"):
+        head = Linear(config.hidden_size, rows, [("out", rows)])
+    weight = torch.randn(rows, config.hidden_size, device=param.device, dtype=param.dtype) * 0.02
+    head.weight = nn.Parameter(weight, requires_grad=False)
+    ids = torch.randperm(config.vocab_size, device=param.device)[:rows]
+    attach(model, DraftHead(head, ids, config.vocab_size))
+
+
 def make_spec_runner(model: Qwen3_5ForCausalLM, num_pages: int, lanes: int, kv_dtype: KVDtype, k: int,
-                     max_context: int) -> ModelRunner:  # fmt: skip
+                     max_context: int, cuda_graph: bool = True) -> ModelRunner:  # fmt: skip
     return ModelRunner(
         model, num_pages=num_pages, page_size=PAGE_SIZE, num_state_slots=lanes, kv_dtype=kv_dtype,
-        max_context=max_context, spec="mtp", num_draft_tokens=k, num_lanes=lanes,
+        max_context=max_context, spec="mtp", num_draft_tokens=k, num_lanes=lanes, cuda_graph=cuda_graph,
     )  # fmt: skip
 
 
@@ -33,7 +53,10 @@ def run_spec_rounds(
     runner: ModelRunner, vocab: int, concurrency: int, context: int, warmup: int, rounds: int, k: int
 ) -> dict[str, float]:
     """Seconds per round of `concurrency` verify rows of k drafts each (greedy; each row advances by what
-    it accepted + 1, its next drafts the runner's), and the tokens committed per round."""
+    it accepted + 1, its next drafts the runner's), the tokens committed per round, and the graph replays
+    per round (0: eager)."""
+    graphs = runner.spec.graphs if runner.spec is not None else None
+    replays = 0
     pages_per_seq = -(-(context + (warmup + rounds + 1) * (k + 1)) // PAGE_SIZE)
     pages = [tuple(range(i * pages_per_seq, (i + 1) * pages_per_seq)) for i in range(concurrency)]
     last = torch.randint(0, vocab, (concurrency,)).tolist()
@@ -45,6 +68,7 @@ def run_spec_rounds(
         if step == warmup:
             torch.cuda.synchronize()
             start, committed = time.perf_counter(), 0
+            replays = graphs.num_replays if graphs is not None else 0
         rows = tuple(
             RowPlan(
                 request_id=f"s{i}",
@@ -70,4 +94,6 @@ def run_spec_rounds(
             committed += len(tokens)
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / rounds
-    return {"round_s": seconds, "tokens_per_round": committed / rounds / concurrency}
+    replays = (graphs.num_replays if graphs is not None else 0) - replays
+    return {"round_s": seconds, "tokens_per_round": committed / rounds / concurrency,
+            "graph_replays_per_round": replays / rounds}  # fmt: skip

@@ -1,0 +1,167 @@
+"""Launchers of the GEMV-layout kernels (``triton_gemv.py``): the decode GEMV of a row-split weight that
+``view_planes(..., repack=True)`` rewrote (``QuantWeight.gemv_layout``), its launch tiles, and the dequantize
+of that layout for the prefill route. ``quant_linear`` calls these; the reference stays ``quant_linear_ref``.
+
+Tiles (``packed_tiles``) depend on the format and the weight's shape only (never on T: batch invariance), from
+``GEMV_VARIANTS`` by name: ``GEMV_TABLE`` maps a (format, N, K) measured on the H200 to its best variant,
+everything else takes ``"default"``. No autotuning on the decode path. The bench (``bench/kernels/quant.py
+--variants``) times every variant side by side so the table can be filled from one run.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from kernels._dispatch import HAS_TRITON, INTERPRET
+from kernels.quant.formats import GROUP_FORMATS
+from kernels.quant.repack import UNIT
+from kernels.quant.weight import QuantWeight
+
+if HAS_TRITON:
+    import triton
+
+    from kernels.linear import REDUCE_BLOCK, _linear_reduce_kernel
+    from kernels.quant.triton_gemv import _quant_dequant_packed_kernel, _quant_gemv_packed_kernel
+
+MODES = {"dot": 0, "fma": 1}  # the kernel's MODE: tensor cores (T <= 8), CUDA cores (T = 1 only)
+
+
+class PackedTiles(NamedTuple):
+    """Launch shape of the GEMV-layout GEMV."""
+
+    block_n: int  # weight rows a program
+    step_units: int  # units of 128 lanes a loop step (their loads issued together)
+    num_warps: int
+    split_k: int  # programs along K (fp32 partials + the reduce kernel when > 1)
+    mode: str = "dot"  # "dot" (any T <= 8) or "fma" (T = 1 only)
+    num_stages: int = 1  # Triton's software pipelining of the loop (1: only the kernel's register prefetch)
+
+
+class GemvVariant(NamedTuple):
+    block_n: int
+    step_units: int
+    num_warps: int
+    # 0: split K for whole waves (``_wave_split``); else split K until the grid has this many programs
+    min_programs: int
+    mode: str = "dot"
+    num_stages: int = 1
+
+
+GEMV_VARIANTS: dict[str, GemvVariant] = {
+    "default": GemvVariant(128, 1, 4, 0),
+    "p512": GemvVariant(128, 1, 4, 512),
+    "p1024": GemvVariant(128, 1, 4, 1024),
+    "p256": GemvVariant(128, 1, 4, 256),
+    "step2": GemvVariant(128, 2, 4, 512),
+    "n64": GemvVariant(64, 1, 4, 1024),
+    "n128w8": GemvVariant(128, 1, 8, 512),
+    "n256w8": GemvVariant(256, 1, 8, 256),
+    "nosplit": GemvVariant(128, 1, 4, 1),
+    "st3": GemvVariant(128, 1, 4, 0, "dot", 3),
+    "fma": GemvVariant(64, 1, 4, 1024, "fma"),
+}
+# (format, N, K) -> variant name, from measurements on the H200 (empty until the bench's --variants run)
+GEMV_TABLE: dict[tuple[str, int, int], str] = {}
+H200_SMS = 132
+# programs of the default tiles (128 rows, 4 warps) resident on one SM: their registers (sm_90 cubins of
+# bench/kernels/aot_quant.py: Q4 128, W8 116, Q5/Q6 168 a thread) in the 64K-register file
+RESIDENT = {4: 4, 5: 3, 6: 3, 8: 4}
+
+
+def _split(units: int, step_units: int, tiles_n: int, min_programs: int) -> int:
+    """The smallest divisor ``d`` of ``units`` whose splits are whole steps and give ``tiles_n * d >=
+    min_programs`` programs, else the largest such divisor."""
+    best = 1
+    for d in range(1, units + 1):
+        if units % d or (units // d) % step_units:
+            continue
+        best = d
+        if tiles_n * d >= min_programs:
+            break
+    return best
+
+
+def _wave_split(units: int, step_units: int, tiles_n: int, slots: int) -> int:
+    """The split of K (a divisor of ``units`` in whole steps) with the least estimated time: waves of
+    ``slots`` resident programs times the units a program walks (plus one for its prologue, epilogue and
+    partials): a grid of 1.06 waves costs nearly two."""
+    best, best_cost = 1, float("inf")
+    for d in range(1, units + 1):
+        if units % d or (units // d) % step_units:
+            continue
+        cost = -(-tiles_n * d // slots) * (units // d + 1)
+        if cost < best_cost:
+            best, best_cost = d, cost
+    return best
+
+
+def packed_tiles(fmt: str, n: int, k: int, variant: str | None = None, sms: int = H200_SMS) -> PackedTiles:
+    """The tiles of the GEMV-layout GEMV for a [n, k] weight of ``fmt`` on a GPU of ``sms`` SMs (``variant``: a
+    ``GEMV_VARIANTS`` name; default: ``GEMV_TABLE``'s entry for the shape, else ``"default"``). NOTE: never a
+    function of T (batch invariance)."""
+    assert fmt in GROUP_FORMATS, f"{fmt}: the GEMV layout is for the row-split formats"
+    v = GEMV_VARIANTS[variant or GEMV_TABLE.get((fmt, n, k), "default")]
+    units = -(-k // UNIT)
+    step = v.step_units if units % v.step_units == 0 else 1
+    block_n = max(16, min(v.block_n, 1 << max(0, n - 1).bit_length()))
+    tiles_n = -(-n // block_n)
+    if v.min_programs:
+        split = _split(units, step, tiles_n, v.min_programs)
+    else:
+        split = _wave_split(units, step, tiles_n, sms * RESIDENT[GROUP_FORMATS[fmt].bits])
+    return PackedTiles(block_n, step, v.num_warps, split, v.mode, v.num_stages)
+
+
+@functools.lru_cache(maxsize=16)
+def device_sms(device: torch.device) -> int:
+    """The SM count of a CUDA device (H200_SMS elsewhere: the interpreter)."""
+    if device.type != "cuda":
+        return H200_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _planes(qw: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int32 code words, the high plane as the kernel reads it: int32 (Q5), int16 (Q6), the words otherwise)"""
+    words = qw.codes.view(torch.uint8).view(torch.int32)
+    if qw.high is None:
+        return words, words
+    return words, qw.high.view(torch.int16 if GROUP_FORMATS[qw.format].bits == 6 else torch.int32)
+
+
+def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch.Tensor) -> torch.Tensor:
+    """``out = x @ W^T`` (x [T, K], T <= 8; out [T, N] in x's dtype) for a GEMV-layout weight."""
+    rows = x.shape[0]
+    n, k = qw.shape
+    assert qw.gemv_layout, f"{qw.format} weight is in the stored layout: view_planes(..., repack=True)"
+    assert tiles.mode == "dot" or rows == 1, f"GEMV mode {tiles.mode!r} takes one row of x, got {rows}"
+    units = qw.k_pad // UNIT
+    assert units % (tiles.split_k * tiles.step_units) == 0, f"{tiles}: {units} units split unevenly"
+    target = out
+    if tiles.split_k > 1:
+        target = torch.empty(tiles.split_k, rows, n, dtype=torch.float32, device=x.device)
+    words, high = _planes(qw)
+    _quant_gemv_packed_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](
+        x, words, high, qw.scales, target, n, rows, k, x.stride(0), words.stride(0), high.stride(0),
+        qw.scales.stride(0), BITS=GROUP_FORMATS[qw.format].bits, UNITS_SPLIT=units // tiles.split_k,
+        STEP_UNITS=tiles.step_units, BLOCK_N=tiles.block_n, MODE=MODES[tiles.mode], EVEN_K=k % UNIT == 0,
+        ASM=not INTERPRET, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    if tiles.split_k > 1:
+        _linear_reduce_kernel[(triton.cdiv(n, REDUCE_BLOCK), rows)](
+            target, out, n, SPLIT_K=tiles.split_k, BLOCK=REDUCE_BLOCK, num_warps=4
+        )
+    return out
+
+
+def dequantize_packed_to(qw: QuantWeight, out: torch.Tensor) -> torch.Tensor:
+    """The represented weight [N, K] of a GEMV-layout weight rounded once to out's dtype, into ``out``."""
+    n, k = qw.shape
+    words, high = _planes(qw)
+    _quant_dequant_packed_kernel[(triton.cdiv(n, 32), qw.k_pad // UNIT)](
+        words, high, qw.scales, out, n, k, words.stride(0), high.stride(0), qw.scales.stride(0), out.stride(0),
+        BITS=GROUP_FORMATS[qw.format].bits, BLOCK_N=32, num_warps=4,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,128 @@
+"""The speculative step's static buffers (engine/spec/graphs.py) on the CPU: the layout a captured graph reads
+(rows, padding rows, the catch-up's sink sequence), and the engine through them (the same path CUDA graphs
+replay, run eagerly here) gives the eager path's and the plain engine's greedy tokens.
+The replay itself is checked on the GPU (tests/engine/test_spec_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_harness import make_core, one_thread, prompt, run
+from test_spec_engine import spec_core
+
+from engine.request import SamplingParams
+from engine.spec.graphs import SpecInputs, StaticRow
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with one_thread():
+        yield
+
+
+def _inputs(k: int = 2) -> SpecInputs:
+    return SpecInputs.allocate(4, k, 6, 4, 8, torch.float32, torch.device("cpu"), sink_slot=99)
+
+
+def test_a_verify_fill_writes_rows_and_pads_with_rows_that_store_nothing():
+    inputs, pages = _inputs(), [None] * 5
+    rows = [
+        StaticRow((5, 6, 7), 5, (3, 1), 0, True, (10, 11)),
+        StaticRow((8, 9, 4), 0, (2,), 1, False, (12, 13)),
+    ]
+    inputs.fill(rows, 3, 3, pages)
+    batch = inputs.batch(3, 3)
+    assert batch.input_ids.tolist() == [5, 6, 7, 8, 9, 4, 0, 0, 0]
+    assert batch.positions.tolist() == [5, 6, 7, 0, 1, 2, 0, 1, 2]
+    # positions 5..7 sit in the row's second page (page 1: slots 4..7); padding rows store nothing (-1)
+    assert batch.slot_mapping.tolist() == [5, 6, 7, 8, 9, 10, -1, -1, -1]
+    assert batch.query_start_loc.tolist() == [0, 3, 6, 9] and batch.seq_lens.tolist() == [8, 3, 3]
+    assert batch.state_slots.tolist() == [0, 1, -1] and batch.has_initial_state.tolist() == [
+        True,
+        False,
+        False,
+    ]
+    assert batch.verify_width == 3 and batch.snapshot_slots is not None
+    assert batch.snapshot_slots.tolist() == [[10, 11], [12, 13], [99, 99]]
+    assert batch.page_table[:2, :2].tolist() == [[3, 1], [2, 0]] and pages[:2] == [(3, 1), (2,)]
+
+
+def test_a_catch_up_fill_packs_rows_and_gives_the_rest_to_a_sink_sequence():
+    inputs = _inputs()  # R = 4 token rows per row
+    rows = [StaticRow((5, 6), 3, (0, 1)), StaticRow((7, 8, 9, 1), 8, (2, 3, 4))]
+    inputs.fill(rows, 3, 0, [None] * 5)
+    batch = inputs.batch(3, 0)
+    assert batch.num_tokens == 16 and batch.num_sequences == 4  # 3 rows + the sink
+    assert batch.query_start_loc.tolist() == [0, 2, 6, 7, 16]  # the padding row feeds one token
+    assert batch.seq_lens.tolist() == [5, 12, 1, 9]
+    assert batch.slot_mapping[:6].tolist() == [3, 4, 16, 17, 18, 19]
+    assert set(batch.slot_mapping[6:].tolist()) == {-1}  # padding and sink rows store nothing
+    assert batch.positions[6:].tolist() == [0, *range(9)] and batch.verify_width == 0
+
+
+def test_fits_only_rows_a_captured_shape_holds():
+    from engine_harness import tiny_loaded
+
+    from engine.cache.kv import allocate_cache
+    from engine.model.forward import kv_spec
+    from engine.spec.graphs import SpecGraphs
+
+    model = tiny_loaded("dense").model
+    cache = allocate_cache(kv_spec(model.config, torch.float32, with_mtp=False), 8, 4, 2, "cpu")
+    graphs = SpecGraphs(model, cache, num_draft_tokens=2, max_pages=6, sink_slot=1)
+    row = StaticRow((1, 2, 3), 0, (0,))
+    assert graphs.fits([row] * 8, 3) and not graphs.fits([row] * 9, 3)  # sizes 1..8
+    assert not graphs.fits([StaticRow((1,) * 4, 0, (0,))], 4)  # width > K + 1
+    assert not graphs.fits([StaticRow((1,), 0, tuple(range(7)))], 1)  # more pages than the table row
+    assert graphs.fits([StaticRow((1,) * 4, 0, (0,))], 0) and not graphs.fits(
+        [StaticRow((1,) * 5, 0, (0,))], 0
+    )
+    assert not graphs.captured and not graphs.capture()  # no graphs on the CPU: the eager static path
+
+
+def test_the_static_path_gives_the_eager_and_the_plain_tokens():
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    prompts = [prompt(n, s) for s, n in enumerate((5, 17, 30))]
+    want = run(make_core("dense", prefix_reuse=False, max_concurrency=3), prompts, params)[0]
+    static = spec_core("dense", 2, max_concurrency=3)
+    spec = static.runner.spec
+    assert spec is not None and spec.graphs is not None
+    assert run(static, prompts, params)[0] == want
+    assert all(n > 0 for n in spec.graphs.runs.values()), spec.graphs.runs  # verify, catch-up, draft
+    eager = spec_core("dense", 2, max_concurrency=3)
+    assert eager.runner.spec is not None
+    eager.runner.spec.graphs = eager.runner.spec.drafter.graphs = None
+    assert run(eager, prompts, params)[0] == want
+
+
+def test_a_captured_key_replays_over_the_filled_buffers_and_returns_its_static_outputs():
+    """The replay decision without a GPU: a key with a graph replays it (after the fill) and returns the rows'
+    slice of its static outputs; a key without one runs the forward eagerly; capture covers every key."""
+    from engine_harness import tiny_loaded
+
+    from engine.cache.kv import allocate_cache
+    from engine.model.forward import kv_spec
+    from engine.spec.graphs import SpecGraphs
+
+    model = tiny_loaded("dense").model
+    cache = allocate_cache(kv_spec(model.config, torch.float32, with_mtp=False), 8, 4, 3, "cpu")
+    graphs = SpecGraphs(model, cache, num_draft_tokens=2, max_pages=6, sink_slot=2)
+    seen: list[list[int]] = []
+
+    class FakeGraph:
+        def replay(self) -> None:
+            seen.append(graphs.inputs.input_ids[:6].tolist())
+
+    static = torch.arange(6 * model.config.hidden_size, dtype=torch.float32).view(6, -1)
+    graphs._graphs[("target", 2, 3)] = FakeGraph()  # type: ignore[assignment]
+    graphs._outputs[("target", 2, 3)] = (static,)
+    rows = [StaticRow((5, 6, 7), 0, (0,), 0, False, (1, 1)), StaticRow((8, 9, 4), 0, (1,), 1, False, (1, 1))]
+    out = graphs.target(rows, 3)
+    assert seen == [[5, 6, 7, 8, 9, 4]] and out.data_ptr() == static.data_ptr() and graphs.num_replays == 1
+    eager = graphs.target(rows[:1], 3)  # size 1 has no graph: the real forward
+    assert eager.shape == (3, model.config.hidden_size) and graphs.num_replays == 1
+    assert graphs.runs["target"] == 2
+    keys = graphs.keys()  # widths 1..K+1 per size, one catch-up and one draft per size, largest first
+    assert len(keys) == len(set(keys)) == 8 * 3 + 8 + 8
+    sizes = [graphs.inputs.num_tokens(size, width) for _, size, width in keys]
+    assert sizes == sorted(sizes, reverse=True)

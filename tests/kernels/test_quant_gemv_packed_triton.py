@@ -1,0 +1,115 @@
+"""The GEMV-layout decode GEMV (``kernels.quant.triton_gemv``, launched by ``quant_linear`` for a weight that
+``view_planes(..., repack=True)`` rewrote) vs ``quant_linear_ref`` (dequantize + fp32 matmul) for Q4/Q5/Q6/W8:
+T = 1..8, odd N and K (padding lanes, clamped rows), split K, every tile variant of ``GEMV_VARIANTS`` (both
+modes: tensor cores for any T, CUDA cores for T = 1), fp16 x, row views of a fused parent with strided x,
+bitwise batch invariance, and the layout's dequantize kernel (the prefill route). Under TRITON_INTERPRET=1 on
+the CPU too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.quant import Q4, Q5, Q6, W8, dequantize, encode, quant_linear, quant_linear_ref, view_planes
+from kernels.quant.packed_linear import GEMV_VARIANTS, PackedTiles, packed_tiles
+
+# NOTE: interpreter_fixes (conftest.py): Triton 3.6's interpreter multiplies bf16 dot operands as raw integers
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("interpreter_fixes")]
+
+FORMATS = [Q4, Q5, Q6, W8]
+RMS = 6e-3  # bf16 output rounding (the interpreter truncates: ~4e-3) and fp32 summation order
+ELEMENT = 2.0**-7  # per element, relative to sum |x_k w_k|
+
+
+def _weight(fmt: str, n: int, k: int, device: str):
+    payload = encode(fmt, torch.randn(n, k) * k**-0.5)
+    return view_planes(fmt, payload.to(device), (n, k), repack=True)
+
+
+def _check(name, got, x, qw, assert_close):
+    expected = quant_linear_ref(x, qw)
+    assert got.dtype == x.dtype and got.shape == expected.shape, name
+    assert_close(name, got, expected, RMS, 0.0)
+    magnitude = x.double().abs() @ dequantize(qw).double().abs().t()
+    worst = ((got.double() - expected.double()).abs() / (magnitude * ELEMENT + 1e-30)).max().item()
+    assert worst <= 1.0, f"{name}: an element is {worst:.2f}x past its bound"
+
+
+SHAPES = [(37, 130), (64, 320), (20, 1024)]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gemv(fmt, rows, device, assert_close):
+    for n, k in SHAPES:
+        qw = _weight(fmt, n, k, device)
+        x = torch.randn(rows, k, device=device).bfloat16()
+        tiles = packed_tiles(fmt, n, k)
+        _check(f"{fmt} T={rows} {n}x{k} {tiles}", quant_linear(x, qw), x, qw, assert_close)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_variant(fmt, device, assert_close):
+    n, k = 40, 512  # 4 units: split K and two-unit steps both apply
+    qw = _weight(fmt, n, k, device)
+    x8 = torch.randn(8, k, device=device).bfloat16()
+    for name in GEMV_VARIANTS:
+        tiles = packed_tiles(fmt, n, k, name)
+        x = x8 if tiles.mode == "dot" else x8[:1]
+        _check(f"{fmt} {name} {tiles}", quant_linear(x, qw, route="gemv", tiles=tiles), x, qw, assert_close)
+    split4 = PackedTiles(16, 1, 4, 4, "dot")
+    _check(f"{fmt} {split4}", quant_linear(x8, qw, route="gemv", tiles=split4), x8, qw, assert_close)
+
+
+@pytest.mark.parametrize("fmt", [Q4, Q6, W8])
+def test_fp16_activations(fmt, device, assert_close):
+    n, k = 37, 258
+    qw = _weight(fmt, n, k, device)
+    x = torch.randn(3, k, device=device).half()
+    _check(f"{fmt} fp16", quant_linear(x, qw), x, qw, assert_close)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_row_views_and_strided_x(fmt, device, assert_close):
+    """A row range of a fused parent (plane views, no copy) and x as a column slice of a wider tensor."""
+    n, k, cut = 300, 192, (100, 150)
+    part = _weight(fmt, n, k, device).rows(*cut)
+    x = torch.randn(4, k + 40, device=device).bfloat16()[:, 8 : 8 + k]
+    _check(f"{fmt} rows {cut}", quant_linear(x, part), x, part, assert_close)
+    xs = torch.randn(20, k + 40, device=device).bfloat16()[:, 3 : 3 + k]
+    _check(f"{fmt} rows {cut} prefill", quant_linear(xs, part), xs, part, assert_close)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_batch_invariance(fmt, device):
+    n, k = 20, 1024
+    qw = _weight(fmt, n, k, device)
+    assert packed_tiles(fmt, n, k).split_k > 1
+    x = torch.randn(8, k, device=device).bfloat16()
+    full = quant_linear(x, qw)
+    for i in range(8):
+        assert torch.equal(quant_linear(x[i : i + 1], qw)[0], full[i]), f"{fmt} row {i}: T=1 differs from T=8"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_to(fmt, device):
+    """The layout's dequantize kernel is the exact weight rounded once to bf16 (bitwise on a GPU; Triton 3.6's
+    interpreter truncates fp32 -> bf16: within one bf16 ulp there)."""
+    from kernels.quant.quant_linear import dequantize_to
+
+    qw = _weight(fmt, 37, 130, device)
+    got = dequantize_to(qw, torch.bfloat16)
+    exact = dequantize(qw)
+    if device == "cuda":
+        assert torch.equal(got, exact.to(torch.bfloat16))
+    else:
+        assert ((got.double() - exact.double()).abs() <= exact.double().abs() * 2.0**-7).all()
+
+
+def test_real_geometry_rows(device, assert_close):
+    """A 27B-shaped weight's slice (K = 5120 and 17408: 40 and 136 units, the tiles' splits) at T = 1, 8."""
+    for fmt, n, k in ((Q4, 128, 5120), (Q5, 64, 17408)):
+        qw = _weight(fmt, n, k, device)
+        for rows in (1, 8):
+            x = torch.randn(rows, k, device=device).bfloat16()
+            _check(f"{fmt} {n}x{k} T={rows}", quant_linear(x, qw), x, qw, assert_close)

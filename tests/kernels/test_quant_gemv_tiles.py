@@ -1,0 +1,41 @@
+"""The GEMV layout's launch tiles (``kernels.quant.packed_linear.packed_tiles``): K splits are whole steps of
+whole units, the default avoids a grid of barely more than one wave of resident programs, and the bench's
+variants and the shape table resolve. Pure Python, CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.quant import Q4, Q5, Q6, W8
+from kernels.quant.packed_linear import GEMV_TABLE, GEMV_VARIANTS, RESIDENT, packed_tiles
+
+# the 27B's projections (fused parents) and the 35B-A3B's W8 o_proj
+SHAPES = [(Q4, 7168, 5120), (Q5, 7168, 5120), (Q5, 5120, 6144), (Q4, 4096, 5120), (Q5, 12288, 5120),
+          (Q4, 34816, 5120), (Q5, 5120, 17408), (Q6, 248320, 5120), (W8, 2048, 4096)]  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", list(GEMV_VARIANTS))
+@pytest.mark.parametrize(("fmt", "n", "k"), SHAPES)
+def test_splits_are_whole_steps(fmt, n, k, variant):
+    tiles = packed_tiles(fmt, n, k, variant)
+    units = k // 128
+    assert units % (tiles.split_k * tiles.step_units) == 0, tiles
+    assert tiles.block_n >= 16 and tiles.mode in ("dot", "fma")
+
+
+@pytest.mark.parametrize(("fmt", "n", "k"), SHAPES)
+def test_default_grid_is_not_a_sliver_past_a_wave(fmt, n, k):
+    tiles = packed_tiles(fmt, n, k, sms=132)
+    slots = 132 * RESIDENT[{Q4: 4, Q5: 5, Q6: 6, W8: 8}[fmt]]
+    programs = -(-n // tiles.block_n) * tiles.split_k
+    waves = programs / slots
+    assert waves <= 1 or waves - int(waves) == 0 or waves >= 2, f"{tiles}: {programs} programs on {slots}"
+
+
+def test_q4_query_key_takes_one_full_wave():
+    # 56 row tiles x 40 units on 132 SMs x 4 programs: split 8 (448 programs, one wave), not 10 (560: two)
+    assert packed_tiles(Q4, 7168, 5120, sms=132).split_k == 8
+
+
+def test_table_entries_name_variants():
+    assert all(name in GEMV_VARIANTS for name in GEMV_TABLE.values())
