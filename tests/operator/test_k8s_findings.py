@@ -102,10 +102,11 @@ def test_a_missing_file_is_not_reported_as_a_digest_mismatch(api: Api, operator:
 def test_unsupported_modes_are_refused_with_a_reason_and_no_pod(api: Api, operator: Any, ns: str) -> None:
     spec = copy.deepcopy(SAMPLE)
     spec["engine"]["spec"] = {"mode": "mtp", "draftTokens": 3}
+    spec["engine"]["vision"] = True
     create_cr(api, ns, "m", spec)
     wait_for(lambda: api.status(ns, "m").get("phase") == "Unsupported", what="phase Unsupported")
     message = api.condition(ns, "m", "Ready")["message"]
-    assert "speculative decoding" in message
+    assert "speculative decoding" in message and "image input" in message
     assert not api.jobs(ns, "m") and api.deployment(ns, "m") is None
     (event,) = wait_for(lambda: api.events(ns, "Unsupported"), what="an Unsupported Event")
     assert event.type == "Warning"
