@@ -85,7 +85,7 @@ def main() -> None:
         args.json.write_text(json.dumps(record, indent=2) + "\n")
 
 
-def measure_ttft(tower: VisionTower, iters: int) -> dict[str, float]:
+def measure_ttft(tower: VisionTower, iters: int, geometry: str = "qwen3.6-27b") -> dict[str, float]:
     """Median TTFT (seconds) of a one-image request and of a text-only one of the same token count."""
     import io
     import time
@@ -99,7 +99,7 @@ def measure_ttft(tower: VisionTower, iters: int) -> dict[str, float]:
     from engine.request import SamplingParams, TokenEvent
     from engine.testing.synthetic import load_synthetic
 
-    model, tokenizer, _ = load_synthetic("qwen3.6-27b")
+    model, tokenizer, _ = load_synthetic(geometry)
     tokens = MediaTokens(248056, 248057, 248053, 248054)
     parts = VisionParts(tower, tokens, ImageProcessorConfig())
     config = EngineConfig.from_flags(vision=True, max_context=8192, prefix_reuse=False)
@@ -122,7 +122,8 @@ def measure_ttft(tower: VisionTower, iters: int) -> dict[str, float]:
         while core.has_work():
             for event in core.step():
                 if isinstance(event, TokenEvent) and first is None:
-                    torch.cuda.synchronize()
+                    if torch.cuda.is_available():
+                        torch.cuda.synchronize()
                     first = time.perf_counter() - t0
         assert first is not None
         return first
