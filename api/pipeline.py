@@ -51,7 +51,7 @@ class Turn:
     prompt_param: str = "messages"  # the field a prompt error names
     thinking_budget: int | None = None
     log_fields: Mapping[str, Any] = field(default_factory=dict)  # protocol-specific request_start fields
-    n: int = 1  # choices (Chat `n`, non-streamed): the others reuse the first one's prompt KV
+    n: int = 1  # choices (Chat `n`): the others reuse the first one's prompt KV
 
     @classmethod
     def from_plan(cls, plan: object, **given: Any) -> Turn:
@@ -154,12 +154,21 @@ async def run(state: ServerState, request: Request, turn: Turn, adapter: Adapter
         thinking_budget=turn.thinking_budget,
     )
     await _begin(tracker, generation, request)
-    if turn.n > 1:
+    if turn.n > 1 and not turn.stream:
         return JSONResponse(await _many(state, request, turn, params, tracker, generation, adapter))
     if not turn.stream:
         events = await collect(tracker, generation, request)
         return JSONResponse(adapter.body(events, generation.outcome))
-    frames = _frames(generation, adapter)
+    if turn.n > 1:
+        try:
+            extras = await _start_extras(state, turn, params, generation)
+        except BaseException as exc:
+            generation.abort()
+            tracker.finish(generation, exc)
+            raise
+        frames = _frames_many([generation, *extras], adapter)
+    else:
+        frames = _frames(generation, adapter)
     body = with_keepalive(tracker.stream(generation, frames), state.options.keepalive_seconds)
     return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -171,18 +180,12 @@ async def _with_media(state: ServerState, turn: Turn, prompt: Prompt) -> Prompt:
     return await off_loop(prompt_with_media, state.engine, turn.messages, prompt)
 
 
-async def _many(
-    state: ServerState,
-    request: Request,
-    turn: Turn,
-    params: SamplingParams,
-    tracker: Tracker,
-    first: Generation,
-    adapter: Adapter,
-) -> dict[str, Any]:
-    """`turn.n` choices of one prompt. The others start once the first has its first token: its prompt is
-    then in the prefix index, so each of them prefills nothing but the prompt's partial last page. A seeded
-    request gives choice i the seed + i. The request log and metrics see the first choice."""
+async def _start_extras(
+    state: ServerState, turn: Turn, params: SamplingParams, first: Generation
+) -> list[Generation]:
+    """Choices 1..n-1 of `first`'s prompt, submitted once the first one was admitted: its prompt is then in
+    the prefix index, so each of them prefills nothing but the prompt's partial last page. A seeded request
+    gives choice i the seed + i."""
     extras = [
         Generation(
             state.engine,
@@ -198,6 +201,30 @@ async def _many(
     try:
         for generation in extras:
             await generation.start()
+    except BaseException:
+        for generation in extras:
+            generation.abort()
+        raise
+    return extras
+
+
+async def _many(
+    state: ServerState,
+    request: Request,
+    turn: Turn,
+    params: SamplingParams,
+    tracker: Tracker,
+    first: Generation,
+    adapter: Adapter,
+) -> dict[str, Any]:
+    """`turn.n` choices of one prompt, in one body. The request log and metrics see the first choice."""
+    try:
+        extras = await _start_extras(state, turn, params, first)
+    except BaseException as exc:
+        first.abort()
+        tracker.finish(first, exc)
+        raise
+    try:
         results = await asyncio.gather(collect(tracker, first, request), *(_events(g) for g in extras))
     finally:
         for generation in extras:
@@ -251,3 +278,54 @@ async def _frames(generation: Generation, adapter: Adapter) -> AsyncIterator[str
     outcome = generation.outcome
     for frame in adapter.failed(aborted_error()) if outcome.finish == "aborted" else adapter.closing(outcome):
         yield frame
+
+
+_CHOICE_DONE = object()
+
+
+async def _frames_many(generations: list[Generation], adapter: Adapter) -> AsyncIterator[str]:
+    """n streamed choices, interleaved as their events come: each choice's frames from its own adapter
+    (`adapter.choice(i)`: its chunks carry its index, it ends with its own finish reason), then the usage of
+    all choices and the terminator (`adapter.closing_many`). A choice the engine could not finish ends the
+    whole stream (`adapter.failed`). Closing this iterator (client gone) aborts every choice."""
+    choice = getattr(adapter, "choice", None)
+    assert choice is not None, "n > 1 streamed needs an adapter with choice / choice_closing / closing_many"
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def pump(generation: Generation, one: Any) -> None:
+        try:
+            for frame in one.opening(generation.outcome):
+                await queue.put(frame)
+            async for event in generation.events():
+                for frame in one.frames(event):
+                    await queue.put(frame)
+            if generation.outcome.finish == "aborted":
+                raise aborted_error()
+            for frame in one.choice_closing(generation.outcome):
+                await queue.put(frame)
+            await queue.put(_CHOICE_DONE)
+        except Exception as exc:  # an ApiError ends the stream in the protocol's shape; anything else raises
+            await queue.put(exc)
+
+    tasks = [asyncio.ensure_future(pump(g, choice(i))) for i, g in enumerate(generations)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is _CHOICE_DONE:
+                remaining -= 1
+            elif isinstance(item, ApiError):
+                for frame in adapter.failed(item):
+                    yield frame
+                return
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+        for frame in adapter.closing_many([g.outcome for g in generations]):  # type: ignore[attr-defined]
+            yield frame
+    finally:
+        for task in tasks:
+            task.cancel()
+        for generation in generations[1:]:  # the tracker aborts the first one
+            generation.abort()

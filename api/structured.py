@@ -25,6 +25,8 @@ from engine.structured import (
     json_schema_spec,
     tool_call_spec,
 )
+from engine.structured.schema import resolved
+from engine.structured.spec import RAW_FORMATS, json_pattern_error, pattern_error
 
 
 def bad_schema(exc: StructuredError) -> ApiError:
@@ -58,7 +60,7 @@ def json_format(fmt: Any, param: str, *, schema_key: str = "schema") -> Structur
     schema = holder.get("schema")
     strict = bool(holder.get("strict"))
     try:
-        check_schema(schema, param=f"{where}.schema", strict=strict)
+        check_schema(schema, param=f"{where}.schema", strict=strict, regex_error=json_pattern_error)
         return json_schema_spec(schema, strict=strict, what=f"{where}.schema")  # type: ignore[arg-type]
     except StructuredError as exc:
         raise bad_schema(exc) from None
@@ -70,11 +72,36 @@ def tool_def(name: Any, parameters: Any, strict: bool, param: str) -> ToolDef:
         check_name(name, param=f"{param}.name")
         schema = parameters if parameters is not None else {"type": "object", "properties": {}}
         check_schema(schema, param=f"{param}.parameters", strict=strict)
-        for prop in (schema.get("properties") or {}) if isinstance(schema.get("properties"), Mapping) else ():
+        found = schema.get("properties")
+        properties: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        for prop, value in properties.items():
             check_name(prop, param=f"{param}.parameters.properties")
+            if strict:
+                _raw_format(value, schema, prop, param)
     except StructuredError as exc:
         raise bad_schema(exc) from None
     return ToolDef(name, schema, strict)
+
+
+def _raw_format(value: Any, root: Mapping[str, Any], prop: str, param: str) -> None:
+    """A strict tool's string parameter is written as raw text: its `format` and `pattern` must be ones a
+    regex holds."""
+    value = resolved(value, root)
+    if not isinstance(value, Mapping) or value.get("type") != "string":
+        return
+    path = "#/properties/" + prop.replace("~", "~0").replace("/", "~1")
+    fmt = value.get("format")
+    if fmt is not None and fmt not in RAW_FORMATS:
+        raise StructuredError(
+            f"{param}.parameters", f"{path}/format", f"the format {fmt!r} cannot be enforced on a tool "
+            f"parameter (written as raw text; supported: {', '.join(sorted(RAW_FORMATS))})",
+        )  # fmt: skip
+    pattern = value.get("pattern")
+    error = pattern_error(pattern) if isinstance(pattern, str) else ""
+    if error:
+        raise StructuredError(
+            f"{param}.parameters", f"{path}/pattern", f"unsupported pattern {pattern!r}: {error}"
+        )
 
 
 def tools_spec(

@@ -244,8 +244,13 @@ class EngineConfig:
     max_media_tokens: int = DEFAULT_MAX_MEDIA_TOKENS  # --max-media-tokens: placeholder tokens per request
     allow_remote_media: bool = False  # --allow-remote-media: fetch http(s) media URLs (api/media.py limits)
 
+    # --overlap / --no-overlap: plan step N+1 while the device runs step N (engine/core.py says how and which
+    # rows fall back to the synchronous step). None = off: opt-in until an H200 run has validated it.
+    overlap: bool | None = None
+
     def __post_init__(self) -> None:
         _require(isinstance(self.greedy, bool), "greedy", self.greedy, "must be a bool")
+        _require(self.overlap in (None, True, False), "overlap", self.overlap, "must be None, True or False")
         _require(isinstance(self.vision, bool), "vision", self.vision, "must be a bool")
         _require(isinstance(self.allow_remote_media, bool), "allow_remote_media", self.allow_remote_media,
                  "must be a bool")  # fmt: skip

@@ -11,8 +11,31 @@ family's preset for the thinking mode, then the server's flags, then the request
 
 Stop strings are matched here, on incrementally detokenized text (across token edges), and end the
 request through `Scheduler.stop_request` at the step boundary, so no token past the step that
-completed the match is generated. They cut only the answer: matching starts after the reasoning's
-`</think>` (a request whose prompt opened `<think>`).
+completed the match is emitted. They cut only the answer: matching starts after the reasoning's
+`</think>` (a request whose prompt opened `<think>`). (The HTTP API matches its stop strings itself,
+off this thread: api/generation.py.)
+
+Overlap scheduling (`EngineConfig.overlap`, `--overlap`; default on with CUDA): one step is
+
+    plan N+1 = schedule()        the scheduler plans on what it has planned, not on what came back:
+                                 a row after step N's sampled token feeds PREVIOUS_TOKEN (engine/step.py)
+    launch(plan N+1)             queued on the device behind step N; sampled ids stay there
+    commit(plan N, collect N)    step N's ids reach the host (non-blocking copy + event) while step N+1
+                                 runs: stop checks, stop strings and the events happen here, off the
+                                 device's critical path; detokenization and SSE framing on the API's side
+
+so the device never waits for the host between steps. A request that ends at step N (a stop token, a stop
+string, an abort) has had one more row planned in step N+1: that row's token is discarded, never emitted
+(engine/scheduler/commit.py). A length limit wastes nothing (the scheduler knows it when planning).
+The synchronous step (collect N, commit N, then plan N+1) is taken instead when:
+  - step N's plan is not `overlappable` (engine/step.py `host_free`): a row samples with an output grammar,
+    logprobs, presence / frequency penalties or a thinking budget;
+  - the pool is short of pages for the next rows (`Scheduler.can_plan_ahead`): preemption decides on
+    committed state, and never takes a lane with a row in flight;
+  - speculative decoding (`--spec`) is on: every step is synchronous (verify rows feed drafts the result brings).
+Outputs are unchanged: greedy and per-request-seeded streams are identical with overlap on and off (a
+wasted row draws from its own request's generator after that request ended). Unseeded sampling draws
+from the shared generator, so its streams differ run to run anyway.
 """
 
 from __future__ import annotations
@@ -49,6 +72,7 @@ from engine.request import (
 )
 from engine.runner import ModelRunner, WarmupReport
 from engine.runner.host_copies import host_budget, host_stat_fields
+from engine.runner.pending import Launched
 from engine.runner.sizing import measure_auto_pages
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
@@ -83,6 +107,11 @@ class EngineStats:
     num_loop_iterations: int  # passes of the serving loop (0 when driven inline)
     num_requests_added: int
     num_requests_finished: dict[str, int] = field(default_factory=dict)  # by finish kind
+    # Pages on demand (engine/scheduler/ondemand.py): lanes preempted because the pool ran short, and the
+    # tokens computed before a preemption that the resumes computed again (not restored from a checkpoint).
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
+    overlap: bool = False  # overlap scheduling is on (engine/core.py)
     num_requests_rejected: dict[str, int] = field(default_factory=dict)  # by reject code
     # Host KV parking (`--host-kv-cache-mib`; all zero when off; engine/runner/host_copies.py host_stat_fields).
     host_kv_capacity_bytes: int = 0
@@ -291,6 +320,8 @@ class EngineCore:
             )
         if limit is not None:
             check_pool_fits(config, num_pages * spec.page_bytes(config.cache.page_size), param.device)
+        overlap = bool(config.overlap)  # None = off until an H200 run has validated it (README)
+        self.overlap = overlap and config.spec is None  # speculative steps are synchronous
         self.scheduler = Scheduler(
             config.scheduler,
             config.cache,
@@ -298,7 +329,9 @@ class EngineCore:
             eos_token_ids=tokenizer.eos_token_ids,
             num_draft_tokens=config.num_draft_tokens,
             reasoning_tokens=reasoning_tokens(tokenizer),
+            overlap=self.overlap,
         )
+        self._inflight: Launched | None = None  # overlap: the launched step not yet committed
         self.runner = make_runner(num_pages)
         self.warmup: WarmupReport | None = None
         if warm:  # before host parking attaches and before any request: its scratch pages are free after
@@ -378,17 +411,39 @@ class EngineCore:
     # ---- one step -------------------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self._inflight is not None or self.scheduler.has_work()
 
     def step(self) -> list[Event]:
-        plan = self.scheduler.schedule()
-        result = self.runner.execute(plan)
-        events = self.scheduler.commit(plan, result)
-        events = self._match_stop_strings(events)
+        if self.overlap:
+            events = self._step_overlapped()
+        else:
+            plan = self.scheduler.schedule()
+            events = self._match_stop_strings(self.scheduler.commit(plan, self.runner.execute(plan)))
         for event in events:
             if isinstance(event, FinishEvent):
                 self._count(event)
         return events
+
+    def _step_overlapped(self) -> list[Event]:
+        """Plan and launch step N+1, then commit step N (see the module docstring)."""
+        events: list[Event] = []
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None and not self.scheduler.can_plan_ahead():
+            events += self._commit(inflight)  # pages are short: decide on committed state
+            inflight = None
+        plan = self.scheduler.schedule()
+        launched = self.runner.launch(plan)
+        if inflight is not None:
+            events += self._commit(inflight)
+        if launched.in_flight and plan.overlappable:
+            self._inflight = launched
+        else:
+            events += self._commit(launched)
+        return events
+
+    def _commit(self, launched: Launched) -> list[Event]:
+        """Collect and commit one launched step; its stop strings end requests before the next commit."""
+        return self._match_stop_strings(self.scheduler.commit(launched.plan, self.runner.collect(launched)))
 
     def _match_stop_strings(self, events: list[Event]) -> list[Event]:
         if not self._detokenizers:
@@ -467,6 +522,9 @@ class EngineCore:
             num_loop_iterations=self.num_loop_iterations,
             num_requests_added=self.num_requests_added,
             num_requests_finished=dict(self.finished),
+            num_preemptions=s.num_preemptions,
+            num_recomputed_tokens=s.num_recomputed_tokens,
+            overlap=self.overlap,
             num_requests_rejected=dict(self.rejected),
             **host_stat_fields(self.host, self.runner.host_copies),
             host_kv_park_skips=dict(planner.park_skips) if planner is not None else {},

@@ -79,6 +79,7 @@ class EngineFlag:
     given: Any = False  # a switch's value when it is given (not given: the config's default)
     metavar: str | None = None
     section: Section = "engine"
+    negatable: bool = False  # a switch offered as `--x` / `--no-x` (True / False; neither: the default)
 
 
 ENGINE_FLAGS: tuple[EngineFlag, ...] = (
@@ -103,6 +104,15 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
         "skip running the first-use step shapes at startup (on a GPU they compile/autotune kernels: "
         "without warm-up the first requests wait for that)",
         parse=None,
+    ),
+    EngineFlag(
+        "--overlap",
+        "overlap",
+        "plan the next step while the device runs this one (overlap scheduling; default: off, opt-in until "
+        "validated on a GPU); --no-overlap runs each step synchronously",
+        parse=None,
+        given=True,
+        negatable=True,
     ),
     EngineFlag(
         "--spec",
@@ -190,6 +200,9 @@ def add_engine_flags(p: _Adder, *sections: Section) -> None:
     defaults = config_defaults()
     for row in ENGINE_FLAGS:
         if row.section not in (sections or ("engine",)):
+            continue
+        if row.negatable:
+            p.add_argument(row.flag, dest=row.keyword, action=argparse.BooleanOptionalAction, help=row.help)
             continue
         if row.parse is None:
             p.add_argument(row.flag, dest=row.keyword, action="store_const", const=row.given, help=row.help)

@@ -7,9 +7,10 @@ seeded generators. Must not touch requests or the scheduler: the runner passes l
 Order of the warpers follows HF transformers (the reference oracle): penalties on the raw logits,
 then temperature, top-k, top-p, min-p. temperature 0 is greedy: argmax of the penalized logits.
 A structured-output row's grammar bitmask sets the logits of the tokens it forbids to -inf right after
-the penalties, so greedy and sampled rows alike pick an allowed token. The mask is computed on the host
-before anything in `sample` waits for the device, so it overlaps the forward (and the CUDA-graph replay,
-which it leaves untouched: it applies to the logits the graph produced).
+the penalties (one fused launch for the whole batch, kernels/bitmask.py), so greedy and sampled rows alike
+pick an allowed token. The masks are computed on the host by engine/structured/matchers.py, in a worker
+thread that starts as soon as `commit` hands it the sampled tokens and runs while the next forward does;
+`sample` only waits for them (it leaves the CUDA-graph replay untouched: it applies to the graph's logits).
 Sampling uses the exponential race (argmax of probs / Exp(1) noise), drawn per row from that row's
 generator: a request with a `seed` owns a generator seeded once, so its tokens depend only on its own
 logits and seed, never on which other requests share the batch.
@@ -25,6 +26,7 @@ import torch
 from engine.request import SamplingParams, TokenLogprob
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.matchers import GrammarRows
+from kernels.bitmask import apply_token_bitmask_
 
 # Default sampling by model family and thinking mode (issue 4; Qwen's model cards).
 _NON_THINKING = SamplingParams(temperature=0.7, top_p=0.8, top_k=20, min_p=0.0, presence_penalty=1.5)
@@ -106,37 +108,6 @@ def apply_penalties(
     return logits
 
 
-_BYTE_BITS: dict[torch.device, torch.Tensor] = {}
-
-
-def _byte_bits(device: torch.device) -> torch.Tensor:
-    """[256, 8] bool: bit j of byte value v (the lookup that unpacks a bitmask in one gather)."""
-    table = _BYTE_BITS.get(device)
-    if table is None:
-        values = torch.arange(256, dtype=torch.int32, device=device)
-        table = ((values[:, None] >> torch.arange(8, dtype=torch.int32, device=device)) & 1).bool()
-        _BYTE_BITS[device] = table
-    return table
-
-
-def apply_token_bitmask_(
-    logits: torch.Tensor,  # [B, V] float, modified in place
-    bitmask: torch.Tensor,  # [B, ceil(V / 32)] int32; bit b of word w allows token 32 * w + b
-) -> torch.Tensor:
-    """Set the logits of the tokens each row's bitmask forbids to -inf.
-
-    The int32 words are read as little-endian bytes (x86 and CUDA devices), so byte k of the row holds
-    tokens 8k..8k+7 and one table gather unpacks every bit.
-    """
-    vocab_size = logits.shape[-1]
-    assert bitmask.dtype == torch.int32 and bitmask.shape == (logits.shape[0], -(-vocab_size // 32)), (
-        f"bitmask {tuple(bitmask.shape)} {bitmask.dtype} does not fit logits {tuple(logits.shape)}"
-    )
-    table = _byte_bits(logits.device)
-    allowed = table[bitmask.view(torch.uint8).long()].flatten(1)[:, :vocab_size]
-    return logits.masked_fill_(~allowed, float("-inf"))
-
-
 TOP_K_CANDIDATES = 1024  # rows all with 0 < top_k <= this filter their top-k candidates, not a full sort
 
 
@@ -206,6 +177,12 @@ class Sampler:
         """grammars: compiles `SamplingParams.structured`; None = structured outputs are not served."""
         self.device = torch.device(device)
         self.grammars = None if grammars is None else GrammarRows(grammars, self.device)
+        if (
+            grammars is not None and self.device.type == "cuda"
+        ):  # compile the mask kernel now, not on a request
+            words = -(-grammars.vocab_size // 32)
+            logits = torch.zeros(1, grammars.vocab_size, device=self.device)
+            apply_token_bitmask_(logits, torch.full((1, words), -1, dtype=torch.int32, device=self.device))
         self._default = torch.Generator(device=self.device)
         if seed is not None:
             self._default.manual_seed(seed)

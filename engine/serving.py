@@ -14,6 +14,9 @@ Threads:
 
 The loop never spins: with no work it sleeps on a condition until a command arrives; when requests
 wait but nothing can run, it sleeps until a command or the oldest request's pending deadline.
+A stream hands over every event that is ready: when its consumer falls behind (a slow client, a busy
+event loop), the `TokenEvent`s waiting in its queue are merged into one (`take_ready`), so the API frames
+one SSE chunk for all of them instead of one chunk per step.
 Every stream ends with exactly one `FinishEvent`; a consumer that stops iterating (client disconnect,
 task cancelled) aborts its request, which frees its lane and pages at the next step boundary.
 If the model raises, every request is ended with an aborted `FinishEvent` naming the error and the
@@ -38,7 +41,7 @@ from engine.media.prompt import PromptMedia
 from engine.model.config import ModelConfig
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.model.vision_load import VisionParts
-from engine.request import Event, FinishEvent, FinishReason, RejectCode, SamplingParams
+from engine.request import Event, FinishEvent, FinishReason, RejectCode, SamplingParams, TokenEvent
 from engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -188,14 +191,14 @@ class AsyncEngine:
         finished = False
         try:
             while True:
-                event = await queue.get()
-                if isinstance(event, ValueError):  # refused by EngineCore.add_request: never queued
-                    finished = True
-                    raise event
-                finished = isinstance(event, FinishEvent)
-                yield event
-                if finished:
-                    return
+                for event in take_ready(await queue.get(), queue):
+                    if isinstance(event, ValueError):  # refused by EngineCore.add_request: never queued
+                        finished = True
+                        raise event
+                    finished = isinstance(event, FinishEvent)
+                    yield event
+                    if finished:
+                        return
         finally:
             with self._cv:
                 self._streams.pop(request_id, None)
@@ -298,3 +301,25 @@ class AsyncEngine:
             self._accepting = False
         reason = FinishReason.aborted(message)
         self._publish([FinishEvent(i, reason, 0, 0, 0) for i in ids])
+
+
+def take_ready(
+    first: Event | ValueError, queue: asyncio.Queue[Event | ValueError]
+) -> list[Event | ValueError]:
+    """`first` and every item already queued behind it, consecutive `TokenEvent`s merged into one."""
+    out = [first]
+    while not queue.empty():
+        item = queue.get_nowait()
+        last = out[-1]
+        if isinstance(last, TokenEvent) and isinstance(item, TokenEvent):
+            out[-1] = merge_tokens(last, item)
+        else:
+            out.append(item)
+    return out
+
+
+def merge_tokens(a: TokenEvent, b: TokenEvent) -> TokenEvent:
+    """One event for `a`'s tokens then `b`'s (the same request)."""
+    assert a.request_id == b.request_id, f"{a.request_id} != {b.request_id}"
+    logprobs = None if a.logprobs is None and b.logprobs is None else (a.logprobs or ()) + (b.logprobs or ())
+    return TokenEvent(a.request_id, a.token_ids + b.token_ids, b.num_output_tokens, logprobs)

@@ -28,6 +28,12 @@ How a runner executes one `StepPlan`, in this order:
      and the host restores completed or failed since the last result.
 Rows are compacted: decode rows (one token) come first in lane order, then prefill chunks.
 
+Overlap scheduling (`--overlap`, engine/core.py): the scheduler may build plan N+1 before plan N's result
+is back. A row of plan N+1 then feeds `PREVIOUS_TOKEN` (-1) for the token its request's row of plan N
+sampled: the runner takes that id from plan N's sampled ids, still on the device (no host sync). Only
+the last fed token of a row can be one, and only when plan N is `overlappable` (every row that samples
+needs nothing from the host between steps: see `host_free`).
+
 The scheduler commits each row's tokens in order with the same stop and length checks, stopping at
 the first that ends the request (the rest are dropped); a rolled-back position is treated as not
 computed (`num_computed_tokens = end_pos - num_rolled_back`). A verify step of k+1 positions per row
@@ -45,6 +51,24 @@ from engine.request import SamplingParams
 
 if TYPE_CHECKING:
     from engine.media.prompt import PromptMedia
+# In `RowPlan.token_ids`: "the token this request's row of the previous plan sampled" (overlap scheduling).
+PREVIOUS_TOKEN = -1
+
+
+def host_free(params: SamplingParams) -> bool:
+    """Whether a row sampling with `params` lets the next plan be built before its token reaches the host.
+
+    Falls back to the synchronous step (the engine waits for the token first): an output grammar (the next
+    mask needs the matcher advanced on the host), logprobs (computed on the host from the logits),
+    presence / frequency penalties (their counts come from the host history) and a thinking budget (the
+    scheduler may replace the sampled token with the reasoning's forced close)."""
+    return (
+        params.structured is None
+        and params.logprobs is None
+        and not params.presence_penalty
+        and not params.frequency_penalty
+        and params.thinking_budget is None
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +186,12 @@ class StepPlan:
     def num_sampled(self) -> int:
         """Rows that sample at least one position."""
         return sum(1 for r in self.rows if r.sample)
+
+    @property
+    def overlappable(self) -> bool:
+        """Whether the next plan may be built (and may feed `PREVIOUS_TOKEN`) before this plan's result is
+        back: every sampling row samples one position (no verify rows) with `host_free` parameters."""
+        return all(r.num_sample <= 1 and host_free(r.sampling_params) for r in self.rows if r.sample)
 
 
 @dataclass(frozen=True, slots=True)

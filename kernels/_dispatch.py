@@ -64,8 +64,15 @@ QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "sto
 
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:
-    """True when the Triton kernel should run on these tensors (None entries are ignored)."""
+    """True when the Triton kernel should run on these tensors (None entries are ignored).
+
+    Every launcher asks this once a call (~12 times a decode layer, on the host's launch path), so it is a plain
+    loop: no list, no generator."""
     if not HAS_TRITON or KERNELS_MODE == "ref":
         return False
-    present = [t for t in tensors if t is not None]
-    return INTERPRET or all(t.is_cuda for t in present)
+    if INTERPRET:
+        return True
+    for t in tensors:
+        if t is not None and not t.is_cuda:
+            return False
+    return True

@@ -204,6 +204,8 @@ host_park_refusals        counter   ninfer_host_kv_park_refusals_total      reas
 steps                     counter   ninfer_engine_steps_total               | Scheduler steps (including empty ones).
 forward_steps             counter   ninfer_engine_forward_steps_total       | Steps that ran the model.
 admission_scans           counter   ninfer_scheduler_admission_scans_total  | Admission passes over the waiting queue.
+preemptions               counter   ninfer_scheduler_preemptions_total      | Lanes preempted because the KV pool ran short (resumed later with the same output).
+recomputed_tokens         counter   ninfer_scheduler_recomputed_tokens_total | Tokens computed before a preemption that its resume computed again.
 prefill_tokens            counter   ninfer_engine_prefill_tokens_total      | Prompt tokens computed by prefill (live, per step).
 decode_tokens             counter   ninfer_engine_decode_tokens_total       | Tokens produced by decode steps (live, per step).
 engine_rejected           counter   ninfer_engine_rejected_total            code=REJECT_CODES | Requests the engine refused, by reason code.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -272,8 +272,6 @@ def thinking_choice(
 def _refuse_unsupported(req: ChatCompletionRequest) -> None:
     if req.n is not None and not 1 <= req.n <= MAX_CHOICES:
         raise invalid(f"n must be in [1, {MAX_CHOICES}]", param="n")
-    if req.n not in (None, 1) and req.stream:
-        raise invalid("n > 1 is supported without streaming only", param="n")
     if req.logit_bias and any(v != 0 for v in req.logit_bias.values()):
         raise invalid("logit_bias is not supported", param="logit_bias")
     if req.top_logprobs is not None and not req.logprobs:
@@ -307,6 +305,7 @@ def chat_plan(req: ChatCompletionRequest, options: ServerOptions) -> ChatPlan:
     rendered = tools if tools and mode != "none" else None
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = replace(params, structured=output_spec(req, rendered, mode), logprobs=logprobs)
+    params = replace(params, ignore_eos=req.ignore_eos)
     legacy = req.functions is not None
     return ChatPlan(messages, rendered, rendered, thinking, preserve, params, limit, req.n or 1, legacy)
 
@@ -364,13 +363,18 @@ def chat_response_many(
     bodies = [chat_response(completion_id, model, events, outcome) for events, outcome in choices]
     body = bodies[0]
     body["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
-    for key in ("completion_tokens", "total_tokens"):
-        body["usage"][key] += sum(b["usage"]["completion_tokens"] for b in bodies[1:])
-    details = body["usage"]["completion_tokens_details"]
-    details["reasoning_tokens"] = sum(
-        b["usage"]["completion_tokens_details"]["reasoning_tokens"] for b in bodies
-    )
+    body["usage"] = usage_many([outcome for _, outcome in choices])
     return body
+
+
+def usage_many(outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """The usage of n choices of one prompt: the prompt once, every choice's completion."""
+    total = usage(outcomes[0])
+    completion = sum(o.completion_tokens for o in outcomes)
+    total["completion_tokens"] = completion
+    total["total_tokens"] = outcomes[0].prompt_tokens + completion
+    total["completion_tokens_details"]["reasoning_tokens"] = sum(o.reasoning_tokens for o in outcomes)
+    return total
 
 
 def chat_response(
@@ -406,13 +410,22 @@ def chat_response(
 
 
 class ChunkWriter:
-    """Builds `chat.completion.chunk` payloads for one streamed completion."""
+    """Builds `chat.completion.chunk` payloads for one streamed choice (`index`) of a completion."""
 
-    def __init__(self, completion_id: str, model: str, *, legacy: bool = False) -> None:
+    def __init__(
+        self,
+        completion_id: str,
+        model: str,
+        *,
+        legacy: bool = False,
+        index: int = 0,
+        created: int | None = None,
+    ) -> None:
         self.completion_id = completion_id
         self.model = model
         self.legacy = legacy  # calls as the legacy `function_call` delta (the first one only)
-        self.created = int(time.time())
+        self.index = index  # the choice (`n` > 1 streams each choice's chunks with its index)
+        self.created = int(time.time()) if created is None else created
         self.num_calls = 0
         self.num_logprobs = 0  # entries of `Outcome.logprobs` already streamed
 
@@ -430,7 +443,7 @@ class ChunkWriter:
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            "choices": [{"index": self.index, "delta": delta, "finish_reason": finish, "logprobs": None}],
         }
 
     def event(self, event: StreamEvent) -> dict[str, Any]:
@@ -445,12 +458,13 @@ class ChunkWriter:
         call["index"] = self.num_calls - 1
         return self.chunk({"tool_calls": [call]})
 
-    def usage_chunk(self, outcome: Outcome) -> dict[str, Any]:
+    def usage_chunk(self, outcome: Outcome | Sequence[Outcome]) -> dict[str, Any]:
+        """The final usage chunk (no choices): of one choice, or of all n choices."""
         return {
             "id": self.completion_id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "choices": [],
-            "usage": usage(outcome),
+            "usage": usage(outcome) if isinstance(outcome, Outcome) else usage_many(outcome),
         }

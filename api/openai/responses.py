@@ -290,6 +290,8 @@ class ResponseBuilder:
         self.output: list[dict[str, Any]] = []
         self.sequence = 0
         self._open: dict[str, Any] | None = None  # the item being streamed (reasoning or message)
+        self.outcome: Outcome | None = None  # streamed: the generation's, whose logprobs grow as it runs
+        self._num_logprobs = 0  # entries of `outcome.logprobs` already given to a message
 
     def snapshot(self, status: str, outcome: Outcome | None = None) -> dict[str, Any]:
         req = self.req
@@ -378,7 +380,10 @@ class ResponseBuilder:
         part = item["content"][0]
         item["status"] = "completed"
         done = "response.reasoning_text.done" if item["type"] == "reasoning" else "response.output_text.done"
-        extra: dict[str, Any] = {} if item["type"] == "reasoning" else {"logprobs": []}
+        extra: dict[str, Any] = {}
+        if item["type"] == "message":
+            part["logprobs"].extend(self._new_logprobs())
+            extra["logprobs"] = [_event_logprob(e) for e in part["logprobs"]]
         return [
             self._event(
                 done, item_id=item["id"], output_index=index, content_index=0, text=part["text"], **extra
@@ -419,7 +424,7 @@ class ResponseBuilder:
                         output_index=index,
                         content_index=0,
                         delta=event.text,
-                        logprobs=[],
+                        logprobs=[_event_logprob(e) for e in self._take_logprobs(item)],
                     )
                 )
             return out
@@ -459,6 +464,20 @@ class ResponseBuilder:
         out.append(self._event("response.output_item.done", output_index=index, item=item))
         return out
 
+    def _new_logprobs(self) -> list[dict[str, Any]]:
+        """The answer tokens' logprob entries not yet given to a message (when the request asked for them)."""
+        found = None if self.outcome is None else self.outcome.logprobs
+        if not found or len(found) <= self._num_logprobs:
+            return []
+        new = found[self._num_logprobs :]
+        self._num_logprobs = len(found)
+        return new
+
+    def _take_logprobs(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        new = self._new_logprobs()
+        item["content"][0]["logprobs"].extend(new)
+        return new
+
     def finish(self, outcome: Outcome) -> tuple[str, dict[str, Any]]:
         """All open items closed; then exactly one terminal event (`response.completed` / `.incomplete`)."""
         status = "incomplete" if outcome.finish in ("length", "context") else "completed"
@@ -472,6 +491,12 @@ class ResponseBuilder:
         final = self.snapshot("failed")
         final["error"] = {"code": error.code, "message": error.message}
         return self._event("response.failed", response=final)
+
+
+def _event_logprob(entry: dict[str, Any]) -> dict[str, Any]:
+    """A streamed text event's logprob (the SDK's `ResponseTextDeltaEvent.Logprob`: no bytes)."""
+    top = [{"token": t["token"], "logprob": t["logprob"]} for t in entry.get("top_logprobs", ())]
+    return {"token": entry["token"], "logprob": entry["logprob"], "top_logprobs": top}
 
 
 # ------------------------------------------------------------------------------------------ the route
@@ -528,6 +553,7 @@ class ResponsesAdapter:
         return response
 
     def opening(self, outcome: Outcome) -> list[str]:
+        self.builder.outcome = outcome  # the text deltas carry the logprobs of their tokens
         return [sse_event(name, payload) for name, payload in self.builder.start()]
 
     def frames(self, event: StreamEvent) -> list[str]:

@@ -93,12 +93,26 @@ class ChatAdapter:
         return [sse_data(openai_body(error)), "data: [DONE]\n\n"]
 
     def closing(self, outcome: Outcome) -> list[str]:
+        return [*self.choice_closing(outcome), *self.closing_many([outcome])]
+
+    # n > 1 streamed: every choice streams through its own adapter (`choice`), chunks carrying its index,
+    # and ends with its own finish reason; the usage of all choices and the terminator come last.
+
+    def choice(self, index: int) -> ChatAdapter:
+        adapter = ChatAdapter(self.completion_id, self.model, False, legacy=self.legacy)
+        adapter.writer = convert.ChunkWriter(
+            self.completion_id, self.model, legacy=self.legacy, index=index, created=self.writer.created
+        )
+        return adapter
+
+    def choice_closing(self, outcome: Outcome) -> list[str]:
         writer = self.writer
         last = writer.chunk({}, convert.finish_reason(outcome, writer.num_calls > 0, legacy=self.legacy))
-        out = [sse_data(writer.with_logprobs(last, outcome))]
-        if self.include_usage:
-            out.append(sse_data(writer.usage_chunk(outcome)))
-        return [*out, "data: [DONE]\n\n"]
+        return [sse_data(writer.with_logprobs(last, outcome))]
+
+    def closing_many(self, outcomes: list[Outcome]) -> list[str]:
+        usage = [sse_data(self.writer.usage_chunk(outcomes))] if self.include_usage else []
+        return [*usage, "data: [DONE]\n\n"]
 
 
 # ------------------------------------------------------------------------------------ responses

@@ -37,6 +37,9 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     max_tokens: int | None = Field(default=None, ge=1)  # 0 is refused, as on the other two APIs
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    # Extension (vLLM's name): keep generating past end-of-sequence tokens, so a benchmark gets exactly
+    # max_tokens tokens (finish_reason "length"). Stop strings still stop.
+    ignore_eos: bool = False
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None

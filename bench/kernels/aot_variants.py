@@ -34,15 +34,19 @@ class Variant:
 # bf16 activations, weights and caches, fp32 GDN state, int64 slots, bool flags, int32 page tables.
 
 _NORM_PTRS = {p: "bf16" for p in ("x_ptr", "res_ptr", "gate_ptr", "w_ptr", "out_ptr", "sum_ptr")}
-# paged_attention_decode: at most DECODE_MAX_SPLITS = 64 splits a sequence (the reduce's BLOCK_S), split unit
+# paged_attention_decode: at most DECODE_MAX_SPLITS = 128 splits a sequence (the reduce's BLOCK_S), split unit
 # = BLOCK_N = 32 keys at head_dim 256; the int8 cache has 256 / 64 = 4 fp16 scales a head row
-_ATTN_SPLITS = 64
+_ATTN_SPLITS = 128
 _STORE_KV_PTRS = {"key_ptr": "bf16", "value_ptr": "bf16", "slot_mapping_ptr": "i64"}
 _DECODE_PTRS = {"q_ptr": "bf16", "page_table_ptr": "i32", "seq_lens_ptr": "i32", "part_out_ptr": "fp32",
                 "part_lse_ptr": "fp32"}  # fmt: skip
 _PREFILL_PTRS = {"q_ptr": "bf16", "page_table_ptr": "i32", "query_start_loc_ptr": "i32", "seq_lens_ptr": "i32",
                  "out_ptr": "bf16"}  # fmt: skip
 _PREFILL_27B = dict(GROUP=6, HEAD_DIM=256, PAGE_SIZE=64, BLOCK_D=256)
+# The strides Triton's launcher specialises as multiples of 16 at run time (1024-element rows, 256-element heads,
+# 16 scale bytes a row): without them here the AOT build would load int8 K/V byte by byte, unlike the JIT's.
+_DECODE_ALIGNED = ("q_stride_b", "q_stride_h", "cache_stride_page", "cache_stride_row", "cache_stride_head",
+                   "scale_stride_page", "scale_stride_row")  # fmt: skip
 _DECODE_27B = dict(NUM_Q_HEADS=24, GROUP=6, HEAD_DIM=256, PAGE_SIZE=64, SPLIT_UNIT=32, MAX_SPLITS=_ATTN_SPLITS,
                    BLOCK_G=16, BLOCK_N=32, BLOCK_D=256)  # fmt: skip
 
@@ -241,20 +245,33 @@ VARIANTS: dict[str, list[Variant]] = {
                 "key_scale_ptr": "bf16",
                 "value_scale_ptr": "bf16",
             },
-            dict(_DECODE_27B, KV_INT8=False, NUM_SCALES=1, BLOCK_SCALES=1),
+            dict(_DECODE_27B, KV_INT8=False, INT8_F16=False, NUM_SCALES=1, BLOCK_SCALES=1),
             floats=("scale_log2",),
+            aligned=_DECODE_ALIGNED,
         ),
-        Variant(
-            "Hq=24 Hkv=4 D=256 page 64 int8 g64",
-            {
-                **_DECODE_PTRS,
-                "key_cache_ptr": "i8",
-                "value_cache_ptr": "i8",
-                "key_scale_ptr": "fp16",
-                "value_scale_ptr": "fp16",
-            },
-            dict(_DECODE_27B, KV_INT8=True, NUM_SCALES=4, BLOCK_SCALES=4),
-            floats=("scale_log2",),
+        *(
+            Variant(
+                f"Hq=24 Hkv=4 D=256 page 64 int8 g64 {'fp16' if f16 else 'fp32'} dequant",
+                {
+                    **_DECODE_PTRS,
+                    "key_cache_ptr": "i8",
+                    "value_cache_ptr": "i8",
+                    "key_scale_ptr": "fp16",
+                    "value_scale_ptr": "fp16",
+                },
+                dict(
+                    _DECODE_27B,
+                    KV_INT8=True,
+                    INT8_F16=f16,
+                    NUM_SCALES=4,
+                    BLOCK_SCALES=4,
+                    BLOCK_N=64,
+                    SPLIT_UNIT=64,
+                ),  # fmt: skip
+                floats=("scale_log2",),
+                aligned=_DECODE_ALIGNED,
+            )
+            for f16 in (True, False)
         ),
     ],
     # reduce: BLOCK_S = next_pow2(max_splits), BLOCK_D = min(64, next_pow2(head_dim))
@@ -356,5 +373,9 @@ VARIANTS: dict[str, list[Variant]] = {
             dict(HIDDEN=2048, TOP_K=8, HAS_SHARED=has_shared, BLOCK_TOPK=8, BLOCK_H=1024),
         )
         for has_shared in (False, True)
+    ],
+    # kernels/bitmask.py apply_token_bitmask_: fp32 logits of the sampler, int32 llguidance bitmask words, BLOCK 4096
+    "_apply_token_bitmask_kernel": [
+        Variant("V=248320 fp32", dict(logits_ptr="fp32", bitmask_ptr="i32"), dict(BLOCK=4096)),
     ],
 }

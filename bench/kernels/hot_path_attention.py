@@ -53,7 +53,7 @@ def _decode_layers_rows(batch: int, seq: int, query: torch.Tensor, table: torch.
         "int8": [(*_int8_pages(like.shape), *_int8_pages(like.shape)) for _ in range(16)],
     }
     for kv, layers in caches.items():
-        for max_splits in (16, 32, DECODE_MAX_SPLITS, 128):
+        for max_splits in (32, 64, 128, 256):  # DECODE_MAX_SPLITS is marked
 
             def all_layers() -> None:
                 for kl, ks, vl, vs in layers:

@@ -42,6 +42,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.structured.schema import resolved
+
 logger = logging.getLogger(__name__)
 
 THINK_START, THINK_END = "<think>", "</think>"
@@ -217,7 +219,7 @@ def parse_tool_call(block: str, schemas: Schemas | None) -> ToolCall:
         value = body[param.end() : end]
         value = value[1:] if value.startswith("\n") else value
         value = value[:-1] if value.endswith("\n") else value
-        typed = coerce_value(value, properties.get(key))
+        typed = coerce_value(value, resolved(properties.get(key), schemas[name]))  # `$ref`s followed
         if typed is not _OMIT:
             arguments[key] = typed
     if body[pos:].strip():

@@ -34,7 +34,7 @@ from torch import nn
 from engine.model.config import ModelConfig
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.fusion import concat_linears
-from engine.model.linear import Linear, project
+from engine.model.linear import Linear, bound_inputs
 from engine.model.norm import RMSNorm
 from kernels.activation import sigmoid_gate_mul
 from kernels.attention import paged_attention_decode, paged_prefill_attention, store_kv
@@ -109,15 +109,14 @@ class GatedAttention(nn.Module):
         """(query [T, H, D], gate [T, H, D], k [T, H_kv * D], v [T, H_kv * D]): views of the projections'
         outputs (one GEMM once fused)."""
         num_tokens = x.shape[0]
-        parts = project([getattr(self, name) for name in self.input_projections], x)
-        if "query_gate" in parts:
-            query, gate = (
-                parts["query_gate"].view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-            )
-        else:
-            query = parts["query"].view(num_tokens, self.num_heads, self.head_dim)
-            gate = parts["gate"].view(num_tokens, self.num_heads, self.head_dim)
-        return query, gate, parts["key"], parts["value"]
+        parts = bound_inputs(self, _input_groups).run(x)
+        if len(parts) == 3:  # HF's interleave: per head [query | gate]
+            query_gate, k, v = parts
+            query, gate = query_gate.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            return query, gate, k, v
+        query, gate, k, v = parts
+        shape = (num_tokens, self.num_heads, self.head_dim)
+        return query.view(shape), gate.view(shape), k, v
 
     def fuse_projections(self) -> bool:
         """Replace q_proj, k_proj, v_proj by one ``qkv_proj`` (their weights concatenated, the originals
@@ -128,3 +127,11 @@ class GatedAttention(nn.Module):
         del self.q_proj, self.k_proj, self.v_proj
         self.input_projections = ("qkv_proj",)
         return True
+
+
+def _input_groups(names: set[str]) -> tuple[tuple[str], ...]:
+    """What attention reads from its input projections: the checkpoint's per-head [query | gate] rows when the
+    parents have them, else query and gate apart (a quantized artifact's parents), then key and value."""
+    if "query_gate" in names:
+        return ("query_gate",), ("key",), ("value",)
+    return ("query",), ("gate",), ("key",), ("value",)

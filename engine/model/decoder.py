@@ -39,9 +39,11 @@ class DecoderLayer(nn.Module):
         batch: ForwardBatch,
         cache: ModelCache,
     ) -> torch.Tensor:
+        # NOTE: ``.forward`` directly, not the module call: nn.Module's hook machinery costs ~1 us a call, and
+        # run eagerly the host's Python per layer is the decode step's time (hooks on these modules do not run)
         if self.layer_type == "linear_attention":
-            return self.linear_attn(normed, batch, cache)
-        return self.self_attn(normed, rope, batch, cache)
+            return self.linear_attn.forward(normed, batch, cache)
+        return self.self_attn.forward(normed, rope, batch, cache)
 
     def forward(
         self,
@@ -66,4 +68,4 @@ class DecoderLayer(nn.Module):
         """-> (next_norm(h), h) with h this layer's output residual stream."""
         mixed = self._mix(normed, rope, batch, cache)
         normed, residual = self.post_attention_layernorm.add_forward(mixed, residual)
-        return next_norm.add_forward(self.mlp(normed), residual)
+        return next_norm.add_forward(self.mlp.forward(normed), residual)

@@ -38,10 +38,13 @@ from torch import nn
 from engine.model.config import ModelConfig
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.fusion import concat_linears
-from engine.model.linear import Linear, project, span
+from engine.model.linear import Linear, bound_inputs
 from engine.model.norm import GatedRMSNorm
 from kernels.conv import causal_conv1d_decode, causal_conv1d_varlen_ref, causal_conv1d_varlen_split
 from kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_decode, gated_delta_rule_varlen_ref
+
+# what the layer reads from its input projections: the conv input q|k|v (one view when adjacent), z, b, a
+_INPUT_GROUPS = (("query", "key", "value"), ("z",), ("b",), ("a",))
 
 
 class _Conv1dWeight(nn.Module):
@@ -78,16 +81,21 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = Linear(self.value_dim, hidden)
 
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        query, key, value = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        """[T, conv_dim] -> query, key [T, Hk, Dk] and value [T, Hv, Dv]: views (C methods only: no Python-level
+        torch wrappers on the decode path)."""
+        tokens = mixed.shape[0]
+        query, key, value = mixed.split_with_sizes([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         return (
-            query.unflatten(-1, (self.num_k_heads, self.k_dim)),
-            key.unflatten(-1, (self.num_k_heads, self.k_dim)),
-            value.unflatten(-1, (self.num_v_heads, self.v_dim)),
+            query.view(tokens, self.num_k_heads, self.k_dim),
+            key.view(tokens, self.num_k_heads, self.k_dim),
+            value.view(tokens, self.num_v_heads, self.v_dim),
         )
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv, z, b, a = self._project(x)
+        # (qkv [T, conv_dim], z [T, value_dim], b [T, Hv], a [T, Hv]); once fused, views of one GEMM's output
+        # (unit stride along the channels, the fused row stride)
+        qkv, z, b, a = bound_inputs(self, _INPUT_GROUPS).run(x)
         conv_state = cache.conv_state[self.state_index]
         states = cache.recurrent_state[self.state_index]
         weight = self.conv1d.weight.squeeze(1)
@@ -147,12 +155,6 @@ class GatedDeltaNet(nn.Module):
                 conv_state.index_copy_(0, dst, conv_state.index_select(0, src))
                 states.index_copy_(0, dst, states.index_select(0, src))
         return core
-
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(qkv [T, conv_dim], z [T, value_dim], b [T, Hv], a [T, Hv]); once fused, views of one GEMM's
-        output (unit stride along the channels, the fused row stride)."""
-        parts = project([getattr(self, name) for name in self.input_projections], x)
-        return span(parts, ("query", "key", "value")), parts["z"], parts["b"], parts["a"]
 
     def fuse_projections(self) -> bool:
         """Replace in_proj_qkv, in_proj_z, in_proj_b, in_proj_a by one ``in_proj`` (their weights

@@ -32,12 +32,13 @@ from torch import nn
 
 from engine.model.config import ModelConfig
 from engine.model.fusion import concat_linears
-from engine.model.linear import Linear, project
+from engine.model.linear import Linear, bound_inputs
 from kernels.activation import silu_mul
 from kernels.moe import SharedExpert, moe_combine, moe_experts, moe_experts_ref, moe_route
 
 FUSED_MAX_TOKENS = 64  # CUDA: T at or below this takes the fused Triton experts
 GATHER_MAX_ROWS = 64  # CPU: T * top_k at or below this takes the gathered-weights path
+_GATE_UP = (("gate",), ("up",))  # what an MLP reads from its input projections
 
 
 class MLP(nn.Module):
@@ -56,8 +57,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        parts = project([getattr(self, name) for name in self.input_projections], x)
-        return self.down_proj(silu_mul(parts["gate"], parts["up"]))
+        gate, up = bound_inputs(self, _GATE_UP).run(x)
+        return self.down_proj(silu_mul(gate, up))
 
     def gate_up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate [I, H], up [I, H]) dense weights: the parameters themselves, or once fused the two row halves
@@ -68,7 +69,7 @@ class MLP(nn.Module):
         assert self.gate_up_proj.weight is not None, (
             "gate_up_weights: a quantized gate_up has no dense weight"
         )
-        gate, up = self.gate_up_proj.weight.split(self.intermediate_size, dim=0)
+        gate, up = self.gate_up_proj.weight.split_with_sizes([self.intermediate_size] * 2, dim=0)
         return gate, up
 
     def fuse_projections(self) -> bool:
@@ -112,12 +113,13 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = moe_route(self.gate(x), self.top_k)
-        gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
-        dense_shared = self.shared_is_dense()
-        if x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS and dense_shared:
+        experts = self.experts
+        gate_up, down = experts.gate_up_proj, experts.down_proj
+        fused = x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS
+        if fused and self.shared_is_dense():
             return moe_experts(x, gate_up, down, weights, expert_ids, self.shared_weights())
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        if x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS:  # a quantized shared expert runs as its own MLP
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert.forward(x)
+        if fused:  # a quantized shared expert runs as its own MLP
             return moe_experts(x, gate_up, down, weights, expert_ids) + shared
         if x.is_cuda:  # the shared output joins the routed sum inside moe_combine
             return _experts_grouped(x, gate_up, down, weights, expert_ids, shared)
@@ -129,9 +131,10 @@ class SparseMoeBlock(nn.Module):
 
     def shared_is_dense(self) -> bool:
         """True when the shared expert and its gate hold dense weights (what ``moe_experts`` fuses in)."""
-        layers = [self.shared_expert_gate, self.shared_expert.down_proj]
-        layers += [getattr(self.shared_expert, n) for n in self.shared_expert.input_projections]
-        return all(layer.weight is not None for layer in layers)
+        shared = self.shared_expert
+        if self.shared_expert_gate.weight is None or shared.down_proj.weight is None:
+            return False
+        return all(layer.weight is not None for layer in bound_inputs(shared, _GATE_UP).layers)
 
     def shared_weights(self) -> SharedExpert:
         """The shared expert's parameters as ``kernels.moe.moe_experts`` takes them (the tensors themselves;

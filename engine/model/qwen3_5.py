@@ -72,13 +72,11 @@ class Qwen3_5TextModel(nn.Module):
         if not self.layers:
             return self.norm(residual)
         # NOTE: nn.ModuleList is untyped; __init__ fills it with DecoderLayers only.
-        layers = self.layers
-        normed = cast(DecoderLayer, layers[0]).input_layernorm(residual)
-        for i, module in enumerate(layers):
-            layer = cast(DecoderLayer, module)
-            next_norm = (
-                cast(DecoderLayer, layers[i + 1]).input_layernorm if i + 1 < len(layers) else self.norm
-            )
+        layers = cast(list[DecoderLayer], list(self.layers))
+        next_norms = [layer.input_layernorm for layer in layers[1:]]
+        next_norms.append(self.norm)
+        normed = layers[0].input_layernorm(residual)
+        for layer, next_norm in zip(layers, next_norms, strict=True):
             normed, residual = layer.forward_fused(normed, residual, rope, batch, cache, next_norm)
         return normed
 

@@ -113,12 +113,13 @@ class CudaGraphRunner:
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
-    def run(self, rows: Sequence[DecodeRow]) -> torch.Tensor:
-        """Replay the width-1 graph for ``len(rows)`` (padded) and return the rows' fp32 logits [n, vocab]."""
+    def run(self, rows: Sequence[DecodeRow], previous: torch.Tensor | None = None) -> torch.Tensor:
+        """Replay the width-1 graph for ``len(rows)`` (padded) and return the rows' fp32 logits [n, vocab].
+        ``previous``: the ids the previous step sampled, for rows with a ``previous_index`` (no host sync)."""
         num_rows = len(rows)
         size = self.padded_size(num_rows)
         assert size is not None and self.captured, f"no captured graph for {num_rows} rows"
-        self.buffers.fill(rows, self.page_size, self._row_pages)
+        self.buffers.fill(rows, self.page_size, self._row_pages, previous)
         if size > num_rows:
             self.buffers.reset_padding(num_rows)
         self._graphs[(size, 1)].replay()

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.model.forward import ForwardBatch, make_forward_batch
-from engine.step import RowPlan
+from engine.runner.pending import upload
+from engine.step import PREVIOUS_TOKEN, RowPlan
 
 
 def eager_batch(rows: Sequence[RowPlan], page_size: int, device: torch.device) -> ForwardBatch:
@@ -44,20 +45,28 @@ def sample_indices(rows: Sequence[RowPlan]) -> list[int]:
 @dataclass(frozen=True)
 class DecodeRow:
     """One decode row in plain ints: feed ``token`` at ``position`` of a sequence whose KV pages are
-    ``page_ids`` and whose GDN state is ``state_slot`` (``keep_state`` False = start from zeros). ``rope_delta``:
-    a request with media rotates by ``position + rope_delta`` (engine/runner/media.py)."""
+    ``page_ids`` and whose GDN state is ``state_slot`` (``keep_state`` False = start from zeros).
+    ``token`` is ``PREVIOUS_TOKEN`` when the id comes from the previous step's sampled ids on the device, at
+    ``previous_index``. ``rope_delta``: a request with media rotates by ``position + rope_delta``
+    (engine/runner/media.py)."""
 
     token: int
     position: int
     page_ids: Sequence[int]
     state_slot: int
     keep_state: bool = True
+    previous_index: int = -1
     rope_delta: int = 0
 
     @classmethod
-    def of(cls, row: RowPlan) -> DecodeRow:
+    def of(cls, row: RowPlan, previous_index: int = -1) -> DecodeRow:
         assert row.num_tokens == 1, f"{row.request_id}: a decode row feeds one token, not {row.num_tokens}"
-        return cls(row.token_ids[0], row.start_pos, row.page_ids, row.state_slot, not row.reset_state)
+        assert (row.token_ids[0] == PREVIOUS_TOKEN) == (previous_index >= 0), (
+            f"{row.request_id}: previous index"
+        )
+        return cls(
+            row.token_ids[0], row.start_pos, row.page_ids, row.state_slot, not row.reset_state, previous_index
+        )
 
 
 @dataclass
@@ -108,23 +117,37 @@ class InputBuffers:
                          (self.positions, 0), (self.has_initial_state, False)):  # fmt: skip
             t[start:].fill_(value)
 
-    def fill(self, rows: Sequence[DecodeRow], page_size: int, row_pages: list[Sequence[int] | None]) -> None:
-        """Write ``rows`` into rows 0..len(rows)-1 (one host-to-device copy; page-table rows only when a
-        lane's pages changed: ``row_pages`` remembers what each table row holds)."""
+    def fill(
+        self,
+        rows: Sequence[DecodeRow],
+        page_size: int,
+        row_pages: list[Sequence[int] | None],
+        previous: torch.Tensor | None = None,  # [S] ids the previous step sampled (rows' previous_index)
+    ) -> None:
+        """Write ``rows`` into rows 0..len(rows)-1 without a host sync (pinned, non-blocking uploads; page-table
+        rows only when a lane's pages changed: ``row_pages`` remembers what each table row holds)."""
         num_rows = len(rows)
+        device = self.input_ids.device
         slots = [r.page_ids[r.position // page_size] * page_size + r.position % page_size for r in rows]
-        host = torch.tensor(
-            [[r.token for r in rows], [r.position + r.rope_delta for r in rows], [r.position + 1 for r in rows], slots,
-             [r.state_slot for r in rows], [int(r.keep_state) for r in rows]],
-            dtype=torch.int64,
+        dev = upload(
+            [[max(r.token, 0) for r in rows], [r.position + r.rope_delta for r in rows], [r.position + 1 for r in rows], slots,
+             [r.state_slot for r in rows], [int(r.keep_state) for r in rows], [r.previous_index for r in rows]],
+            device,
         )  # fmt: skip
-        for i, r in enumerate(rows):  # page-table rows change only when a lane's request changes
-            if row_pages[i] != r.page_ids:
-                pages = torch.tensor(list(r.page_ids), dtype=torch.int32)
-                self.page_table[i, : pages.numel()].copy_(pages, non_blocking=False)
-                row_pages[i] = r.page_ids
-        dev = host.to(self.input_ids.device, non_blocking=False)
-        self.input_ids[:num_rows].copy_(dev[0])
+        ids = dev[0]
+        if any(r.previous_index >= 0 for r in rows):
+            assert previous is not None, "a row feeds the previous step's token, and none is given"
+            ids = torch.where(dev[6] >= 0, previous[dev[6].clamp(min=0)], ids)
+        changed = [i for i, r in enumerate(rows) if row_pages[i] != r.page_ids]
+        if changed:  # page-table rows change only when a lane's request changes or its row grows
+            width = max(len(rows[i].page_ids) for i in changed)
+            table = upload(
+                [[i, *rows[i].page_ids] + [0] * (width - len(rows[i].page_ids)) for i in changed], device
+            )
+            self.page_table[table[:, 0], :width] = table[:, 1:].to(self.page_table.dtype)
+            for i in changed:
+                row_pages[i] = rows[i].page_ids
+        self.input_ids[:num_rows].copy_(ids)
         self.positions[:num_rows].copy_(dev[1])
         self.seq_lens[:num_rows].copy_(dev[2])
         self.slot_mapping[:num_rows].copy_(dev[3])

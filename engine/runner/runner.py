@@ -13,6 +13,14 @@ becomes `has_initial_state=False`), one flat varlen forward over every row (engi
 logits for the positions rows sample only, sampling (`_sample`, the one call into the `Sampler`), then
 state snapshots (`save_state_to`).
 
+Overlap scheduling (engine/runner/pending.py): `launch(plan)` queues a step and returns at once;
+`collect(launched)` waits for its sampled ids and builds the `StepResult`; `execute` is the two back to
+back. A plan whose sampling rows are all `host_free` (engine/step.py) samples on the device: its ids stay
+there (`LastSampled`) to fill the next plan's `PREVIOUS_TOKEN` feeds, and reach the host through a
+non-blocking copy and an event. Other plans (grammars, logprobs, penalties, thinking budgets, speculative
+verify) sample through the host as before and finish inside `launch`. `timeline` records launches and
+collects in order: with overlap, step N+1 is launched before step N is collected.
+
 KV pool size (`--kv-capacity`, engine/cache/kv.py `resolve_num_pages`): omitted = one `max_context`
 worth of pages; N tokens = ceil(N / page) pages; `auto` = the largest page count that fits in free
 device memory after the weights with 1 GiB of headroom on CUDA, and on the CPU a stated default of
@@ -27,6 +35,7 @@ CPU, `cuda_graph=False` / `--no-cuda-graph`) runs eagerly. Graphs are captured a
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -43,10 +52,11 @@ from engine.runner.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner
 from engine.runner.host_copies import HostCopies
 from engine.runner.inputs import DecodeRow, eager_batch, sample_indices
 from engine.runner.media import MediaInputs, feeds_media, rope_delta
+from engine.runner.pending import LastSampled, Launched, fill_previous, start_copy, upload
 from engine.runner.speculative import SpecExecutor, num_spec_slots
 from engine.runner.warmup import WarmupReport, warm_up
 from engine.sampling import Sampler, output_token_counts, token_logprobs
-from engine.step import HostRestoreReport, RowPlan, StepPlan, StepResult
+from engine.step import PREVIOUS_TOKEN, HostRestoreReport, RowPlan, StepPlan, StepResult
 from engine.structured.compiler import GrammarCompiler
 
 logger = logging.getLogger(__name__)
@@ -120,6 +130,10 @@ class ModelRunner:
         self._logprobs: dict[str, tuple[TokenLogprob, ...]] = {}  # this step's, for rows that asked
         self.num_steps = 0
         self.num_graph_steps = 0
+        self._last: LastSampled | None = None  # the latest launched step's device-sampled ids
+        self._num_uncollected = 0
+        self.num_overlapped_launches = 0  # launches while an earlier step was not yet collected
+        self.timeline: deque[tuple[str, int]] = deque(maxlen=256)  # ("launch" | "collect", step_id), in order
         self.graphs: CudaGraphRunner | None = None
         if cuda_graph and self.device.type == "cuda":
             max_pages = num_pages if max_context is None else min(num_pages, -(-max_context // page_size))
@@ -139,15 +153,48 @@ class ModelRunner:
     def graphs_captured(self) -> bool:
         return (self.graphs is not None and self.graphs.captured) or self.spec_graphs_captured
 
-    @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
-        """Run one step: per row, the tokens of its sampled positions, in row order."""
+        """Run one step synchronously: per row, the tokens of its sampled positions, in row order."""
+        return self.collect(self.launch(plan))
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan) -> Launched:
+        """Queue one step on the device (host copies, forward, sampling) and return without waiting for it,
+        unless it samples through the host. `collect` gives its result; steps are collected in launch order."""
+        if self._num_uncollected:
+            self.num_overlapped_launches += 1
+        self._num_uncollected += 1
+        self.timeline.append(("launch", plan.step_id))
         self.release(plan.released_request_ids)
         if self.host_copies is not None:  # parks, unparks: before anything writes the cache
             self.host_copies.run(self.cache, plan)
+        launched = Launched(plan)
         if self.spec is not None and not plan.is_empty:
-            return self._execute_spec(plan)
-        sampled = self.run_rows(plan) if not plan.is_empty else []
+            self._last = None
+            launched.result = self._execute_spec(plan)
+            return launched
+        host_sampled = self._launch_rows(plan, launched) if not plan.is_empty else []
+        self._last = None
+        if launched.sampled is not None:
+            self._last = LastSampled.of(launched.sampled, plan.rows)
+            start_copy(launched)
+        elif host_sampled is not None:  # finished here: the result is built now
+            launched.result = self._result(plan, host_sampled)
+        return launched
+
+    @torch.inference_mode()
+    def collect(self, launched: Launched) -> StepResult:
+        """The `StepResult` of a launched step (waits for its sampled ids to reach the host)."""
+        assert self._num_uncollected > 0, "collect() without launch()"
+        self._num_uncollected -= 1
+        self.timeline.append(("collect", launched.plan.step_id))
+        if launched.result is not None:
+            return launched.result
+        plan = launched.plan
+        flat = iter(launched.tokens())
+        return self._result(plan, [[next(flat)] for row in plan.rows if row.sample])
+
+    def _result(self, plan: StepPlan, sampled: list[list[int]]) -> StepResult:
         if self.host_copies is not None:
             self._host_reports += self.host_copies.finish(idle=plan.is_empty)
         reports, self._host_reports = self._host_reports, ()
@@ -189,7 +236,17 @@ class ModelRunner:
         )
 
     def run_rows(self, plan: StepPlan) -> list[list[int]]:
-        """Steps 1-5 of a plan (no host copies): one token list per sampling row, in row order."""
+        """Steps 1-5 of a plan (no host copies), synchronously: one token list per sampling row, in row order."""
+        launched = Launched(plan)
+        sampled = self._launch_rows(plan, launched)
+        if sampled is None:
+            flat = iter(launched.sampled.tolist())  # type: ignore[union-attr]
+            sampled = [[next(flat)] for row in plan.rows if row.sample]
+        return sampled
+
+    def _launch_rows(self, plan: StepPlan, launched: Launched) -> list[list[int]] | None:
+        """Steps 1-5 of a non-empty plan. Returns the host-sampled token lists, or None when the plan's rows
+        sampled on the device (`launched.sampled`, one id per sampling row)."""
         self.num_steps += 1
         rows = plan.rows
         for src, dst in plan.page_copies:
@@ -197,31 +254,49 @@ class ModelRunner:
         for row in rows:
             if row.copy_state_from is not None:
                 self._copy_state(row.copy_state_from, row.state_slot)
-        if self._graph_eligible(rows):
-            sampled = self._execute_graph(rows)
-        else:
-            sampled = self._execute_eager(rows)
+        logits = self._execute_graph(rows) if self._graph_eligible(rows) else self._execute_eager(rows)
+        sampling = [row for row in rows if row.sample]
+        sampled: list[list[int]] | None = []
+        if logits is not None and plan.overlappable:
+            launched.sampled = self._sample_on_device(logits, sampling)
+            sampled = None
+        elif logits is not None:
+            sampled = self._sample(logits, sampling)
         for row in rows:
             if row.save_state_to is not None:
                 self._copy_state(row.state_slot, row.save_state_to)
         return sampled
 
-    def _execute_eager(self, rows: Sequence[RowPlan]) -> list[list[int]]:
+    def _execute_eager(self, rows: Sequence[RowPlan]) -> torch.Tensor | None:
+        """The logits of the rows' sampled positions [S, vocab] fp32 (None when no row samples)."""
         batch = self.media.apply(eager_batch(rows, self.page_size, self.device), rows)
+        fill_previous(batch.input_ids, rows, self._last)
         hidden = self.model(batch, self.cache)  # [T, hidden]
         indices = sample_indices(rows)
         if not indices:
-            return []
-        logits = self.model.compute_logits(
-            hidden, torch.tensor(indices, device=self.device)
-        )  # [S, vocab] fp32
-        return self._sample(logits, [row for row in rows if row.sample])
+            return None
+        return self.model.compute_logits(hidden, upload(indices, self.device))  # [S, vocab] fp32
 
-    def _execute_graph(self, rows: Sequence[RowPlan]) -> list[list[int]]:
+    def _execute_graph(self, rows: Sequence[RowPlan]) -> torch.Tensor:
         assert self.graphs is not None
-        logits = self.graphs.run([replace(DecodeRow.of(row), rope_delta=rope_delta(row)) for row in rows])
+        last = self._last
+        decode = [
+            replace(
+                DecodeRow.of(row, last.index[row.request_id] if row.token_ids[0] == PREVIOUS_TOKEN else -1),  # type: ignore[union-attr]
+                rope_delta=rope_delta(row),
+            )
+            for row in rows
+        ]
+        logits = self.graphs.run(decode, last.ids if last is not None else None)
         self.num_graph_steps += 1
-        return self._sample(logits, rows)
+        return logits
+
+    def _sample_on_device(self, logits: torch.Tensor, rows: Sequence[RowPlan]) -> torch.Tensor:
+        """Sample `host_free` rows (one position each) without reading anything back: ids [S] int64."""
+        params = [row.sampling_params for row in rows]
+        if all(p.greedy for p in params):
+            return logits.argmax(dim=-1)
+        return self.sampler.sample(logits, params, [row.request_id for row in rows])
 
     def _graph_eligible(self, rows: Sequence[RowPlan]) -> bool:
         if self.graphs is None or not all(row.num_tokens == 1 and row.num_sample == 1 for row in rows):
@@ -286,7 +361,7 @@ class ModelRunner:
         for row in rows:
             history = self._output_token_ids.get(row.request_id)
             n = min(row.num_tokens, row.num_output_tokens)
-            if not row.sample or not history or n == 0:
+            if not row.sample or not history or n == 0 or PREVIOUS_TOKEN in row.token_ids:
                 continue
             fed = list(row.token_ids[-n:])
             if history[-n:] == fed:

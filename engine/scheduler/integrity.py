@@ -30,16 +30,22 @@ def check_integrity(scheduler: Scheduler) -> None:
         if lane is None:
             continue
         request = lane.request
-        running.add(request.request_id)
+        ending = lane.ending is not None  # ended with a row in flight (overlap): freed when it commits
+        if not ending:
+            running.add(request.request_id)
         low = scheduler.pages.pages_for(request.num_computed_tokens)
         high = scheduler.pages.pages_for(lane.max_num_tokens - 1)
-        if not low <= len(lane.page_ids) <= high or request.status is not RequestStatus.RUNNING:
+        status = RequestStatus.FINISHED if ending else RequestStatus.RUNNING
+        if not low <= len(lane.page_ids) <= high or request.status is not status:
             raise RuntimeError(
                 f"lane {lane.lane_id}: {len(lane.page_ids)} pages (want {low}..{high}), status {request.status}"
             )
         if len(set(lane.page_ids)) != len(lane.page_ids):
             raise RuntimeError(f"lane {lane.lane_id}: a page twice in its row {lane.page_ids}")
-        if not 0 <= request.num_computed_tokens < request.num_tokens < lane.max_num_tokens + 1:
+        # a row in flight may have fed the last token (or PREVIOUS_TOKEN, one past the committed ones)
+        inflight = lane.num_inflight_rows > 0
+        top = request.num_tokens + (1 if inflight else 0)
+        if not 0 <= request.num_computed_tokens < top or not request.num_tokens < lane.max_num_tokens + 1:
             raise RuntimeError(
                 f"lane {lane.lane_id}: computed {request.num_computed_tokens}, tokens {request.num_tokens}, "
                 f"limit {lane.max_num_tokens}"
@@ -47,8 +53,7 @@ def check_integrity(scheduler: Scheduler) -> None:
         for page_id in lane.page_ids:
             expected[page_id] += 1
         held_slots.append(lane.state_slot)
-        if lane.pending_save is not None:
-            held_slots.append(lane.pending_save[0])
+        held_slots.extend(slot for slot, _ in lane.pending_saves)
         if lane.restore is not None:
             pins[lane.restore.checkpoint_id] = pins.get(lane.restore.checkpoint_id, 0) + 1
     for cp in checkpoints:

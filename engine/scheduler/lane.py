@@ -26,7 +26,18 @@ class Lane:
     cow: tuple[int, int] | None  # (src, dst) page copy for the first step
     boundaries: deque[int] = field(default_factory=deque)  # checkpoint positions still to save
     initialized: bool = False  # the first step (reset / restore / copy-on-write) was emitted
-    pending_save: tuple[int, int] | None = None  # (slot, position) of the step in flight
+    pending_saves: list[tuple[int, int]] = field(default_factory=list)  # (slot, position) of rows in flight
     host_restored: bool = False  # admitted with a host unpark into its pages and slot: no state reset
     restoring: bool = False  # that unpark is not yet reported complete: the lane gets no row
     drafts: tuple[int, ...] = ()  # speculative drafts for the next step (never in the request's tokens)
+    # Overlap scheduling (engine/scheduler/inflight.py): rows planned and not yet committed, the tokens they
+    # sample (known tokens = request.num_tokens + num_pending_tokens), and once the request has ended while a
+    # row was in flight, whether its sequence is retained when the lane is freed (None: not ended).
+    num_inflight_rows: int = 0
+    num_pending_tokens: int = 0
+    ending: bool | None = None
+
+    @property
+    def num_known_tokens(self) -> int:
+        """The request's tokens plus those its rows in flight sample (fed next as `PREVIOUS_TOKEN`)."""
+        return self.request.num_tokens + self.num_pending_tokens

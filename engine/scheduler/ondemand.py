@@ -16,7 +16,12 @@ Resume is an ordinary admission of the longer sequence: a prefix match of its ow
 or host-parked) restores the KV and the exact GDN state; else it recomputes prompt + output from zero
 (the state is rebuilt from the same tokens). The last known token's row samples the next token, so a
 greedy output is unchanged. The runner keeps the request's sampler state across the preemption (its
-id is not released), and usage keeps the first admission's cached-token counts.
+id is not released), and usage keeps the first admission's cached-token counts. `num_preemptions` counts
+preemptions, `num_recomputed_tokens` the tokens computed before a preemption that its resume computed again.
+
+Overlap scheduling: a lane with a row in flight is never preempted (its pages are still written). Before
+planning ahead the engine asks `fits_without_preempting`; when it says no, the plan in flight is committed
+first, and this step grows (and preempts) on committed state as above.
 """
 
 from __future__ import annotations
@@ -35,12 +40,23 @@ def grow(s: Scheduler) -> list[Lane]:
     lanes when the pool runs short. Returns the lanes that could not grow (they skip this step)."""
     starved: list[Lane] = []
     for lane in sorted((x for x in s.lanes if x is not None), key=lambda x: x.admitted_seq):
-        if s.lanes[lane.lane_id] is not lane or lane.restoring:
-            continue  # preempted earlier in this loop, or waiting for its host restore
+        if s.lanes[lane.lane_id] is not lane or lane.restoring or lane.ending is not None:
+            continue  # preempted earlier in this loop, waiting for its host restore, or ended
         # a speculative row also writes its drafts' positions (num_drafts caps them below max_num_tokens)
-        if not ensure_pages(s, lane, lane.request.num_tokens + s.num_draft_tokens):
+        if not ensure_pages(s, lane, lane.num_known_tokens + s.num_draft_tokens):
             starved.append(lane)
     return starved
+
+
+def fits_without_preempting(s: Scheduler) -> bool:
+    """Whether `grow` can map every lane's next row from free pages and reclaimed checkpoints alone."""
+    need = 0
+    for lane in s.lanes:
+        if lane is None or lane.restoring or lane.ending is not None:
+            continue
+        positions = min(lane.num_known_tokens + s.num_draft_tokens, lane.max_num_tokens - 1)
+        need += max(0, s.pages.pages_for(positions) - len(lane.page_ids))
+    return need == 0 or s._reclaim(need)
 
 
 def ensure_pages(s: Scheduler, lane: Lane, num_positions: int) -> bool:
@@ -53,7 +69,7 @@ def ensure_pages(s: Scheduler, lane: Lane, num_positions: int) -> bool:
         if s._reclaim(missing):
             lane.page_ids = lane.page_ids + tuple(s.pages.allocate(missing))
             return True
-        victims = [x for x in s.lanes if x is not None and not x.restoring and x.pending_save is None]
+        victims = [x for x in s.lanes if x is not None and _preemptible(x)]
         victim = max(victims, key=lambda x: x.admitted_seq, default=None)
         if victim is None or (victim is lane and len(victims) == 1):
             return False  # a lone lane always fits: add_request refuses what an empty pool cannot hold
@@ -68,7 +84,7 @@ def preempt(s: Scheduler, lane: Lane) -> None:
 
     Its computed tokens become a prefix checkpoint (with its state slot), so the resume restores
     them when they survive (on the device, or parked on the host), else recomputes them."""
-    assert lane.pending_save is None and not lane.restoring, f"preempting lane {lane.lane_id} mid-copy"
+    assert _preemptible(lane), f"preempting lane {lane.lane_id} mid-copy or with rows in flight"
     request = lane.request
     s.lanes[lane.lane_id] = None
     if lane.restore is not None:
@@ -82,10 +98,20 @@ def preempt(s: Scheduler, lane: Lane) -> None:
         s.slots.free(lane.state_slot)
     s.pages.free(lane.page_ids)
     if request.request_id not in s._resumed:
-        first = (request.num_cached_tokens, request.num_host_cached_tokens, request.admitted_time)
+        first = (request.num_cached_tokens, request.num_host_cached_tokens, request.admitted_time, num_done)
         s._resumed[request.request_id] = first
+    else:  # preempted again: count what this admission computed too
+        cached, host, admitted, _ = s._resumed[request.request_id]
+        s._resumed[request.request_id] = (cached, host, admitted, num_done)
     request.status = RequestStatus.WAITING
     request.num_computed_tokens = 0
     s.waiting.appendleft(request)
     s.num_preemptions += 1
     s._admission_dirty = True
+
+
+def _preemptible(lane: Lane) -> bool:
+    """No copy or row of the lane in flight (a host restore, a snapshot save, an overlapped step)."""
+    return (
+        not lane.restoring and not lane.pending_saves and not lane.num_inflight_rows and lane.ending is None
+    )

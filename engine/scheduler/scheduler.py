@@ -66,23 +66,24 @@ from engine.request import (
     RejectCode,
     Request,
     RequestStatus,
-    TokenEvent,
-    TokenLogprob,
 )
+from engine.scheduler import commit as committing
 from engine.scheduler import limits, ondemand
 from engine.scheduler.host import HostPlanner
 from engine.scheduler.integrity import check_integrity
 from engine.scheduler.lane import Lane
-from engine.scheduler.reasoning import reasoning_step
-from engine.scheduler.spec import SpecCounters, num_drafts, retains_exactly, spec_cow_match
+from engine.scheduler.spec import SpecCounters, num_drafts, spec_cow_match
 from engine.scheduler.stats import SchedulerStats
-from engine.step import RowPlan, StepPlan, StepResult
+from engine.step import PREVIOUS_TOKEN, RowPlan, StepPlan, StepResult
 
 
 class Scheduler:
     """Use: `add_request` / `abort` / `stop_request` at step boundaries; each step
     `plan = schedule()`, the runner executes `plan`, then `events = commit(plan, result)` (always
     called, even for an empty `plan`). `check_integrity()` proves the accounting.
+
+    With `overlap`, one plan may be in flight (scheduled, not committed) when the next is scheduled, and
+    `abort` / `stop_request` may come while it is (engine/scheduler/commit.py says how rows in flight end).
     """
 
     def __init__(
@@ -95,8 +96,10 @@ class Scheduler:
         reasoning_tokens: ReasoningTokens | None = None,
         clock: Callable[[], float] = time.monotonic,
         num_draft_tokens: int = 0,  # > 0: speculative decoding (engine/scheduler/spec.py: rows carry drafts)
+        overlap: bool = False,  # a plan may be scheduled while the previous one is in flight
     ) -> None:
         self.config = config
+        self.overlap = overlap
         self.num_draft_tokens = num_draft_tokens
         self.spec_stats = SpecCounters(num_draft_tokens)
         self.reasoning_tokens = reasoning_tokens  # None: thinking budgets are not enforced
@@ -115,7 +118,7 @@ class Scheduler:
         self._outbox: list[Event] = []  # terminal events produced inside schedule()
         self._released: list[str] = []
         self._admission_dirty = False
-        self._in_step = False
+        self._outstanding: deque[int] = deque()  # step ids scheduled and not yet committed
         self._step_id = 0
         self._admitted_seq = 0
         self.num_admission_scans = 0
@@ -125,9 +128,10 @@ class Scheduler:
         self.num_decode_tokens = 0
         self.host: HostPlanner | None = None
         # Preempted requests waiting to resume: id -> (cached tokens, host-cached tokens, admitted time)
-        # of their first admission, which is what their usage reports.
-        self._resumed: dict[str, tuple[int, int, float | None]] = {}
+        # of their first admission, which is what their usage reports, and the tokens computed when preempted.
+        self._resumed: dict[str, tuple[int, int, float | None, int]] = {}
         self.num_preemptions = 0
+        self.num_recomputed_tokens = 0  # of those computed tokens, the ones resumes computed again
 
     @staticmethod
     def num_state_slots(config: SchedulerConfig, cache_config: CacheConfig) -> int:
@@ -183,7 +187,9 @@ class Scheduler:
         return self._end_by_id(request_id, FinishReason.stop(match), retain=True)
 
     def _end_by_id(self, request_id: str, reason: FinishReason, *, retain: bool) -> FinishEvent | None:
-        assert not self._in_step, "abort/stop between schedule() and commit(): call at a step boundary"
+        assert self.overlap or not self._outstanding, (
+            "abort/stop between schedule() and commit(): call at a step boundary"
+        )
         request = self.requests.get(request_id)
         if request is None:
             return None
@@ -194,14 +200,14 @@ class Scheduler:
                 self._released.append(request_id)  # preempted: the runner still holds its sampler state
             return self._end(request, reason)
         lane = next(lane for lane in self.lanes if lane is not None and lane.request is request)
-        return self._release(lane, reason, retain=retain)
+        return committing.release(self, lane, reason, retain=retain)
 
     # ---- schedule -------------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        assert not self._in_step, "schedule() twice without commit()"
-        self._in_step = True
+        assert len(self._outstanding) < (2 if self.overlap else 1), "schedule() twice without commit()"
         self._step_id += 1
+        self._outstanding.append(self._step_id)
         self._expire_waiting()
         starved = ondemand.grow(self)
         if self._admission_dirty:
@@ -209,17 +215,17 @@ class Scheduler:
         rows: list[RowPlan] = []
         copies: list[tuple[int, int]] = []
         running = [
-            lane for lane in self.lanes if lane is not None and not lane.restoring and lane not in starved
+            lane for lane in self.lanes if lane is not None and lane not in starved and _runnable(lane)
         ]
-        for lane in running:  # decode-ready first, compacted in lane order
-            if lane.request.num_tokens - lane.request.num_computed_tokens == 1:
-                rows.append(self._decode_row(lane, copies))
+        decoding = [lane for lane in running if lane.num_known_tokens - lane.request.num_computed_tokens == 1]
+        for lane in decoding:  # decode-ready first, compacted in lane order
+            rows.append(self._decode_row(lane, copies))
         # A step with decode rows bounds their latency: its prefill gets the smaller (>= 1) budget.
         budget = self.config.effective_prefill_chunk_decoding if rows else self.config.prefill_chunk
         for lane in sorted(running, key=lambda lane: lane.admitted_seq):
             request = lane.request
-            remaining = request.num_tokens - request.num_computed_tokens
-            if remaining == 1 or budget == 0:
+            remaining = lane.num_known_tokens - request.num_computed_tokens
+            if lane in decoding or budget == 0:
                 continue
             n = min(remaining, budget)
             if lane.boundaries:
@@ -252,6 +258,12 @@ class Scheduler:
         """Map pages for positions [0, num_positions) of `lane`, preempting newer lanes if the pool is
         short; False if `lane` cannot run this step (it was preempted, or waits for a host restore)."""
         return ondemand.ensure_pages(self, lane, num_positions)
+
+    def can_plan_ahead(self) -> bool:
+        """Whether the next `schedule()` can run with the current plan in flight: every lane's next row fits
+        in free (or reclaimable) pages, so no lane with a row in flight must be preempted. False: commit the
+        plan in flight first (the engine's synchronous step)."""
+        return ondemand.fits_without_preempting(self)
 
     def _admit(self) -> None:
         """Admit waiting requests in arrival order until the oldest one does not fit."""
@@ -340,7 +352,8 @@ class Scheduler:
             self.num_prefix_hit_tokens += reused
         first = self._resumed.pop(request.request_id, None)
         if first is not None:  # a resume: usage reports the first admission
-            request.num_cached_tokens, request.num_host_cached_tokens, request.admitted_time = first
+            request.num_cached_tokens, request.num_host_cached_tokens, request.admitted_time, done = first
+            self.num_recomputed_tokens += max(0, done - reused)
         return True
 
     def _lookup(self, request: Request) -> PrefixMatch | None:
@@ -391,13 +404,14 @@ class Scheduler:
         request = lane.request
         start = request.num_computed_tokens
         end = start + n
-        assert 1 <= n and end <= request.num_tokens, f"row of {n} tokens from {start} of {request.num_tokens}"
+        known = lane.num_known_tokens
+        assert 1 <= n and end <= known, f"row of {n} tokens from {start} of {known}"
         save = None
         if lane.boundaries and lane.boundaries[0] == end:
             lane.boundaries.popleft()
             save = self.prefix.allocate_slot() if self.prefix is not None else None  # best effort
             if save is not None:
-                lane.pending_save = (save, end)
+                lane.pending_saves.append((save, end))
         reset, copy_from = False, None
         if not lane.initialized:
             lane.initialized = True
@@ -409,106 +423,42 @@ class Scheduler:
         self.num_prefill_tokens += num_prefill
         self.num_decode_tokens += n - num_prefill
         lane.drafts = ()  # consumed by this row (or dropped); the result brings the next ones
+        fed = tuple(request.token_ids[start:end])
+        fed += (PREVIOUS_TOKEN,) * (n - len(fed))  # sampled by this lane's row in flight (overlap)
+        # the last known token: sample the next (and one more per draft: a verify row)
+        num_sample = 1 + len(drafts) if end == known else 0
+        num_output_tokens = request.num_output_tokens + lane.num_pending_tokens
+        request.num_computed_tokens = end  # planned: the next plan may be built before this one commits
+        lane.num_inflight_rows += 1
+        lane.num_pending_tokens += num_sample
         return RowPlan(
             request_id=request.request_id,
             lane=lane.lane_id,
-            token_ids=tuple(request.token_ids[start:end]) + drafts,
+            token_ids=fed + drafts,
             start_pos=start,
             page_ids=lane.page_ids,
             state_slot=lane.state_slot,
             reset_state=reset,
             copy_state_from=copy_from,
             save_state_to=save,
-            # the last known token: sample the next (and one more per draft: a verify row)
-            num_sample=1 + len(drafts) if end == request.num_tokens else 0,
+            num_sample=num_sample,
             sampling_params=request.sampling_params,
-            num_output_tokens=request.num_output_tokens,
+            num_output_tokens=num_output_tokens,
             media=request.media,
         )
 
     # ---- commit ---------------------------------------------------------------------------------
 
     def commit(self, plan: StepPlan, result: StepResult) -> list[Event]:
-        """Apply one executed step: per row, commit `result.sampled_token_ids[i]` in order (each with the
-        stop and length checks; the first that ends the request drops the rest), and count
-        `num_rolled_back[i]` fed positions as not computed; then the host restores the runner reported
-        (their lanes become runnable, or prefill cold when the restore failed).
+        """Apply one executed step (engine/scheduler/commit.py): per row, commit `result.sampled_token_ids[i]`
+        in order (each with the stop and length checks; the first that ends the request drops the rest),
+        and count `num_rolled_back[i]` fed positions as not computed; then the host restores the runner
+        reported (their lanes become runnable, or prefill cold when the restore failed). Plans are
+        committed in the order they were scheduled.
 
         Returns the step's events (and any produced by `schedule()`, such as queue timeouts).
         """
-        assert self._in_step, "commit() without schedule()"
-        result.check(plan)
-        self._in_step = False
-        events, self._outbox = self._outbox, []
-        for report in result.host_reports:
-            assert self.host is not None, "a host restore report without host parking"
-            self.host.finished(report)  # the index: unpin and free, or drop the failed entry
-            lane = self.lanes[report.lane]
-            if lane is None or lane.request.request_id != report.request_id or not lane.restoring:
-                continue  # released while its restore was in flight
-            lane.restoring = False
-            if not report.ok:
-                self._restore_failed(lane)
-        drafts = result.draft_token_ids or ((),) * len(plan.rows)
-        logprobs = result.logprobs or (None,) * len(plan.rows)
-        for row, tokens, rolled_back, row_logprobs, next_drafts, accepted in zip(plan.rows, result.sampled_token_ids,
-                result.num_rolled_back, logprobs, drafts, result.num_accepted, strict=True):  # fmt: skip
-            lane = self.lanes[row.lane]
-            assert lane is not None and lane.request.request_id == row.request_id, f"lane {row.lane} changed"
-            request = lane.request
-            if lane.restore is not None:  # the runner has copied the snapshot: it may be evicted now
-                self.prefix.unpin(lane.restore)  # type: ignore[union-attr]
-                lane.restore = None
-                self._admission_dirty = True
-            request.num_computed_tokens = row.end_pos - rolled_back
-            if lane.pending_save is not None:
-                slot, position = lane.pending_save
-                lane.pending_save = None
-                self.prefix.insert(request.identity_ids, request.page_hashes, position, lane.page_ids, slot)  # type: ignore[union-attr]
-            if row.num_sample > 1:
-                self.spec_stats.verified(request, row.num_sample - 1, accepted)
-            if tokens:
-                lane.drafts = next_drafts
-                self._commit_tokens(lane, tokens, events, row_logprobs, exact=retains_exactly(row))
-        return events
-
-    def _commit_tokens(
-        self,
-        lane: Lane,
-        tokens: Sequence[int],
-        events: list[Event],
-        logprobs: Sequence[TokenLogprob] | None = None,
-        *,
-        exact: bool = True,
-    ) -> None:
-        """Append `tokens` to the lane's request in order, up to the first that finishes it. A verify row
-        (not `exact`) cut short by a finish is not retained: its state sits past the last kept token."""
-        request = lane.request
-        if request.first_token_time is None:
-            request.first_token_time = self.clock()
-        committed: list[int] = []
-        kept: list[TokenLogprob] = []
-        reason = None
-        for k, token in enumerate(tokens):
-            appended = reasoning_step(self.reasoning_tokens, request, token)
-            forced = appended != (token,)  # the reasoning's forced close: fed next, like a prompt's tail
-            if forced:
-                request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens)
-            for appended_token in appended:
-                request.token_ids.append(appended_token)
-                committed.append(appended_token)
-                if logprobs is not None:  # a forced token has probability 1
-                    kept.append(TokenLogprob(appended_token, 0.0) if forced else logprobs[k])
-                reason = self._finish_reason(lane, appended_token)
-                if reason is not None:
-                    break
-            if reason is not None or forced:
-                break  # later tokens of the row followed the replaced one
-        logged = None if logprobs is None else tuple(kept)
-        events.append(TokenEvent(request.request_id, tuple(committed), request.num_output_tokens, logged))
-        if reason is not None:
-            retain = exact or len(committed) == len(tokens)
-            events.append(self._release(lane, reason, retain=retain))
+        return committing.commit(self, plan, result)
 
     def _restore_failed(self, lane: Lane) -> None:
         """Re-plan a lane whose host restore failed as a cold prefill (same pages and slot, no row ran)."""
@@ -536,9 +486,11 @@ class Scheduler:
 
     # ---- release --------------------------------------------------------------------------------
 
-    def _release(self, lane: Lane, reason: FinishReason, *, retain: bool) -> FinishEvent:
-        """Free a lane. With `retain`, its computed prefix and state become a checkpoint."""
-        assert lane.pending_save is None, "release while a snapshot save is in flight"
+    def _free_lane(self, lane: Lane, *, retain: bool) -> None:
+        """Free a lane (its request has ended). With `retain`, its computed prefix and state become a checkpoint."""
+        assert not lane.pending_saves and not lane.num_inflight_rows, (
+            f"lane {lane.lane_id} freed with rows in flight"
+        )
         request = lane.request
         self.lanes[lane.lane_id] = None
         if lane.restore is not None:
@@ -554,7 +506,6 @@ class Scheduler:
         self.pages.free(lane.page_ids)
         self._released.append(request.request_id)
         self._admission_dirty = True
-        return self._end(request, reason)
 
     def _end(self, request: Request, reason: FinishReason) -> FinishEvent:
         request.status = RequestStatus.FINISHED
@@ -601,8 +552,18 @@ class Scheduler:
             num_decode_tokens=self.num_decode_tokens,
             num_steps=self._step_id,
             num_admission_scans=self.num_admission_scans,
+            num_preemptions=self.num_preemptions,
+            num_recomputed_tokens=self.num_recomputed_tokens,
         )
 
     def check_integrity(self) -> None:
         """Prove page, slot and request accounting; RuntimeError with the disagreeing numbers."""
         check_integrity(self)
+
+
+def _runnable(lane: Lane) -> bool:
+    """A lane that may get a row: not restoring, not ended, and not about to finish by length (its token in
+    flight reaches the limit: commit finishes it, so no row is wasted)."""
+    if lane.restoring or lane.ending is not None:
+        return False
+    return lane.num_pending_tokens == 0 or lane.num_known_tokens < lane.max_num_tokens

@@ -20,3 +20,5 @@ class SchedulerStats:
     num_decode_tokens: int  # cumulative
     num_steps: int
     num_admission_scans: int
+    num_preemptions: int = 0  # lanes preempted for pages (engine/scheduler/ondemand.py)
+    num_recomputed_tokens: int = 0  # tokens computed before a preemption that the resume computed again

@@ -4,7 +4,7 @@ Owns: `check_schema`, a walk over every subschema that refuses, with the JSON-po
 offending node, what the grammar compiler cannot honour or would spend unbounded time on: keywords
 llguidance does not implement (refused under `strict`, ignored otherwise), nesting past
 `MAX_DEPTH`, enums past `MAX_ENUM`, more than `MAX_PROPERTIES` properties, schemas over
-`MAX_SCHEMA_BYTES`, unknown `type` names, and `$ref`s that do not point inside the schema.
+`MAX_SCHEMA_BYTES`, unknown `type` names, and `$ref`s that do not point inside the schema, and (under `strict`) string formats it cannot enforce.
 Must not touch: requests, HTTP. The API turns `StructuredError` into its protocol's 400.
 """
 
@@ -25,6 +25,10 @@ UNSUPPORTED = frozenset({
     "contains", "minContains", "maxContains", "uniqueItems", "unevaluatedProperties", "unevaluatedItems",
     "$dynamicRef", "$recursiveRef",
 })  # fmt: skip
+# The string formats llguidance's JSON compiler enforces (any other `format` is refused under `strict`).
+FORMATS = frozenset({
+    "date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri",
+})  # fmt: skip
 TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 _MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _ONE = ("additionalProperties", "items", "additionalItems", "not", "if", "then", "else", "contains")
@@ -44,9 +48,13 @@ def _pointer(parts: Sequence[str]) -> str:
     return "#" + "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def _resolve(root: Mapping[str, Any], ref: str) -> bool:
+_MISSING = object()
+
+
+def _lookup(root: Mapping[str, Any], ref: str) -> Any:
+    """The node a local `$ref` (a JSON pointer such as `#/$defs/Pet`) points at, or `_MISSING`."""
     if not ref.startswith("#"):
-        return False
+        return _MISSING
     node: Any = root
     for raw in ref[1:].split("/")[1:] if ref != "#" else ():
         key = raw.replace("~1", "/").replace("~0", "~")
@@ -55,8 +63,29 @@ def _resolve(root: Mapping[str, Any], ref: str) -> bool:
         elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
             node = node[int(key)]
         else:
-            return False
-    return True
+            return _MISSING
+    return node
+
+
+def _resolve(root: Mapping[str, Any], ref: str) -> bool:
+    return _lookup(root, ref) is not _MISSING
+
+
+def resolved(node: Any, root: Mapping[str, Any], depth: int = 0) -> Any:
+    """`node` with its local `$ref` followed (the node's other keywords kept beside the target's), and each
+    `anyOf` / `oneOf` option followed likewise: what a value's type is, seen through `$defs` (pydantic puts
+    nested models there). Refs deeper inside stay refs; a ref that does not resolve is left as it is."""
+    for _ in range(MAX_DEPTH):
+        ref = node.get("$ref") if isinstance(node, Mapping) else None
+        target = _lookup(root, ref) if isinstance(ref, str) else _MISSING
+        if not isinstance(target, Mapping):
+            break
+        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    if isinstance(node, Mapping) and depth < MAX_DEPTH:
+        for key in ("anyOf", "oneOf"):
+            if isinstance(node.get(key), list):
+                node = {**node, key: [resolved(option, root, depth + 1) for option in node[key]]}
+    return node
 
 
 class _Walk:
@@ -123,6 +152,12 @@ class _Walk:
         ref = schema.get("$ref")
         if ref is not None and (not isinstance(ref, str) or not _resolve(self.root, ref)):
             raise self.fail([*parts, "$ref"], f"$ref {ref!r} does not point inside this schema")
+        fmt = schema.get("format")
+        if self.strict and fmt is not None and fmt not in FORMATS:
+            raise self.fail(
+                [*parts, "format"],
+                f"the format {fmt!r} cannot be enforced (supported: {', '.join(sorted(FORMATS))})",
+            )
         pattern = schema.get("pattern")
         if pattern is not None:
             if not isinstance(pattern, str):

@@ -21,15 +21,21 @@ raw text can never contain `</parameter>`. Values follow their schema for every 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.structured.schema import resolved
+
 # JSON between tokens: flexible (models pretty-print) but bounded, so no generation runs away in blanks.
 JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,24}"
 LEAD = r"LEAD: /[ \n]{1,4}/"  # the blank line the template puts after `</think>`
-_RAW_TEXT = "RAW: /(?s:.*)/ & ~/(?s:.*)<\\/parameter>(?s:.*)/"  # a string parameter's raw value
+_CLOSE = '"\\n</parameter>\\n"'  # what ends a parameter's value
+# A raw value is lazy up to its closing tag (`suffix`): a greedy lexeme that may hold `\n</parameter` could
+# never end at that tag. `raw_value` includes the tag; so does every value rule below.
+_RAW_TEXT = 'RAW: /(?s:.*)/ & ~/(?s:.*)<\\/parameter>(?s:.*)/\nraw_value[suffix="\\n</parameter>\\n"]: RAW'
 _NAME = "PNAME: /[^<>\\n]{1,128}/"  # a parameter name of a free-form (schema-less) tool
 
 
@@ -96,16 +102,113 @@ def _string_only(schema: Mapping[str, Any]) -> bool:
 
 
 def _value_rule(name: str, schema: Any, root: Mapping[str, Any], strict: bool, rules: list[str]) -> str:
+    schema = resolved(schema, root)  # a `$ref` to a string type is raw text too (engine/chat/parse.py agrees)
+    """A rule for one parameter's value followed by its closing tag."""
     if not isinstance(schema, Mapping) or _string_only(schema):
-        return "RAW"
+        return "raw_value"
     kind = schema.get("type")
-    if kind == "string" and "$ref" not in schema:
+    if kind in ("string", None) and "$ref" not in schema:  # (an enum of strings needs no type: parse agrees)
         options = schema.get("enum", [schema["const"]] if "const" in schema else None)
         if isinstance(options, list) and options and all(isinstance(o, str) for o in options):
-            rules.append(f"{name}: " + " | ".join(_lark_str(o) for o in options))
+            rules.append(f"{name}: (" + " | ".join(_lark_str(o) for o in options) + f") {_CLOSE}")
             return name
-    rules.append(f"{name}: {_json({**schema, **_defs(root)}, strict)}")
+        raw = _raw_string_terminal(schema, strict) if kind == "string" else None
+        if raw is not None:  # raw text as the template writes strings, its length, pattern and format a regex
+            terminal = name.upper()
+            rules.append(f'{name}[suffix="\\n</parameter>\\n"]: {terminal}\n{terminal}: {raw}')
+            return name
+    rules.append(f"{name}: {_json({**schema, **_defs(root)}, strict)} {_CLOSE}")
     return name
+
+
+# Formats a raw-text string parameter can be held to (llguidance regexes: each matches the whole value).
+# engine/structured/schema.py refuses any other `format` on a strict tool's string parameter.
+_DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+_TIME = (
+    r"([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+)
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+RAW_FORMATS: dict[str, str] = {
+    "date-time": f"{_DATE}[Tt]{_TIME}",
+    "date": _DATE,
+    "time": _TIME,
+    "email": rf"[A-Za-z0-9!#$%&'*+=?^_`{{|}}~-]+(\.[A-Za-z0-9!#$%&'*+=?^_`{{|}}~-]+)*@{_LABEL}(\.{_LABEL})+",
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "uri": r"[A-Za-z][A-Za-z0-9+.-]*:[^\x00-\x20<>\x22{}|\\^`\x7f]*",
+    "hostname": f"{_LABEL}(\\.{_LABEL})*",
+    "ipv4": r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
+}
+
+
+def _lark_regex(pattern: str) -> str:
+    """`pattern` as a Lark `/.../` literal: unescaped slashes and line breaks escaped."""
+    out, escaped = [], False
+    for char in pattern:
+        if escaped:
+            out.append(char)
+            escaped = False
+        elif char == "\\":
+            out.append(char)
+            escaped = True
+        elif char == "/":
+            out.append("\\/")
+        elif char in "\n\r":
+            out.append("\\n" if char == "\n" else "\\r")
+        else:
+            out.append(char)
+    return "/" + "".join(out) + "/"
+
+
+def search_regex(pattern: str) -> str:
+    """A JSON-schema `pattern` (a search: it may match anywhere unless anchored with `^` / `$`) as a regex
+    that matches the whole value, which is how llguidance's terminals match."""
+    head = "" if pattern.startswith("^") else "(?s:.*)"
+    tail = "" if pattern.endswith("$") and not pattern.endswith("\\$") else "(?s:.*)"
+    return f"{head}(?:{pattern}){tail}"
+
+
+def pattern_error(pattern: str) -> str:
+    """ "" when llguidance can hold a raw value to the JSON-schema `pattern`, else its message."""
+    return _regex_error(_lark_regex(search_regex(pattern)))
+
+
+@functools.lru_cache(maxsize=1024)
+def json_pattern_error(pattern: str) -> str:
+    """ "" when llguidance's JSON compiler accepts the `pattern` of a JSON string, else its message."""
+    import llguidance
+
+    grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "string", "pattern": pattern})
+    error = llguidance.LLMatcher.validate_grammar(grammar, None)
+    return error.splitlines()[0] if error else ""
+
+
+@functools.lru_cache(maxsize=1024)
+def _regex_error(lark_regex: str) -> str:
+    import llguidance  # (lazily: this module stays plain data for `engine.request`)
+
+    grammar = llguidance.LLMatcher.grammar_from_lark(f"start: X\nX: {lark_regex}")
+    error = llguidance.LLMatcher.validate_grammar(grammar, None)
+    return error.splitlines()[0] if error else ""
+
+
+def _raw_string_terminal(schema: Mapping[str, Any], strict: bool) -> str | None:
+    """The terminal of a string parameter with minLength / maxLength / pattern / format (a raw value never
+    holds `</parameter>`); None when nothing here constrains it. What a regex cannot hold is ignored when the
+    tool is not strict (api/structured.py refuses it first, with its path, when it is)."""
+    parts = []
+    low, high = schema.get("minLength"), schema.get("maxLength")
+    if isinstance(low, int) or isinstance(high, int):
+        low = low if isinstance(low, int) and low > 0 else 0
+        parts.append(f"/(?s:.{{{low},{high if isinstance(high, int) else ''}}})/")
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and (strict or not pattern_error(pattern)):
+        parts.append(_lark_regex(search_regex(pattern)))
+    fmt = RAW_FORMATS.get(schema.get("format"))  # type: ignore[arg-type]
+    if fmt is not None:
+        parts.append(_lark_regex(fmt))
+    if not parts:
+        return None
+    return " & ".join([*parts, "~/(?s:.*)<\\/parameter>(?s:.*)/"])
 
 
 def _parameters_rule(index: int, tool: ToolDef, rules: list[str]) -> str:
@@ -116,13 +219,13 @@ def _parameters_rule(index: int, tool: ToolDef, rules: list[str]) -> str:
         closed = schema.get("additionalProperties") is False or tool.strict
         if closed:
             return '""'
-        rules.append(f'free_params: ("<parameter=" PNAME ">\\n" RAW "\\n</parameter>\\n")*\n{_NAME}')
+        rules.append(f'free_params: ("<parameter=" PNAME ">\\n" raw_value)*\n{_NAME}')
         return "free_params"
     required = set(schema.get("required") or ())
     parts = []
     for j, (prop, prop_schema) in enumerate(properties.items()):
         value = _value_rule(f"v{index}_{j}", prop_schema, schema, tool.strict, rules)
-        block = f'"<parameter=" {_lark_str(prop)} ">\\n" {value} "\\n</parameter>\\n"'
+        block = f'"<parameter=" {_lark_str(prop)} ">\\n" {value}'
         parts.append(block if prop in required else f"({block})?")
     rules.append(f"params{index}: " + " ".join(parts))
     return f"params{index}"

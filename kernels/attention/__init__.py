@@ -40,6 +40,9 @@ from kernels.attention.decode import (
     paged_attention_decode,
     paged_attention_decode_ref,
 )
+from kernels.attention.decode import (
+    NEW_DEFAULTS as DECODE_NEW_DEFAULTS,
+)
 from kernels.attention.int8 import (
     KV_INT8_GROUP,
     dequantize_kv_int8_ref,
@@ -58,6 +61,7 @@ from kernels.attention.store import store_kv, store_kv_ref
 
 __all__ = [
     "DECODE_MAX_SPLITS",
+    "DECODE_NEW_DEFAULTS",
     "KV_INT8_GROUP",
     "PrefillTiles",
     "_launch_paged_prefill_attention",

@@ -13,7 +13,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from kernels.attention.int8 import _dequantize_tile
+    from kernels.attention.int8 import _dequantize_tile, _dequantize_tile_f16
 
 
 def paged_attention_decode_ref(
@@ -39,11 +39,20 @@ def paged_attention_decode_ref(
     )
 
 
+# NOTE: the defaults below are the ones last measured on an H200 (64 splits; int8 tiles as bf16's; the fp32
+# int8 dequantization). The issue-bound int8 rework (``int8_f16``, 64-key int8 tiles) and 128 splits are
+# CPU-tested (Triton interpreter, AOT) but not yet timed: bench/kernels/decode_attention.py compares them, and
+# they become the defaults once an H200 run shows them faster (NEW_DEFAULTS is what to switch to).
 DECODE_MAX_SPLITS = 64  # the most splits one sequence's keys are cut into (the reduce kernel's BLOCK_S)
+NEW_DEFAULTS = {"max_splits": 128, "int8_block_n": 64, "int8_f16": True}
 
 
-def decode_block_n(head_dim: int) -> int:
-    """Keys per tile of the decode kernel (and its default split unit): 64, or 32 for heads over 128."""
+def decode_block_n(head_dim: int, kv_int8: bool = False) -> int:
+    """Keys per tile of the decode kernel (and its default split unit): 64, or 32 for heads over 128.
+    (NEW_DEFAULTS, not yet measured: int8 KV keeps 64 up to heads of 256.) An int8 tile of 64 keys is as many bytes as a bf16 tile of 32, and the
+    per-tile work (page ids, scales, softmax bookkeeping) is spread over twice the keys: at head_dim 256 the
+    sm_90 build issues ~19% fewer instructions per KV byte than with 32 keys (the int8 kernel is issue-bound,
+    not memory-bound), in 250 registers without spills."""
     return 64 if head_dim <= 128 else 32
 
 
@@ -87,6 +96,7 @@ if HAS_TRITON:
         HEAD_DIM: tl.constexpr,
         PAGE_SIZE: tl.constexpr,
         KV_INT8: tl.constexpr,
+        INT8_F16: tl.constexpr,
         NUM_SCALES: tl.constexpr,
         BLOCK_SCALES: tl.constexpr,
         SPLIT_UNIT: tl.constexpr,
@@ -100,7 +110,8 @@ if HAS_TRITON:
         # writes the split's normalised output and log2-sum-exp for _paged_attention_reduce_kernel. The
         # split's bounds come from the sequence's length alone (decode_split_tokens); programs past the
         # sequence's last split exit at once and write nothing. With KV_INT8 the caches hold int8 codes,
-        # dequantised per tile in registers (fp32), then cast to the query dtype for the dots.
+        # dequantised per tile in registers: INT8_F16 (16-bit queries) in fp16, the query then in fp16 too
+        # (clamped to its range) so the dots are fp16 x fp16; else in fp32, cast to the query dtype.
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -123,6 +134,8 @@ if HAS_TRITON:
             mask=g_mask[:, None] & d_mask[None, :],
             other=0.0,
         )
+        if INT8_F16:
+            q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
         m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
         l_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
@@ -142,9 +155,14 @@ if HAS_TRITON:
                     + (toks % PAGE_SIZE) * scale_stride_row
                     + kv_head * scale_stride_head
                 )
-                keys = _dequantize_tile(
-                    keys, key_scale_ptr, scale_rows, t_mask, NUM_SCALES, BLOCK_SCALES, BLOCK_N, BLOCK_D
-                ).to(q.dtype)
+                if INT8_F16:
+                    keys = _dequantize_tile_f16(
+                        keys, key_scale_ptr, scale_rows, t_mask, NUM_SCALES, BLOCK_SCALES, BLOCK_N, BLOCK_D
+                    )
+                else:
+                    keys = _dequantize_tile(
+                        keys, key_scale_ptr, scale_rows, t_mask, NUM_SCALES, BLOCK_SCALES, BLOCK_N, BLOCK_D
+                    ).to(q.dtype)
             scores = tl.dot(q, tl.trans(keys)) * scale_log2  # [BLOCK_G, BLOCK_N], log2 domain
             scores = tl.where(t_mask[None, :], scores, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -153,9 +171,28 @@ if HAS_TRITON:
             l_sum = l_sum * alpha + tl.sum(p, axis=1)
             values = tl.load(value_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
             if KV_INT8:
-                values = _dequantize_tile(
-                    values, value_scale_ptr, scale_rows, t_mask, NUM_SCALES, BLOCK_SCALES, BLOCK_N, BLOCK_D
-                ).to(q.dtype)
+                if INT8_F16:
+                    values = _dequantize_tile_f16(
+                        values,
+                        value_scale_ptr,
+                        scale_rows,
+                        t_mask,
+                        NUM_SCALES,
+                        BLOCK_SCALES,
+                        BLOCK_N,
+                        BLOCK_D,
+                    )
+                else:
+                    values = _dequantize_tile(
+                        values,
+                        value_scale_ptr,
+                        scale_rows,
+                        t_mask,
+                        NUM_SCALES,
+                        BLOCK_SCALES,
+                        BLOCK_N,
+                        BLOCK_D,
+                    ).to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values)
             m = m_new
         part = (row * NUM_Q_HEADS + heads) * part_splits + split  # [BLOCK_G]
@@ -227,6 +264,9 @@ def paged_attention_decode(
     *,
     max_splits: int = DECODE_MAX_SPLITS,
     split_unit: int | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    int8_f16: bool | None = None,
 ) -> torch.Tensor:
     """Launcher for ``paged_attention_decode_ref`` (same contract; split-K "flash decoding"), float or
     int8 KV (int8: pass the scales; tiles are dequantised in registers).
@@ -238,18 +278,25 @@ def paged_attention_decode(
     rows included) or on the page table's width, so it is bitwise the same alone or batched.
 
     The split rule, and its trade-off: a split is the fewest whole ``split_unit``s (default one tile,
-    ``decode_block_n``: 32 keys at head_dim 256) that keep a sequence at ``max_splits`` (64) splits or
+    ``decode_block_n``: 32 keys at head_dim 256) that keep a sequence at ``max_splits`` (64; NEW_DEFAULTS) splits or
     fewer. Short sequences get one-tile splits, for parallelism where it is scarce: batch 1, 4 KV heads,
-    1k keys = 32 splits = 128 programs; 2k-8k keys = 64 splits = 256 programs (~2 per SM on 132 SMs;
-    64 splits at 8k was the measured best of the old batch-dependent choice). Long sequences get longer
-    splits, never more of them: 128k keys = 64 splits of 2048, so BLOCK_S and the partial buffers
-    ([B, Hq, <= 64, D] fp32, 1.5 MiB a row at 24 x 256) stay bounded whatever the capacity. The cost: a
-    large batch no longer trades splits for rows (the old rule used 8 splits at B=8), so at B=8, 8k keys it
-    runs 2048 programs of 128 keys and moves ~9% extra bytes as partials (mostly in L2); the reduce reads
-    64 partials a head where 8 would do. One fixed split length could not serve both ends (1k keys need
-    splits of 32 for 128 programs; 128k keys would then be 4096 splits), hence a split length that grows
-    with the sequence's own length. ``max_splits``/``split_unit`` are tuning knobs (constants across a
-    deployment: varying them per call would break the invariance).
+    1k keys = 32 splits = 128 programs; with 128 splits (NEW_DEFAULTS) 4k keys and longer = 512 programs (~4 per SM on 132
+    SMs, what a memory-bound kernel needs in flight to fill the H200's bandwidth; 64 splits left the long
+    contexts at ~2 programs a SM, and on the H200 128 beat 64 by 10% at batch 1, 8k keys, bf16). Long
+    sequences get longer splits, never more of them: 100k keys = 128 splits of 800, 128k = 128 of 1024, so
+    BLOCK_S and the partial buffers ([B, Hq, <= 128, D] fp32, 3 MiB a row at 24 x 256) stay bounded whatever
+    the capacity. The cost: a large batch does not trade splits for rows (batch invariance forbids a
+    batch-dependent count), so at B=8, 8k keys it runs 4096 programs of 64 keys and moves ~18% extra bytes
+    as partials (mostly in L2; measured on the H200 at B=8, 8k: bf16 as fast as 64 splits, int8 4% slower);
+    at 100k keys the partials are ~1.5% of bf16 KV, ~3% of int8. One fixed split length could not serve
+    both ends (1k keys need splits of 32 for 128 programs; 128k keys would then be 4096 splits), hence a
+    split length that grows with the sequence's own length.
+
+    Tuning knobs, each a constant across a deployment (varying one per call would break the invariance):
+    ``max_splits``, ``split_unit``, ``block_n`` (keys per tile, default ``decode_block_n``), ``num_warps`` and
+    ``int8_f16`` (int8 KV with 16-bit queries: dequantise in fp16 without the conversion unit and run fp16
+    dots, in NEW_DEFAULTS; False, the default for now: the fp32 dequantisation of the prefill kernel, I2F conversions at a quarter of
+    the issue rate). bench/kernels/decode_attention.py sweeps them on the GPU.
 
     The grid is sized from shapes only (``min(max_splits, cdiv(capacity, split_unit))`` splits), so the
     launch needs no host sync and can be captured in a CUDA graph; programs past a sequence's last
@@ -268,9 +315,13 @@ def paged_attention_decode(
     assert key_cache.stride(3) == 1 and query.stride(2) == 1
     assert page_table.shape[0] == batch and seq_lens.shape == (batch,) and page_table.stride(1) == 1
     num_scales = _int8_scales(key_cache, key_scale, value_scale)
-    block_n = decode_block_n(head_dim)
+    kv_int8 = key_scale is not None
+    block_n = decode_block_n(head_dim, kv_int8) if block_n is None else block_n
     split_unit = block_n if split_unit is None else split_unit
     assert split_unit % block_n == 0 and max_splits >= 1, f"split_unit={split_unit}, max_splits={max_splits}"
+    if int8_f16 is None:
+        int8_f16 = False  # NEW_DEFAULTS: query.dtype in (torch.bfloat16, torch.float16), once measured
+    int8_f16 = kv_int8 and int8_f16
     capacity = page_table.shape[1] * page_size
     part_splits = max(1, min(max_splits, triton.cdiv(capacity, split_unit)))
     part_out = torch.empty(
@@ -290,9 +341,9 @@ def paged_attention_decode(
         query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         *scale_args[2:], page_table.stride(0), part_splits, scale * 1.4426950408889634,
         NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
-        KV_INT8=key_scale is not None, NUM_SCALES=num_scales, BLOCK_SCALES=triton.next_power_of_2(num_scales),
+        KV_INT8=kv_int8, INT8_F16=int8_f16, NUM_SCALES=num_scales, BLOCK_SCALES=triton.next_power_of_2(num_scales),
         SPLIT_UNIT=split_unit, MAX_SPLITS=max_splits, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4,
+        BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps,
     )  # fmt: skip
     reduce_block_d = min(64, block_d)
     _paged_attention_reduce_kernel[(batch, num_q_heads, triton.cdiv(head_dim, reduce_block_d))](

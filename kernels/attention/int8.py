@@ -1,7 +1,8 @@
 """INT8 KV: one fp16 scale per group of ``KV_INT8_GROUP`` (64) values along head_dim (a head_dim under 64 is
 one group); ``scale = absmax / 127``, ``code = round(x / scale)``. The torch references and the Triton helpers
 every attention kernel shares: ``_quantize_store_row`` (store.py) and ``_dequantize_tile`` (decode.py,
-prefill.py) run the same arithmetic in registers, bit for bit."""
+prefill.py) run the same arithmetic in registers, bit for bit; ``_dequantize_tile_f16`` (decode.py's default for
+16-bit queries) multiplies in fp16 instead, rounding each dequantised value once to fp16."""
 
 from __future__ import annotations
 
@@ -119,4 +120,34 @@ if HAS_TRITON:
             other=0.0,
         ).to(tl.float32)
         groups = tl.reshape(codes.to(tl.float32), (BLOCK_N, BLOCK_SCALES, BLOCK_D // BLOCK_SCALES))
+        return tl.reshape(groups * scales[:, :, None], (BLOCK_N, BLOCK_D))
+
+    @triton.jit
+    def _dequantize_tile_f16(
+        codes,
+        scale_ptr,
+        scale_rows,
+        t_mask,
+        NUM_SCALES: tl.constexpr,
+        BLOCK_SCALES: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        # _dequantize_tile in fp16, for the decode kernel's 16-bit dots: codes int8 [BLOCK_N, BLOCK_D] -> fp16
+        # (exact: |code| <= 127), times the group's fp16 scale in fp16 (one rounding to fp16's 11 bits, finer
+        # than bf16's 8). No fp32 tile: half the registers and conversions of the fp32 path, and no fp32 ->
+        # 16-bit conversion before the dot. Columns map to groups as in _dequantize_tile.
+        offs_s = tl.arange(0, BLOCK_SCALES)
+        scales = tl.load(
+            scale_ptr + scale_rows[:, None] + offs_s[None, :],
+            mask=t_mask[:, None] & (offs_s < NUM_SCALES)[None, :],
+            other=0.0,
+        )
+        # int8 -> fp16 without the conversion unit (I2F issues at a quarter of the integer and half-precision
+        # rate): the code's byte b, zero-extended, XOR 0x6480 is 0x6400 | (c + 128) for c in [-128, 127] (bit 7
+        # flips: c >= 0 gains 128, c < 0 loses it from b = 256 + c), the fp16 1024 + c + 128, exactly; minus
+        # 1152 is c.
+        biased = codes.to(tl.uint8, bitcast=True).to(tl.uint16) ^ 0x6480
+        values = biased.to(tl.float16, bitcast=True) - 1152.0
+        groups = tl.reshape(values, (BLOCK_N, BLOCK_SCALES, BLOCK_D // BLOCK_SCALES))
         return tl.reshape(groups * scales[:, :, None], (BLOCK_N, BLOCK_D))

@@ -38,7 +38,6 @@ def chat(oa: openai.OpenAI, **fields: Any) -> Any:
     ("fields", "param"),
     [
         ({"n": 9}, "n"),
-        ({"n": 2, "stream": True}, "n"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"temperature": 5.0}, "temperature"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),

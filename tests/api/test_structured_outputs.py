@@ -9,6 +9,7 @@ Schemas bound every value (enums, integer ranges, short strings) so a random mod
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -19,6 +20,9 @@ import openai
 import pytest
 from api_helpers import VENV_BIN, Server, free_port, start_server, stop_server
 from pydantic import BaseModel, Field
+
+from api.errors import ApiError
+from api.structured import json_format
 
 MAX_TOKENS = 400
 MODEL = "ninfer-tiny-dense"
@@ -43,6 +47,13 @@ class Verdict(
 class Forecast(BaseModel):
     days: int = Field(ge=1, le=9)
     unit: Literal["celsius", "fahrenheit"]
+
+
+class Owner(BaseModel):  # nested models: pydantic writes them into `$defs` and points at them with `$ref`
+    name: str = Field(max_length=6)
+    best: Verdict
+    pets: list[Verdict] = Field(max_length=2)
+    forecast: Forecast | None
 
 
 FORECAST_PARAMS = {**Forecast.model_json_schema(), "additionalProperties": False}
@@ -133,6 +144,26 @@ def test_responses_parse_with_text_format(oa: openai.OpenAI) -> None:
     assert isinstance(done.output_parsed, Pet)
 
 
+def test_nested_models_through_defs_parse_on_chat_responses_and_as_a_tool(oa: openai.OpenAI) -> None:
+    assert "$defs" in Owner.model_json_schema()
+    chat = oa.chat.completions.parse(
+        model=MODEL, messages=ask("An owner?"), response_format=Owner, max_tokens=MAX_TOKENS, extra_body=NO_THINKING
+    )  # fmt: skip
+    assert isinstance(chat.choices[0].message.parsed, Owner), chat.choices[0].message.content
+    response = oa.responses.parse(
+        model=MODEL, input="An owner?", text_format=Owner, max_output_tokens=MAX_TOKENS, reasoning={"effort": "none"}
+    )  # fmt: skip
+    assert isinstance(response.output_parsed, Owner)
+    tool = oa.chat.completions.parse(
+        model=MODEL, messages=ask("Register"), tools=[openai.pydantic_function_tool(Owner)], tool_choice="required",
+        parallel_tool_calls=False, max_tokens=MAX_TOKENS, extra_body=NO_THINKING,
+    )  # fmt: skip
+    calls = tool.choices[0].message.tool_calls or []
+    assert len(calls) == 1, tool.choices[0].message
+    parsed = calls[0].function.parsed_arguments
+    assert isinstance(parsed, Owner) and isinstance(parsed.best, Verdict), calls[0].function.arguments
+
+
 def test_strict_tool_with_required_and_named_choice_gives_valid_arguments(oa: openai.OpenAI) -> None:
     for choice in ("required", {"type": "function", "function": {"name": "forecast"}}):
         done = oa.chat.completions.create(
@@ -213,6 +244,27 @@ def test_unenforceable_schemas_are_400s_naming_the_path_in_each_protocol(
             model=MODEL, input="x", text={"format": {"type": "json_schema", "name": "x", "schema": BAD, "strict": True}}
         )  # fmt: skip
     assert resp.value.body["param"] == "text.format.schema"  # type: ignore[index]
+    for prop, where in (
+        ({"type": "string", "format": "ipv6"}, "format"),
+        ({"type": "string", "pattern": "(?=a)b"}, "pattern"),
+    ):
+        tool = {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "strict": True,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"s": prop},
+                    "required": ["s"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+        with pytest.raises(openai.BadRequestError) as raw:
+            oa.chat.completions.create(model=MODEL, messages=ask("x"), tools=[tool])  # type: ignore[list-item]
+        assert raw.value.body["param"] == "tools[0].function.parameters"  # type: ignore[index]
+        assert f"#/properties/s/{where}" in raw.value.body["message"]  # type: ignore[index]
     huge = {"type": "object", "properties": {"a": {"enum": [f"v{i}" for i in range(5000)]}}}
     with pytest.raises(anthropic.BadRequestError) as msg:
         an.messages.create(
@@ -259,6 +311,30 @@ def test_responses_include_output_text_logprobs(oa: openai.OpenAI) -> None:
     assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
 
 
+def test_responses_stream_output_text_deltas_with_their_tokens_logprobs(oa: openai.OpenAI) -> None:
+    stream = oa.responses.create(
+        model=MODEL, input="Hi", max_output_tokens=6, reasoning={"effort": "none"}, temperature=0, stream=True,
+        include=["message.output_text.logprobs"], top_logprobs=2,
+    )  # fmt: skip
+    events = list(stream)
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    final = next(e for e in events if e.type == "response.incomplete").response
+    part = next(item for item in final.output if item.type == "message").content[0]
+    assert part.type == "output_text" and part.logprobs and len(part.logprobs) == 6
+    streamed = [lp for d in deltas for lp in d.logprobs]
+    assert streamed and [lp.token for lp in streamed] == [lp.token for lp in part.logprobs[: len(streamed)]]
+    assert [lp.token for lp in done.logprobs] == [lp.token for lp in part.logprobs]
+    assert "".join(lp.token for lp in done.logprobs) == done.text
+    for lp in streamed:
+        tops = lp.top_logprobs or []
+        assert len(tops) == 2 and tops[0].token == lp.token and tops[0].logprob == lp.logprob  # greedy
+    plain = oa.responses.create(
+        model=MODEL, input="Hi", max_output_tokens=3, reasoning={"effort": "none"}, stream=True
+    )
+    assert all(not e.logprobs for e in plain if e.type == "response.output_text.delta")
+
+
 def test_n_choices_share_the_prompt_and_each_follows_the_schema(oa: openai.OpenAI) -> None:
     done = oa.chat.completions.parse(
         model=MODEL, messages=ask("Pets?"), response_format=Pet, n=3, seed=7, temperature=1.0,
@@ -270,6 +346,50 @@ def test_n_choices_share_the_prompt_and_each_follows_the_schema(oa: openai.OpenA
     usage = done.usage
     assert usage is not None and usage.completion_tokens > 0
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_n_choices_stream_each_with_its_index_finish_reason_logprobs_and_the_usage_last(
+    oa: openai.OpenAI,
+) -> None:
+    schema = {**Pet.model_json_schema(), "additionalProperties": False}
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "pet", "schema": schema, "strict": True}}
+    stream = oa.chat.completions.create(
+        model=MODEL, messages=ask("Pets?"), response_format=fmt, n=3, seed=11, temperature=1.0, logprobs=True,
+        max_tokens=MAX_TOKENS, stream=True, stream_options={"include_usage": True}, extra_body=NO_THINKING,
+    )  # fmt: skip
+    text, tokens, finish, roles = ["", "", ""], [0, 0, 0], {}, set()
+    chunks = list(stream)
+    for chunk in chunks[:-1]:
+        assert chunk.usage is None and len(chunk.choices) == 1
+        choice = chunk.choices[0]
+        assert choice.index not in finish, "a choice sent a chunk after its finish"
+        roles.update([choice.index] if choice.delta.role == "assistant" else [])
+        text[choice.index] += choice.delta.content or ""
+        tokens[choice.index] += len(choice.logprobs.content or ()) if choice.logprobs else 0
+        if choice.finish_reason:
+            finish[choice.index] = choice.finish_reason
+    assert roles == {0, 1, 2} and finish == {0: "stop", 1: "stop", 2: "stop"}
+    for answer in text:
+        jsonschema.validate(json.loads(answer), schema)
+    assert len(set(text)) > 1  # seed + i: the choices differ
+    usage = chunks[-1].usage
+    assert not chunks[-1].choices and usage is not None and all(tokens)
+    assert sum(tokens) <= usage.completion_tokens <= sum(tokens) + 3  # (+ each choice's end-of-turn token)
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_a_cut_n_choices_stream_aborts_every_choice(oa: openai.OpenAI, server: Server) -> None:
+    stream = oa.chat.completions.create(
+        model=MODEL, messages=ask("Talk for a long while"), n=3, max_tokens=1500, stream=True, extra_body=NO_THINKING
+    )  # fmt: skip
+    for read, _ in enumerate(stream):
+        if read >= 6:
+            break
+    stream.close()
+    deadline = time.monotonic() + 15  # (uncut, 3 x 1,500 tokens would run for minutes on the CPU)
+    while httpx.get(f"{server.url}/stats", timeout=30).json()["engine"]["num_running"]:
+        assert time.monotonic() < deadline, "a choice of the cut stream kept running"
+        time.sleep(0.1)
 
 
 def _prefix_hits(server: Server) -> int:
@@ -292,3 +412,12 @@ def test_n_choices_reuse_the_first_choices_prompt(oa: openai.OpenAI, server: Ser
     )
     assert len(done.choices) == 4
     assert _prefix_hits(server) - before >= 3  # choices 1..3 started from choice 0's prompt
+
+
+def test_a_response_format_pattern_the_grammar_cannot_compile_is_refused_with_its_path() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=a)b"}}}
+    for strict in (True, False):  # (llguidance cannot compile it leniently either)
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "strict": strict, "schema": schema}}
+        with pytest.raises(ApiError) as info:
+            json_format(fmt, "response_format", schema_key="json_schema")
+        assert info.value.status == 400 and "#/properties/a/pattern" in info.value.message

@@ -121,7 +121,8 @@ def test_every_engine_flag_sets_the_keyword_of_its_name() -> None:
     for row in ENGINE_FLAGS:
         name = row.flag.removeprefix("--")
         assert row.keyword == name.removeprefix("no-").replace("-", "_"), row
-        assert (row.parse is None) == (name.startswith("no-") or row.given is True), row  # --no-x or a switch
+        switch = name.startswith("no-") or row.given is True or row.negatable  # --no-x, a switch
+        assert (row.parse is None) == switch, row
         EngineConfig.from_flags(**{row.keyword: defaults[row.keyword]})  # a known keyword
     keywords = [row.keyword for row in ENGINE_FLAGS]
     assert len(set(keywords)) == len(keywords)

@@ -243,3 +243,28 @@ def test_a_thinking_budget_closes_the_reasoning_and_the_grammar_starts_after_it(
         answer_ids = answer_ids[:-1]
     assert out.finish_reason == "stop", out.text
     jsonschema.validate(json.loads(llm.tokenizer.decode(answer_ids)), SCHEMA)
+
+
+def test_overlapped_masks_give_the_same_generations_as_the_synchronous_path(llm):
+    """The masks computed ahead in the worker thread (`GrammarRows.overlap`, the default) and the synchronous
+    path sample the same tokens: a thinking budget's forced `</think>`, a forced tool call, a seeded JSON row
+    and a free row in one batch (tests/engine/test_structured_overlap.py has the step-by-step check)."""
+    json_spec = json_schema_spec(SCHEMA, strict=True)
+    prompts = ["<think>\n", "Name and number", "Call the tool", "Free text"]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=40, thinking_budget=3, structured=replace(json_spec, in_reasoning=True)),
+        SamplingParams(temperature=1.0, seed=3, max_tokens=40, structured=json_spec),
+        SamplingParams(temperature=1.0, seed=4, max_tokens=40, structured=tool_call_spec([WEATHER], parallel=True, forced=True)),
+        SamplingParams(temperature=1.0, seed=5, max_tokens=20),
+    ]  # fmt: skip
+    rows = llm.core.runner.sampler.grammars
+    outs = {}
+    for overlap in (False, True):
+        rows.overlap = overlap
+        before = rows.num_precomputed
+        with one_thread():
+            outs[overlap] = [o.token_ids for o in llm.generate(prompts, params)]
+        rows.settle()
+        assert (rows.num_precomputed > before) == overlap
+    rows.overlap = True
+    assert outs[True] == outs[False]

@@ -53,6 +53,7 @@ KNOWN_KERNELS = {
     "_quant_dequant_fp_kernel",
     "_quant_gemv_packed_kernel",
     "_quant_dequant_packed_kernel",
+    "_apply_token_bitmask_kernel",
 }
 
 

@@ -23,6 +23,9 @@ from kernels.attention import (
     store_kv,
     store_kv_ref,
 )
+from kernels.attention import (
+    DECODE_NEW_DEFAULTS as NEW_DEFAULTS,
+)
 
 # NOTE: interpreter_fixes (conftest.py): two gaps of Triton 3.6's interpreter that the decode kernel meets
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("interpreter_fixes")]
@@ -120,7 +123,7 @@ CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="real-geome
             [1, 700, 4097, 8000, 33, 64, 65, 2500], 24, 4, 256, 64, 126, DECODE_MAX_SPLITS, marks=CUDA_ONLY
         ),
         pytest.param([131072, 5], 16, 2, 256, 64, 2048, DECODE_MAX_SPLITS, marks=CUDA_ONLY),  # 128k, 35B-A3B
-        ([1, 300, 2200, 17], 6, 1, 256, 64, 36, DECODE_MAX_SPLITS),  # 2200 keys: 35 splits of 64
+        ([1, 300, 2200, 17], 6, 1, 256, 64, 36, DECODE_MAX_SPLITS),  # 2200 keys: 69 one-tile splits
         ([300, 17], 16, 2, 256, 64, 8, 3),  # 35B-A3B ratio, 3 splits at most (of 128 keys)
         ([50, 3, 0], 6, 6, 80, 16, 5, 1),  # MHA, odd head_dim, one split; an empty sequence gets zeros
     ],
@@ -172,6 +175,58 @@ def test_paged_decode_int8_matches_reference(
     assert torch.equal(out[lens == 0], torch.zeros_like(out[lens == 0]))
 
 
+# The int8 paths and the tuning knobs (bench/kernels/decode_attention.py sweeps them on the GPU): the fp16
+# dequantisation (the default for 16-bit queries) and the fp32 one, one-tile splits of 16 or 32 keys, and caps of
+# 1..N splits, over lengths on both sides of page edges (page 16: 15, 16, 17, 32, 33), one key, an odd long
+# one, GQA groups of 3 and 4 and two scale groups a head.
+_KNOB_LENS = [1, 15, 16, 17, 33, 95, 131]
+
+
+@pytest.mark.parametrize("max_splits", [1, 2, 3, 7, DECODE_MAX_SPLITS])
+@pytest.mark.parametrize(("int8_f16", "block_n"), [(True, 16), (True, 32), (False, 16)])
+def test_paged_decode_int8_paths_and_knobs_match_reference(
+    int8_f16, block_n, max_splits, device, assert_close
+):
+    q_heads, kv_heads, head_dim, page_size = 6, 2, 128, 16
+    key_cache, value_cache, page_table, lens, key_scale, value_scale = _cache_and_table(
+        _KNOB_LENS, kv_heads, head_dim, page_size, 10, device, int8=True
+    )
+    query = torch.randn(len(_KNOB_LENS), q_heads, head_dim, device=device, dtype=torch.bfloat16)
+    args = (query, key_cache, value_cache, page_table, lens, head_dim**-0.5, key_scale, value_scale)
+    expected = paged_attention_decode_ref(*args)
+    out = paged_attention_decode(*args, max_splits=max_splits, block_n=block_n, int8_f16=int8_f16)
+    assert_close("out", out, expected, 2e-2, 2e-2)
+    if int8_f16:  # fp16 dots are finer than the bf16 ones of the fp32 path: hold them to a tighter bound
+        assert_close("out (fp16 dots)", out, expected, 1e-2, 1e-2)
+
+
+@pytest.mark.parametrize("max_splits", [1, 4, DECODE_MAX_SPLITS])
+def test_paged_decode_bf16_split_caps_match_reference(max_splits, device, assert_close):
+    q_heads, kv_heads, head_dim, page_size = 8, 2, 64, 16
+    key_cache, value_cache, page_table, lens, _, _ = _cache_and_table(
+        _KNOB_LENS, kv_heads, head_dim, page_size, 10, device
+    )
+    query = torch.randn(len(_KNOB_LENS), q_heads, head_dim, device=device, dtype=torch.bfloat16)
+    args = (query, key_cache, value_cache, page_table, lens, head_dim**-0.5)
+    out = paged_attention_decode(*args, max_splits=max_splits, block_n=16)
+    assert_close("out", out, paged_attention_decode_ref(*args), 1e-2, 2e-2)
+
+
+def test_int8_f16_clamps_queries_to_the_fp16_range(device, assert_close):
+    # a query entry past fp16's range must not become inf in the fp16 dots: it is clamped to +-65504 first,
+    # so a softmax dominated by it is still one-hot, as in the reference
+    q_heads, kv_heads, head_dim, page_size = 2, 1, 64, 16
+    key_cache, value_cache, page_table, lens, key_scale, value_scale = _cache_and_table(
+        [20], kv_heads, head_dim, page_size, 2, device, int8=True
+    )
+    query = torch.zeros(1, q_heads, head_dim, device=device, dtype=torch.bfloat16)
+    query[0, :, 0] = 1e6
+    args = (query, key_cache, value_cache, page_table, lens, 1.0, key_scale, value_scale)
+    out = paged_attention_decode(*args, int8_f16=True)
+    assert torch.isfinite(out.float()).all()
+    assert_close("out", out, paged_attention_decode_ref(*args), 1e-2, 2e-2)
+
+
 def test_split_rule_bounds_splits_and_depends_on_length_only():
     for head_dim in (80, 256):
         unit = decode_block_n(head_dim)
@@ -181,17 +236,20 @@ def test_split_rule_bounds_splits_and_depends_on_length_only():
             assert n == unit or -(-seq_len // (n - unit)) > DECODE_MAX_SPLITS  # the fewest units that fit
     # enough programs at batch 1 with 4 KV heads (132 SMs), a bounded count at 128k
     assert 4 * -(-1024 // decode_split_tokens(1024, 32)) == 128
-    assert 4 * -(-8192 // decode_split_tokens(8192, 32)) == 256
-    assert -(-131072 // decode_split_tokens(131072, 32)) == 64
+    assert 4 * -(-8192 // decode_split_tokens(8192, 32)) == 4 * DECODE_MAX_SPLITS
+    for cap in (DECODE_MAX_SPLITS, NEW_DEFAULTS["max_splits"]):
+        assert 4 * -(-8192 // decode_split_tokens(8192, 32, cap)) == 4 * cap
+        assert -(-131072 // decode_split_tokens(131072, 32, cap)) == cap
+    assert -(-100_000 // decode_split_tokens(100_000, 32, 128)) == 125  # 128 splits max: splits of 800 keys
 
 
 # Batch invariance. The engine pads the way engine/runner/graphs.py says: a captured batch of m rows serves n <= m
 # live rows, rows n..m-1 have seq_len 1 and whatever page-table row was left there, and the page table has
 # the graph's fixed width (max_pages_per_seq); an eager step's table is as wide as its longest row. On the
-# GPU the default split rule runs (2100 keys: 33 splits of 64); the interpreter caps splits at 8 to stay
+# GPU the default split rule runs (5000 keys: 79 splits of 64); the interpreter caps splits at 8 to stay
 # small (300 keys at head_dim 256: 5 splits of 64), the same rule with another constant.
 BATCH_LENS = {
-    DECODE_MAX_SPLITS: [1, 70, 700, 2100, 33],  # one split, a few, many one-tile ones, 64-key ones, a partial
+    DECODE_MAX_SPLITS: [1, 70, 700, 5000, 33],  # one split, a few, many one-tile ones, 64-key ones, a partial
     8: [1, 70, 300, 200, 33],
 }
 

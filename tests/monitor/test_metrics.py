@@ -38,6 +38,8 @@ class Stats:  # the shape of engine.core.EngineStats plus the host-cache fields 
     num_steps: int = 50
     num_forward_steps: int = 40
     num_admission_scans: int = 7
+    num_preemptions: int = 3
+    num_recomputed_tokens: int = 90
     num_requests_rejected: dict[str, int] = field(default_factory=lambda: {"server_overloaded": 2})
     host_kv_used_bytes: int = 1 << 30
     host_kv_capacity_bytes: int = 4 << 30
@@ -102,6 +104,8 @@ def test_engine_stats_set_gauges_and_counters_count_increments_across_a_restart(
     assert s[("ninfer_host_kv_cache_capacity_bytes", ())] == 4 << 30
     assert s[("ninfer_engine_prefill_tokens_total", ())] == 1500
     assert s[("ninfer_engine_steps_total", ())] == 60
+    assert s[("ninfer_scheduler_preemptions_total", ())] == 3
+    assert s[("ninfer_scheduler_recomputed_tokens_total", ())] == 90
     assert s[("ninfer_engine_rejected_total", (("code", "server_overloaded"),))] == 2
     assert s[("ninfer_host_kv_evictions_total", (("reason", "capacity"),))] == 4
     assert s[("ninfer_host_kv_park_bytes_total", ())] == 5000

@@ -1,8 +1,8 @@
 """The operator and the chart against a REAL kube-apiserver (v1.20, built from Debian's source package).
 
 Setup (once per session, k8s_env.py + conftest.py): the control plane (etcd + kube-apiserver + kube-controller-manager,
-see scripts/k8s/cluster.sh), the chart installed with `helm install`, and the operator run in-process by
-kopf's KopfRunner authenticated as the chart's ServiceAccount, so the chart's least-privilege RBAC is
+see scripts/k8s/cluster.sh), the chart installed with `helm install`, and the operator run as a `kopf run`
+process authenticated as the chart's ServiceAccount, so the chart's least-privilege RBAC is
 what the operator really gets. The Gateway API CRDs (scripts/k8s/crds/) are installed first, so the
 InferencePool and HTTPRoute the operator renders are validated by the API server against their schemas.
 

@@ -4,6 +4,8 @@
                  [--kv-dtype bf16|int8] [--prompt-len 7680,65536]
                  [--concurrency 1,2,4,8] [--decode-tokens 64] [--decode-context 1024] [--json OUT]
                  [--vs-hf [--hf-max-prompt-len 16384] [--hf-concurrency 1,8]]
+    ninfer-bench --synthetic qwen3.6-27b --server [--concurrency 1,8] [--server-prompt-len 1024]
+                 [--server-max-tokens 256] [--server-args "..."] [--json OUT]
 
 What one run measures, in order, on one CUDA device:
 1. the device's limits, in the same run: read bandwidth (a 4 GiB fp32 ``sum``, best of 10) and the bf16
@@ -37,7 +39,11 @@ payloads. ``--gpu-memory-limit GiB``: last, under that cap, the largest KV pool 
 Weights are random (normal, std 0.02; a decode or prefill step costs the same whatever they are). The KV
 of the "cached" decode context is zeros: reading it costs the same.
 
-Files: cli.py (arguments, the run, the JSON), fit.py (what fits under --gpu-memory-limit), steps.py (device limits, bytes and FLOPs a step must move, the
+``--server`` replaces the rows above: per concurrency, the engine's decode step in process next to the TPOT and
+TTFT a client of ``ninfer-serve`` (a subprocess on the same geometry and flags) sees through the openai SDK
+(server.py; ``tiny-dense`` runs it on the CPU for its test).
+
+Files: cli.py (arguments, the run, the JSON), server.py (``--server``), fit.py (what fits under --gpu-memory-limit), steps.py (device limits, bytes and FLOPs a step must move, the
 engine steps timed through ``ModelRunner.execute``, the kernel profile), hf.py (``--vs-hf``).
 """
 

@@ -22,6 +22,8 @@ from engine.config import EngineConfig
 from engine.core import apply_memory_limit
 from engine.testing.bench.fit import fit_report
 from engine.testing.bench.hf import add_speedups, round_sig, time_hf
+from engine.testing.bench.server import bench_server as server_bench
+from engine.testing.bench.server import table as server_table
 from engine.testing.bench.spec import (
     ACCEPTANCE_LENGTH,
     attach_random_draft_head,
@@ -39,7 +41,8 @@ from engine.testing.bench.steps import (
     run_prefill,
     weight_bytes,
 )
-from engine.testing.synthetic import GEOMETRIES, build_synthetic
+from engine.testing.geometry import SYNTHETIC_NAMES, TINY_GEOMETRY, needs_cuda
+from engine.testing.synthetic import GEOMETRIES, build_synthetic, synthetic_config
 from engine.testing.synthetic_quant import build_synthetic_quantized, synthetic_profile
 
 _DESCRIPTION = "speed at the real Qwen3.6-27B and 35B-A3B geometries, with random weights built on the GPU"
@@ -57,7 +60,8 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ninfer-bench", description=_DESCRIPTION)
-    p.add_argument("--synthetic", required=True, choices=sorted(GEOMETRIES), help="geometry, random weights")
+    p.add_argument("--synthetic", required=True, choices=SYNTHETIC_NAMES,
+                   help=f"geometry, random weights ({TINY_GEOMETRY}: --server only, runs on the CPU)")  # fmt: skip
     p.add_argument("--weights-id", default=None,
                    help="random weights in this profile's formats (a profile key, e.g. qwen3.6-27b/groupwise-int, "
                         "or a kind: groupwise-int, nvfp4, nvfp4-mixed); default: bf16")  # fmt: skip
@@ -75,6 +79,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--eager-decode-tokens", type=int, default=8,
                    help="also time this many eager (no-graph) decode steps per concurrency (0 = skip)")  # fmt: skip
     p.add_argument("--no-cuda-graph", action="store_true", help="decode eagerly")
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decode with overlap scheduling: launch step N+1 before collecting step N (default on)",
+    )
     p.add_argument("--profile", action="store_true", help="kernel-time breakdown of decode (C=1) and prefill")
     p.add_argument("--skip-prefill", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
@@ -91,6 +101,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="--vs-hf: HF decode concurrencies (default: --concurrency)")  # fmt: skip
     p.add_argument("--hf-attn-implementation", default=None,
                    help="--vs-hf: HF attn_implementation (default: transformers' own, sdpa)")  # fmt: skip
+    srv = p.add_argument_group(
+        "--server: the engine step next to a client's TPOT through ninfer-serve (server.py)"
+    )
+    srv.add_argument("--server", action="store_true",
+                     help="instead of the prefill/decode rows: per --concurrency, the engine's decode step and "
+                     "the TPOT/TTFT of streamed Chat Completions (openai SDK) from ninfer-serve on the same flags")  # fmt: skip
+    srv.add_argument("--server-prompt-len", type=int, default=1024, help="prompt tokens of each request")
+    srv.add_argument(
+        "--server-max-tokens", type=int, default=256, help="output tokens of each request (exact)"
+    )
+    srv.add_argument("--server-args", default="", help="more ninfer-serve flags, one shell-quoted string")
+    srv.add_argument(
+        "--server-log", type=Path, default=None, help="ninfer-serve's output (default: a temp file)"
+    )
+    srv.add_argument("--server-timeout", type=float, default=900.0, help="seconds to wait for /ready")
     return p.parse_args(argv)
 
 
@@ -111,18 +136,18 @@ def _log(msg: str) -> None:
     print(f"[ninfer-bench] {msg}", flush=True)
 
 
-def bench(args: argparse.Namespace) -> dict[str, Any]:
-    config = GEOMETRIES[args.synthetic]
+def _header(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "commit": _commit(),
         "command": "ninfer-bench " + " ".join(sys.argv[1:]),
         "software": {"torch": torch.__version__, "python": platform.python_version()},
         "geometry": args.synthetic,
         "weights_id": args.weights_id or "bf16",
         "kv_dtype": args.kv_dtype,
-        "cuda_graph": not args.no_cuda_graph,
+        "cuda_graph": not args.no_cuda_graph and torch.cuda.is_available(),
+        "overlap": args.overlap,
     }
     try:
         import triton
@@ -133,6 +158,21 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         result["software"]["fla"] = getattr(fla, "__version__", "?")
     except ImportError:
         pass
+    return result
+
+
+def bench_server(args: argparse.Namespace) -> dict[str, Any]:
+    """``--server``: the header, ``server_setup`` and the ``server`` rows (server.py)."""
+    result = _header(args)
+    got = server_bench(args, _log)
+    result["server_setup"], result["server"] = got["setup"], got["rows"]
+    _log("engine step vs client (ninfer-serve + openai SDK, streamed):\n" + server_table(got["rows"]))
+    return result
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    config = GEOMETRIES[args.synthetic]
+    result = _header(args)
     limits = measure_limits()
     result["limits"] = {k: round(v, 1) for k, v in limits.items()}
     _log(f"limits: {result['limits']}")
@@ -191,13 +231,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 result["graph_capture_s"] = round(time.perf_counter() - t0, 2)
             for c in args.concurrency:
                 per_step = run_decode(
-                    runner, config.vocab_size, c, args.decode_context, args.decode_warmup, steps
+                    runner, config.vocab_size, c, args.decode_context, args.decode_warmup, steps, args.overlap
                 )
                 nbytes = decode_step_bytes(
                     config, weights, c, args.decode_context + steps // 2, args.kv_dtype
                 )
                 limit = c * bandwidth / nbytes
-                row = {"concurrency": c, "cuda_graph": graphs and runner.graphs_captured,
+                row = {"concurrency": c, "cuda_graph": graphs and runner.graphs_captured, "overlap": args.overlap,
                        "context": args.decode_context, "steps": steps, "step_ms": round(per_step * 1e3, 3),
                        "tok_s": round(c / per_step, 1), "bytes_per_step_GB": round(nbytes / 1e9, 3),
                        "limit_tok_s": round(limit, 1), "fraction_of_limit": round(c / per_step / limit, 3)}  # fmt: skip
@@ -295,11 +335,26 @@ def _bench_spec(
     return rows
 
 
+def _check_server_args(args: argparse.Namespace) -> None:
+    if args.vs_hf or args.spec_rounds or args.gpu_memory_limit is not None or args.profile:
+        raise ValueError("--server runs alone: drop --vs-hf, --spec-rounds, --gpu-memory-limit and --profile")
+    if args.server_prompt_len < 8 or args.server_max_tokens < 2:
+        raise ValueError("--server needs --server-prompt-len >= 8 and --server-max-tokens >= 2")
+    try:
+        import openai  # noqa: F401
+    except ImportError as exc:
+        raise ValueError(f"--server drives the server with the official openai SDK: {exc}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.server:
+            _check_server_args(args)
+        elif not needs_cuda(args.synthetic):
+            raise ValueError(f"--synthetic {args.synthetic} is for --server runs (its CPU test) only")
         if args.weights_id is not None:
-            synthetic_profile(args.weights_id, GEOMETRIES[args.synthetic])
+            synthetic_profile(args.weights_id, synthetic_config(args.synthetic))
             if args.spec_rounds:
                 raise ValueError(
                     "--spec-rounds needs dense weights: quantized synthetic weights carry no MTP head"
@@ -309,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"ninfer-bench: {exc}", file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and needs_cuda(args.synthetic):
         print(
             "ninfer-bench: needs a CUDA device (the synthetic geometries are built on the GPU)",
             file=sys.stderr,
@@ -321,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError as exc:
             print(f"ninfer-bench: --vs-hf needs transformers with the qwen3_5 models: {exc}", file=sys.stderr)
             return 2
-    result = bench(args)
+    result = bench_server(args) if args.server else bench(args)
     text = json.dumps(result, indent=1)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

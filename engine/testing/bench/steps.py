@@ -1,5 +1,9 @@
 """`ninfer-bench`'s measurements: the device's limits, the bytes and FLOPs a step must move, the engine's own
-prefill and decode steps through ``ModelRunner.execute``, and a kernel-time profile of a step."""
+prefill and decode steps through ``ModelRunner.execute``, and a kernel-time profile of a step.
+
+Decode with ``overlap`` (engine/core.py's overlap scheduling, at the runner): step N+1 is built and launched
+(its rows feed ``PREVIOUS_TOKEN``, the ids step N sampled, still on the device) before step N is collected,
+so the host's per-step work hides behind the device's; without it each step waits for its ids first."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from engine.model.forward import kv_spec
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
 from engine.runner import ModelRunner
-from engine.step import RowPlan, StepPlan
+from engine.step import PREVIOUS_TOKEN, RowPlan, StepPlan
 
 PAGE_SIZE = 64
 GREEDY = SamplingParams(temperature=0.0)
@@ -166,22 +170,38 @@ def run_prefill(runner: ModelRunner, vocab: int, prompt_len: int, chunk: int) ->
 
 
 def run_decode(
-    runner: ModelRunner, vocab: int, concurrency: int, context: int, warmup: int, steps: int
+    runner: ModelRunner,
+    vocab: int,
+    concurrency: int,
+    context: int,
+    warmup: int,
+    steps: int,
+    overlap: bool = False,
 ) -> float:
-    """Seconds per decode step of ``concurrency`` rows (greedy, sampled tokens fed back)."""
+    """Seconds per decode step of ``concurrency`` rows (greedy, sampled tokens fed back; with ``overlap``
+    through the device, launching each step before collecting the previous one)."""
     pages_per_seq = -(-(context + warmup + steps + 1) // PAGE_SIZE)
     pages = [tuple(range(i * pages_per_seq, (i + 1) * pages_per_seq)) for i in range(concurrency)]
     tokens = torch.randint(0, vocab, (concurrency,)).tolist()
-    elapsed = 0.0
+    pending = None
     for step in range(warmup + steps):
         if step == warmup:
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():  # (the CPU runs it too, in tests)
+                torch.cuda.synchronize()
             start = time.perf_counter()
+        fed = [[PREVIOUS_TOKEN] if pending is not None else [tokens[i]] for i in range(concurrency)]
         rows = [
-            _request(f"d{i}", [tokens[i]], context + step, pages[i], i, False, True)
-            for i in range(concurrency)
+            _request(f"d{i}", fed[i], context + step, pages[i], i, False, True) for i in range(concurrency)
         ]
-        tokens = _step(runner, step, rows)
+        if not overlap:
+            tokens = _step(runner, step, rows)
+            continue
+        launched = runner.launch(StepPlan(step, tuple(rows), (), ()))
+        if pending is not None:
+            runner.collect(pending)
+        pending = launched
+    if pending is not None:
+        runner.collect(pending)
     elapsed = time.perf_counter() - start
     return elapsed / steps
 

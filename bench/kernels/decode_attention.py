@@ -1,0 +1,169 @@
+"""Decode attention over bf16 vs int8 KV at long context, Qwen3.6-27B geometry (24 query / 4 KV heads x 256, pages
+of 64), batch 1 and 4: the launcher's defaults (64 splits, 32-key tiles, int8 dequantised in fp32), the candidate new
+defaults (``kernels.attention.DECODE_NEW_DEFAULTS``: 128 splits; int8: 64-key tiles, fp16 dequantisation) and a sweep of the tuning knobs (``max_splits``, ``block_n``, ``num_warps``, ``int8_f16``).
+
+    python bench/kernels/decode_attention.py --json bench/results/decode_attention_h200_<date>.json \\
+        [--context 100000] [--batch 1,4] [--layers 16] [--quick]
+
+Each row times ``--layers`` layers' caches (each its own tensors, far larger than L2, so every call streams its
+K/V from HBM) decoded one after another as one CUDA-graph replay (``triton.testing.do_bench_cudagraph``), and
+reports microseconds per layer and the KV bytes a layer reads per second (int8: codes + fp16 scales). Every
+configuration is first checked against ``paged_attention_decode_ref`` on layer 0 (``rel_rms_err``). The summary
+gives int8 / bf16 time per layer at each batch, the default configurations and the best of the sweep: at or under
+1.0 means int8 decode attention is at least as fast as bf16's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import subprocess
+from pathlib import Path
+
+import torch
+import triton
+from hot_path_common import BF16, DEV, HEAD_DIM, HKV, HQ, PAGE, _err, _us
+
+from kernels.attention import (
+    DECODE_NEW_DEFAULTS,
+    kv_int8_group_size,
+    paged_attention_decode,
+    paged_attention_decode_ref,
+)
+
+OLD = {
+    "max_splits": 64,
+    "block_n": 32,
+    "num_warps": 4,
+    "int8_f16": False,
+}  # the launcher's defaults (knob names)
+
+
+def _candidate(kv: str) -> dict:
+    """DECODE_NEW_DEFAULTS as launcher knobs for ``kv``."""
+    knobs = {"max_splits": DECODE_NEW_DEFAULTS["max_splits"]}
+    if kv == "int8":
+        knobs |= {"block_n": DECODE_NEW_DEFAULTS["int8_block_n"], "int8_f16": DECODE_NEW_DEFAULTS["int8_f16"]}
+    return knobs
+
+
+def _sweep(kv: str, quick: bool) -> list[dict]:
+    """Knob settings to time (besides the defaults and OLD)."""
+    if quick:
+        return []
+    rows = [
+        {"max_splits": s, "block_n": n, "num_warps": w}
+        for s, n, w in itertools.product((64, 128, 256), (32, 64), (4, 8))
+    ]
+    if kv == "int8":
+        rows = [{**r, "int8_f16": f} for r in rows for f in (True, False)]
+        rows += [{"max_splits": s, "block_n": 128, "num_warps": 8, "int8_f16": True} for s in (128, 256)]
+    return rows
+
+
+def _caches(kv: str, layers: int, num_pages: int) -> list[tuple]:
+    shape = (num_pages, PAGE, HKV, HEAD_DIM)
+    out = []
+    for _ in range(layers):
+        if kv == "bf16":
+            out.append((torch.randn(shape, device=DEV, dtype=BF16), torch.randn(shape, device=DEV, dtype=BF16),
+                        None, None))  # fmt: skip
+        else:
+            num_scales = HEAD_DIM // kv_int8_group_size(HEAD_DIM)
+            codes = [torch.randint(-127, 128, shape, device=DEV, dtype=torch.int8) for _ in "kv"]
+            scales = [(torch.rand(*shape[:3], num_scales, device=DEV) * 0.02).half() for _ in "kv"]
+            out.append((codes[0], codes[1], scales[0], scales[1]))
+    return out
+
+
+def bench(context: int, batch: int, layers: int, quick: bool) -> list[dict]:
+    max_pages = -(-context // PAGE)
+    table = torch.randperm(batch * max_pages, device=DEV, dtype=torch.int32).view(batch, max_pages)
+    lens = torch.full((batch,), context, device=DEV, dtype=torch.int32)
+    query = torch.randn(batch, HQ, HEAD_DIM, device=DEV, dtype=BF16)
+    scale = HEAD_DIM**-0.5
+    rows = []
+    for kv in ("bf16", "int8"):
+        caches = _caches(kv, layers, batch * max_pages)
+        row_bytes = (
+            HEAD_DIM * 2 if kv == "bf16" else HEAD_DIM + 2 * (HEAD_DIM // kv_int8_group_size(HEAD_DIM))
+        )
+        nbytes = 2 * batch * context * HKV * row_bytes  # K and V of one layer
+        k0, v0, ks0, vs0 = caches[0]
+        expected = paged_attention_decode_ref(query, k0, v0, table, lens, scale, ks0, vs0)
+        for label, knobs in [
+            ("default", {}),
+            ("candidate", _candidate(kv)),
+            *(("sweep", k) for k in _sweep(kv, quick)),
+        ]:
+
+            def all_layers(knobs: dict = knobs, caches: list = caches) -> None:
+                for kc, vc, ks, vs in caches:
+                    paged_attention_decode(query, kc, vc, table, lens, scale, ks, vs, **knobs)
+
+            try:
+                err = _err(
+                    paged_attention_decode(query, k0, v0, table, lens, scale, ks0, vs0, **knobs), expected
+                )
+                us = _us(all_layers, graph=True) / layers
+            except Exception as exc:  # noqa: BLE001 - a setting that does not compile (registers) is a row too
+                row = {"kv": kv, "batch": batch, "context": context, "config": label, **knobs,
+                       "error": f"{type(exc).__name__}: {str(exc)[:200]}"}  # fmt: skip
+            else:
+                row = {"kv": kv, "batch": batch, "context": context, "config": label, **knobs,
+                       "us_per_layer": round(us, 2), "GBps": round(nbytes / us / 1e3, 1), **err}  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del caches, expected
+        torch.cuda.empty_cache()
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    out = []
+    for batch in sorted({r["batch"] for r in rows}):
+        timed = [r for r in rows if r["batch"] == batch and "us_per_layer" in r]
+
+        for config in ("default", "candidate", None):
+            have = {
+                kv: [r for r in timed if r["kv"] == kv and (config is None or r["config"] == config)]
+                for kv in ("bf16", "int8")
+            }
+            if not all(have.values()):
+                continue  # a configuration that failed on one side: its rows say why
+            b, i = (min(have[kv], key=lambda r: r["us_per_layer"]) for kv in ("bf16", "int8"))
+            out.append({"batch": batch, "config": config or "best of sweep", "bf16_us": b["us_per_layer"],
+                        "int8_us": i["us_per_layer"], "int8_over_bf16": round(i["us_per_layer"] / b["us_per_layer"], 3),
+                        "bf16_knobs": {k: b[k] for k in OLD if k in b},
+                        "int8_knobs": {k: i[k] for k in OLD if k in i}})  # fmt: skip
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--context", type=int, default=100_000, help="keys per sequence")
+    p.add_argument("--batch", default="1,4", help="batch sizes, comma-separated")
+    p.add_argument("--layers", type=int, default=16, help="layers' caches per timed replay")
+    p.add_argument("--quick", action="store_true", help="the defaults and the candidate defaults only")
+    args = p.parse_args()
+    rows = []
+    for batch in (int(b) for b in args.batch.split(",")):
+        rows += bench(args.context, batch, args.layers, args.quick)
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    result = {"what": "paged_attention_decode bf16 vs int8 KV, Qwen3.6-27B geometry", "date": datetime.date.today()
+              .isoformat(), "gpu": torch.cuda.get_device_name(), "commit": commit, "triton": triton.__version__,
+              "geometry": {"q_heads": HQ, "kv_heads": HKV, "head_dim": HEAD_DIM, "page_size": PAGE},
+              "summary": summarize(rows), "rows": rows}  # fmt: skip
+    for line in result["summary"]:
+        print(json.dumps(line), flush=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
