@@ -24,6 +24,7 @@ from api.engine_client import EngineClient
 from api.errors import ApiError
 from api.prompt import Prompt
 from engine.chat.parse import StreamEvent, StreamingParser
+from engine.media.image import MediaError
 from engine.request import (
     FinishEvent,
     FinishKind,
@@ -144,6 +145,9 @@ class Generation:
         self._stream = self._submit(self.request_id, self.prompt.token_ids, self.params)
         try:
             first = await anext(self._stream)
+        except MediaError as exc:  # the engine's own media checks (the API checks first)
+            self._done = True
+            raise ApiError(400, exc.code, str(exc), param="messages") from None
         except ValueError as exc:  # malformed input the engine refused (ids outside the vocabulary...)
             self._done = True
             raise ApiError(400, "invalid_prompt", str(exc), param="messages") from None
@@ -156,6 +160,7 @@ class Generation:
         self._first = first
 
     def _submit(self, request_id: str, token_ids: list[int], params: SamplingParams) -> AsyncIterator[Any]:
+        media = {"media": self.prompt.media} if self.prompt.media is not None else {}
         return aiter(
             self.engine.generate(
                 request_id,
@@ -163,6 +168,7 @@ class Generation:
                 params,
                 checkpoint_positions=self.prompt.checkpoint_positions,
                 thinking=self.prompt.thinking,
+                **media,
             )
         )
 

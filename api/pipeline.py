@@ -23,7 +23,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from api import structured
 from api.errors import ApiError
 from api.generation import Generation, Outcome
-from api.prompt import PromptTooLong, build_prompt, check_fits
+from api.media import media_refs, prompt_with_media
+from api.prompt import Prompt, PromptTooLong, build_prompt, check_fits
 from api.sse import with_keepalive
 from api.state import ServerState
 from api.tracking import ClientDisconnected, Tracker, collect, wait_disconnect
@@ -135,6 +136,7 @@ async def run(state: ServerState, request: Request, turn: Turn, adapter: Adapter
     tracker = _tracker(state, request_id, turn, len(prompt.token_ids))
     params = turn.params
     try:
+        prompt = await _with_media(state, turn, prompt)
         check_fits(prompt, state.max_context)
         if params.structured is not None:  # the grammar's reasoning phase follows the prompt
             params = replace(params, structured=replace(params.structured, in_reasoning=prompt.in_reasoning))
@@ -169,6 +171,13 @@ async def run(state: ServerState, request: Request, turn: Turn, adapter: Adapter
         frames = _frames(generation, adapter)
     body = with_keepalive(tracker.stream(generation, frames), state.options.keepalive_seconds)
     return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _with_media(state: ServerState, turn: Turn, prompt: Prompt) -> Prompt:
+    """The prompt with its images / video prepared and their placeholders expanded (api/media.py)."""
+    if not media_refs(turn.messages):
+        return prompt
+    return await off_loop(prompt_with_media, state.engine, turn.messages, prompt)
 
 
 async def _start_extras(

@@ -22,6 +22,7 @@ from typing import Any
 
 from api.errors import ApiError, invalid
 from engine.chat import ChatTemplateError, prompt_ends_in_reasoning
+from engine.media.prompt import PromptMedia
 from engine.tokenizer import Tokenizer
 
 
@@ -32,6 +33,7 @@ class Prompt:
     checkpoint_positions: tuple[int, ...]  # message boundaries (after each `<|im_end|>\n`) and the end
     in_reasoning: bool  # the prompt opened `<think>`: generation starts inside the reasoning
     thinking: bool
+    media: PromptMedia | None = None  # images / video (api/media.py attaches them after tokenizing)
 
 
 def checkpoint_positions(token_ids: Sequence[int], im_end_id: int | None) -> tuple[int, ...]:

@@ -242,7 +242,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, E
         api_key=api_key,
         model_id=args.model_id,
         cors=args.cors,
-        max_request_mib=args.max_request_mib or default_max_request_mib(max_context),
+        # --vision: room for base64 media (api/media.py's per-medium limit) beyond the text
+        max_request_mib=args.max_request_mib
+        or default_max_request_mib(max_context) + (64 if config.vision else 0),
         body_timeout_seconds=args.body_timeout_s,
         request_log_jsonl=args.request_log_jsonl,
         request_log_max_mib=args.request_log_max_mib,

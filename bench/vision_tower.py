@@ -8,6 +8,11 @@ Geometry: 27 blocks, width 1152, 16 heads x 72, patch 16, merge 2, out 5120 (the
 one 1024x1024 image (64 x 64 patches -> 1024 tokens) per call, batches of 1/4/8 such images, a 448x448 one,
 and an 8-frame 448x448 video (4 temporal groups). Each timing is the median of CUDA-event timed calls after
 warm-up, pixels already on the device (preprocessing is not included).
+
+Then (unless ``--no-ttft``) the time to first token through the engine (EngineCore on the synthetic 27B model,
+random bf16 weights, ``--vision`` with this tower): a request with one 1024x1024 image (1024 placeholder tokens
+plus text) against a text-only request of the same token count, each the median of ``--ttft-iters`` cold runs
+(prefix reuse off). The difference is the tower plus the splice; preprocessing (Pillow) is measured apart.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--ttft-iters", type=int, default=5)
+    parser.add_argument("--no-ttft", action="store_true")
     args = parser.parse_args()
     config = VisionConfig.from_hf({"vision_config": {"out_hidden_size": 5120}})
     torch.manual_seed(0)
@@ -65,7 +72,9 @@ def main() -> None:
         print(
             f"{name:>22}: {median * 1000:8.2f} ms  {len(grids) / median:8.1f} media/s  {out.shape[0]} tokens"
         )
+    ttft = None if args.no_ttft else measure_ttft(tower, args.ttft_iters)
     record = {
+        "ttft": ttft,
         "date": datetime.date.today().isoformat(),
         "gpu": torch.cuda.get_device_name(),
         "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
@@ -74,6 +83,57 @@ def main() -> None:
     }
     if args.json:
         args.json.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def measure_ttft(tower: VisionTower, iters: int, geometry: str = "qwen3.6-27b") -> dict[str, float]:
+    """Median TTFT (seconds) of a one-image request and of a text-only one of the same token count."""
+    import io
+    import time
+
+    from PIL import Image
+
+    from engine.config import EngineConfig
+    from engine.core import EngineCore
+    from engine.media import ImageProcessorConfig, MediaItem, MediaTokens, prepare_image, prompt_media
+    from engine.model.vision_load import VisionParts
+    from engine.request import SamplingParams, TokenEvent
+    from engine.testing.synthetic import load_synthetic
+
+    model, tokenizer, _ = load_synthetic(geometry)
+    tokens = MediaTokens(248056, 248057, 248053, 248054)
+    parts = VisionParts(tower, tokens, ImageProcessorConfig())
+    config = EngineConfig.from_flags(vision=True, max_context=8192, prefix_reuse=False)
+    core = EngineCore(model, tokenizer, config, vision=parts)
+    buf = io.BytesIO()
+    Image.effect_noise((1024, 1024), 64).convert("RGB").save(buf, "PNG")
+    start = time.perf_counter()
+    prepared = prepare_image(buf.getvalue(), ImageProcessorConfig())
+    preprocess_s = time.perf_counter() - start
+    text = tokenizer.encode("Describe the picture in detail, please. " * 8)
+    ids = text[:40] + [248053] + [248056] * prepared.num_tokens + [248054] + text[40:]
+    media = prompt_media(ids, [MediaItem.image(prepared)], tokens)
+    plain = (text * (len(ids) // len(text) + 1))[: len(ids)]
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+
+    def once(rid: str, prompt: list[int], with_media: bool) -> float:
+        t0 = time.perf_counter()
+        core.add_request(rid, prompt, params, media=media if with_media else None)
+        first = None
+        while core.has_work():
+            for event in core.step():
+                if isinstance(event, TokenEvent) and first is None:
+                    if torch.cuda.is_available():
+                        torch.cuda.synchronize()
+                    first = time.perf_counter() - t0
+        assert first is not None
+        return first
+
+    once("warm-image", ids, True), once("warm-text", plain, False)
+    image_s = statistics.median(once(f"i{k}", ids, True) for k in range(iters))
+    text_s = statistics.median(once(f"t{k}", plain, False) for k in range(iters))
+    print(f"TTFT at {len(ids)} tokens: one 1024x1024 image {image_s * 1000:.1f} ms, text only {text_s * 1000:.1f} ms "
+          f"(+{(image_s - text_s) * 1000:.1f} ms); preprocessing {preprocess_s * 1000:.1f} ms on the host")  # fmt: skip
+    return {"prompt_tokens": len(ids), "image_s": image_s, "text_s": text_s, "preprocess_s": preprocess_s}
 
 
 if __name__ == "__main__":

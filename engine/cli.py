@@ -3,7 +3,9 @@
     ninfer ARTIFACT (--prompt TEXT | --messages FILE) [--max-new N] [--greedy] [--seed N] ...
 
 The prompt goes through the model's chat template (a user message, or the messages of FILE: a JSON
-list of messages, or an object with "messages" and optional "tools"). The answer streams to stdout;
+list of messages, or an object with "messages" and optional "tools"). With `--vision`, user messages may hold
+`image_url` / `video_url` parts whose url is a file path or a data URI; without it such parts are refused
+(exit status 2), never dropped. The answer streams to stdout;
 loading progress, the reasoning, timing and throughput go to stderr, so `ninfer ... > answer.txt`
 keeps only the answer. Flags map 1:1 to `EngineConfig` fields (engine/flags.py's table, the same rows
 `ninfer-serve` offers; the rules are engine/config.py's) and `SamplingParams`.
@@ -35,6 +37,8 @@ from engine.flags import (
     sampling_params,
     thinking_default,
 )
+from engine.media.expand import expand_prompt, load_source, media_parts
+from engine.media.image import MediaError
 from engine.request import FinishEvent, SamplingParams, TokenEvent
 from engine.tokenizer import IncrementalDetokenizer
 
@@ -79,20 +83,34 @@ def run(
     from engine.core import EngineCore, load_artifact  # torch and the model stack: after parsing
 
     messages, tools = _messages(args)
+    messages, sources = media_parts(messages)
+    if sources and not config.vision:  # refused, never dropped
+        raise MediaError(f"the messages hold {len(sources)} image / video part(s): run with --vision")
+    media = [(kind, load_source(source)) for kind, source in sources]
     print(f"loading {args.artifact} ...", file=err)
     start = time.perf_counter()
     loaded = load_artifact(
-        args.artifact, device=args.device, with_mtp=config.spec == "mtp", lm_head_draft=config.lm_head_draft,
+        args.artifact,
+        device=args.device,
+        with_mtp=config.spec == "mtp",
+        lm_head_draft=config.lm_head_draft,
         with_dflash=config.spec == "dflash",
-    )  # fmt: skip
-    core = EngineCore(loaded.model, loaded.tokenizer, config)
+        with_vision=config.vision,
+    )
+    core = EngineCore(loaded.model, loaded.tokenizer, config, vision=loaded.vision)
     print(f"loaded {loaded.model_id} in {time.perf_counter() - start:.1f} s", file=err)
 
     tokenizer = loaded.tokenizer
     thinking = not args.no_thinking and thinking_default(args) is not False
     text = tokenizer.apply_chat_template(messages, tools=tools, enable_thinking=thinking)
     prompt_ids = tokenizer.encode(text)
-    rejection = core.add_request("cli", prompt_ids, params, thinking=thinking)
+    prompt_media = None
+    if media:
+        assert loaded.vision is not None
+        vision = loaded.vision
+        prompt_ids, prompt_media = expand_prompt(prompt_ids, media, vision.tokens, vision.processor,
+                                                 tokenizer.encode, config.max_media_tokens)  # fmt: skip
+    rejection = core.add_request("cli", prompt_ids, params, thinking=thinking, media=prompt_media)
     if rejection is not None:
         print(f"error: {rejection.reason.message}", file=err)
         return 2

@@ -24,6 +24,7 @@ SPEC_METHODS = (
     "dflash",
 )  # --spec: the MTP head, or the DFlash companion (35B-A3B artifacts carrying one)
 MAX_DRAFT_TOKENS = {"mtp": 5, "dflash": 15}  # --draft-tokens range per method (upstream's)
+DEFAULT_MAX_MEDIA_TOKENS = 16384  # --max-media-tokens: 16 images of 1024x1024 (1024 tokens each)
 DEFAULT_DRAFT_TOKENS = 3  # --spec mtp without --draft-tokens (upstream's measured MTP3)
 MAX_CONCURRENCY_LIMIT = 8  # startup-fixed lanes 1..8 (upstream kMaximumConcurrency)
 # The served models' native context (max_position_embeddings of every registered Qwen3.5-family checkpoint).
@@ -240,6 +241,12 @@ class EngineConfig:
     # the card had it (torch's per-process memory fraction; `--kv-capacity auto` sizes the pool within it).
     # None = the whole device. CUDA only (ignored on the CPU); the CUDA context itself is outside the cap.
     gpu_memory_limit: float | None = None
+    # --vision: load the vision tower and accept images / video (engine/model/vision_load.py); without it the
+    # tower's weights stay unread and media are refused (`vision_disabled`).
+    vision: bool = False
+    max_media_tokens: int = DEFAULT_MAX_MEDIA_TOKENS  # --max-media-tokens: placeholder tokens per request
+    allow_remote_media: bool = False  # --allow-remote-media: fetch http(s) media URLs (api/media.py limits)
+
     # --overlap / --no-overlap: plan step N+1 while the device runs step N (engine/core.py says how and which
     # rows fall back to the synchronous step). None = off: opt-in until an H200 run has validated it.
     overlap: bool | None = None
@@ -247,6 +254,17 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _require(isinstance(self.greedy, bool), "greedy", self.greedy, "must be a bool")
         _require(self.overlap in (None, True, False), "overlap", self.overlap, "must be None, True or False")
+        _require(isinstance(self.vision, bool), "vision", self.vision, "must be a bool")
+        _require(isinstance(self.allow_remote_media, bool), "allow_remote_media", self.allow_remote_media,
+                 "must be a bool")  # fmt: skip
+        mm = self.max_media_tokens
+        _require(_is_int(mm) and mm >= 1, "max_media_tokens", mm, "must be >= 1")
+        _require(
+            not (self.vision and self.spec is not None),
+            "spec",
+            self.spec,
+            "cannot run with --vision in this build (speculative rows do not splice media)",
+        )
         limit = self.gpu_memory_limit
         _require(
             limit is None

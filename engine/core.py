@@ -53,10 +53,13 @@ from engine.artifact.container import Artifact, read_artifact
 from engine.cache.host import HostIndex
 from engine.cache.kv import resolve_num_pages
 from engine.config import EngineConfig
+from engine.media.image import MediaError
+from engine.media.prompt import PromptMedia
 from engine.model.config import ModelConfig
 from engine.model.forward import kv_spec
 from engine.model.loader import load_model
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.model.vision_load import VisionParts, load_vision
 from engine.request import (
     Event,
     FinishEvent,
@@ -144,6 +147,7 @@ class LoadedArtifact:
     model: Qwen3_5ForCausalLM
     tokenizer: Tokenizer
     model_id: str
+    vision: VisionParts | None = None  # --vision: the tower, media token ids, preprocessor config
 
 
 def default_device() -> torch.device:
@@ -181,11 +185,13 @@ def load_artifact(
     with_mtp: bool = False,
     lm_head_draft: bool = False,
     with_dflash: bool = False,
+    with_vision: bool = False,
 ) -> LoadedArtifact:
     """Open `path`, load the text model and the tokenizer (and, with `lm_head_draft`, the reduced proposal
     head: engine/spec/draft_head.py; with `with_dflash` the DFlash companion the artifact carries, attached as
-    ``model.dflash``: ValueError when it has none or the target cannot host it). (The embedded demo model is
-    the entry points' default, engine/testing/demo.py: `LLM()`, `ninfer-serve`.)"""
+    ``model.dflash``: ValueError when it has none or the target cannot host it; with `with_vision`, the vision
+    tower: ValueError when the artifact has none). (The embedded demo model is the entry points' default,
+    engine/testing/demo.py: `LLM()`, `ninfer-serve`.)"""
     dev = torch.device(device) if device is not None else default_device()
     artifact = read_artifact(path)
     dtype = dtype if dtype is not None else default_dtype(dev)
@@ -197,7 +203,8 @@ def load_artifact(
         attach(model, load_draft_head(artifact, model))
     if draft is not None:
         attach_dflash(model, draft)
-    return LoadedArtifact(artifact, model, tokenizer_from_artifact(artifact), artifact.model_id)
+    vision = load_vision(artifact, dev, next(model.parameters()).dtype) if with_vision else None
+    return LoadedArtifact(artifact, model, tokenizer_from_artifact(artifact), artifact.model_id, vision)
 
 
 def apply_memory_limit(config: EngineConfig, device: torch.device) -> int | None:
@@ -232,6 +239,19 @@ def check_pool_fits(config: EngineConfig, pool_bytes: int, device: torch.device)
         )
 
 
+def check_media(media: PromptMedia, vision: bool, max_media_tokens: int) -> None:
+    """`MediaError` (its `code` names the API error) unless this engine can take `media`."""
+    if not vision:
+        raise MediaError("this server was started without --vision: images and video are refused",
+                         code="vision_disabled")  # fmt: skip
+    if media.num_media_tokens > max_media_tokens:
+        raise MediaError(
+            f"the request's media take {media.num_media_tokens} tokens, over this server's limit of "
+            f"{max_media_tokens} (--max-media-tokens)",
+            code="media_token_budget_exceeded",
+        )
+
+
 class EngineCore:
     """Use: `add_request` / `abort`, then `step()` while `has_work()`; each step returns its events."""
 
@@ -243,8 +263,13 @@ class EngineCore:
         *,
         seed: int | None = None,
         server_sampling: SamplingParams | None = None,
+        vision: VisionParts | None = None,
     ) -> None:
+        """`vision`: the loaded tower (`--vision`); None refuses requests with media."""
         self.config = config
+        self.vision = vision
+        if config.vision and vision is None:
+            raise ValueError("vision=True: no vision tower was loaded (load_artifact(..., with_vision=True))")
         self.tokenizer = tokenizer
         self.model_config: ModelConfig = model.config
         if config.lm_head_draft and draft_head_of(model) is None:
@@ -281,6 +306,7 @@ class EngineCore:
                 num_lanes=config.scheduler.max_concurrency,
                 host_budget=budget,
                 grammars=self.grammars,
+                vision=vision.tower if vision is not None else None,
             )
 
         warm = config.warmup if config.warmup is not None else param.device.type == "cuda"
@@ -346,11 +372,15 @@ class EngineCore:
         checkpoint_positions: Sequence[int] = (),
         *,
         thinking: bool = True,
+        media: PromptMedia | None = None,
     ) -> FinishEvent | None:
         """Queue a request; returns its rejection event if it is refused at once, else None.
 
-        Raises ValueError for malformed input (empty prompt, ids outside the vocabulary, a duplicate id).
+        Raises ValueError for malformed input (empty prompt, ids outside the vocabulary, a duplicate id), and
+        `MediaError` for media this engine cannot take (no `--vision`, over `--max-media-tokens`).
         """
+        if media is not None:
+            check_media(media, self.vision is not None, self.config.max_media_tokens)
         vocab = self.model_config.vocab_size
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
@@ -361,6 +391,7 @@ class EngineCore:
             list(prompt_token_ids),
             resolved,
             checkpoint_positions=tuple(checkpoint_positions),
+            media=media,
         )
         rejection = self.scheduler.add_request(request)
         self.num_requests_added += 1

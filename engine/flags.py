@@ -145,6 +145,24 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
         parse=float_or_text,
         metavar="GiB",
     ),
+    EngineFlag(
+        "--vision",
+        "vision",
+        "load the vision tower and accept images and video (without it media are refused: vision_disabled)",
+        parse=None,
+        given=True,
+    ),
+    EngineFlag(
+        "--max-media-tokens", "max_media_tokens", "media placeholder tokens per request, with --vision"
+    ),
+    EngineFlag(
+        "--allow-remote-media",
+        "allow_remote_media",
+        "fetch http(s) image / video URLs (size and time limited); without it only data URIs and files",
+        parse=None,
+        given=True,
+        section="server",
+    ),
     EngineFlag("--max-concurrency", "max_concurrency", "lanes, 1..8", section="server"),
     EngineFlag("--max-pending-requests", "max_pending_requests", "queued requests", section="server"),
     EngineFlag("--pending-timeout-ms", "pending_timeout_ms", "longest wait in the queue", section="server"),

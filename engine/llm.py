@@ -9,6 +9,11 @@ Config keywords mirror the server flags in snake_case (`max_context`, `max_concu
 `EngineConfig.from_flags` and engine/flags.py's table); a refused value raises ValueError with the words
 `ninfer-serve` and `ninfer` exit with (engine/config.py holds the rules). `device`, `dtype` and `seed` pick
 where and how the model runs.
+
+Images and video (`LLM(path, vision=True)`): `generate({"prompt": text, "multi_modal_data": {"image": [...]}})`
+with one `<|vision_start|><|image_pad|><|vision_end|>` in the text per image (vLLM's shape; items are bytes, a
+file path, a data URI or a PIL image; "video" likewise with `<|video_pad|>`), or `chat()` with `image_url` /
+`video_url` parts (engine/media/expand.py). Without `vision=True` media raise `MediaError`.
 Owns: one `EngineCore`, driven inline (no thread). Must not touch the scheduler's or runner's state.
 """
 
@@ -24,10 +29,14 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core import EngineCore, load_artifact
+from engine.media.expand import expand_prompt, load_source, media_parts
+from engine.media.image import MediaError
+from engine.media.prompt import PromptMedia
 from engine.request import FinishEvent, FinishKind, SamplingParams, TokenEvent
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 PromptInput = str | Sequence[int] | Mapping[str, Any]
+_Encoded = tuple[str | None, list[int], PromptMedia | None]  # text, prompt ids (media runs expanded), media
 
 # vLLM's finish_reason strings: the context limit is a "length" stop there too.
 _FINISH_REASONS = {
@@ -94,11 +103,13 @@ class LLM:
             with_mtp=spec == "mtp",
             lm_head_draft=self.config.lm_head_draft,
             with_dflash=spec == "dflash",
+            with_vision=self.config.vision,
         )
         self._artifact = loaded.artifact  # keeps memory-mapped weights alive
         self.model_id = loaded.model_id
         self.tokenizer: Tokenizer = loaded.tokenizer
-        self.core = EngineCore(loaded.model, loaded.tokenizer, self.config, seed=seed)
+        self.vision = loaded.vision
+        self.core = EngineCore(loaded.model, loaded.tokenizer, self.config, seed=seed, vision=loaded.vision)
         self._next_id = 0
 
     def get_tokenizer(self) -> Tokenizer:
@@ -128,23 +139,56 @@ class LLM:
         enable_thinking: bool = True,
     ) -> RequestOutput:
         """One conversation through the chat template (the raw generated text, reasoning included)."""
+        messages, sources = media_parts(messages)
         text = self.tokenizer.apply_chat_template(messages, tools=tools, enable_thinking=enable_thinking)
         ids = self.tokenizer.encode(text)
+        ids, media = self._media(ids, [(kind, load_source(source)) for kind, source in sources])
         params = sampling_params if sampling_params is not None else SamplingParams()
-        return self._run([(text, ids)], [params], thinking=enable_thinking)[0]
+        return self._run([(text, ids, media)], [params], thinking=enable_thinking)[0]
 
-    def _encode(self, item: PromptInput) -> tuple[str | None, list[int]]:
+    def _encode(self, item: PromptInput) -> _Encoded:
         if isinstance(item, str):
-            return item, self.tokenizer.encode(item)
+            return item, self.tokenizer.encode(item), None
         if isinstance(item, Mapping):
             if "prompt_token_ids" in item:
-                return item.get("prompt"), [int(t) for t in item["prompt_token_ids"]]
-            return str(item["prompt"]), self.tokenizer.encode(str(item["prompt"]))
-        return None, [int(t) for t in item]
+                text, ids = item.get("prompt"), [int(t) for t in item["prompt_token_ids"]]
+            else:
+                text, ids = str(item["prompt"]), self.tokenizer.encode(str(item["prompt"]))
+            ids, media = self._media(ids, self._multi_modal(ids, item.get("multi_modal_data") or {}))
+            return text, ids, media
+        return None, [int(t) for t in item], None
+
+    def _multi_modal(self, ids: list[int], data: Mapping[str, Any]) -> list[tuple[str, bytes]]:
+        """vLLM's ``multi_modal_data`` ({"image": x or [x, ...], "video": ...}) in placeholder order."""
+        queues = {}
+        for kind in ("image", "video"):
+            value = data.get(kind, [])
+            queues[kind] = deque(_medium_bytes(v) for v in (value if isinstance(value, list) else [value]))
+        if not any(queues.values()):
+            return []
+        if self.vision is None:
+            raise MediaError("media need LLM(..., vision=True)", code="vision_disabled")
+        tokens = self.vision.tokens
+        pads = {tokens.image_token_id: "image", tokens.video_token_id: "video"}
+        order = [pads[t] for t in ids if t in pads]
+        if any(order.count(kind) != len(queue) for kind, queue in queues.items()):
+            raise MediaError("the prompt needs one <|vision_start|><|image_pad|><|vision_end|> per image "
+                             "(<|video_pad|> per video)")  # fmt: skip
+        return [(kind, queues[kind].popleft()) for kind in order]
+
+    def _media(self, ids: list[int], media: list[tuple[str, bytes]]) -> tuple[list[int], PromptMedia | None]:
+        if not media:
+            return ids, None
+        if self.vision is None:
+            raise MediaError("media need LLM(..., vision=True)", code="vision_disabled")
+        v = self.vision
+        expanded, prepared = expand_prompt(ids, media, v.tokens, v.processor, self.tokenizer.encode,
+                                           self.config.max_media_tokens)  # fmt: skip
+        return expanded, prepared
 
     def _run(
         self,
-        prompts: list[tuple[str | None, list[int]]],
+        prompts: list[_Encoded],
         params: list[SamplingParams],
         *,
         thinking: bool = True,
@@ -160,7 +204,9 @@ class LLM:
                 # Feed only as many as can run: nothing waits long enough to hit the pending timeout.
                 while todo and core.scheduler.num_running + core.scheduler.num_waiting < lanes:
                     k = todo.popleft()
-                    rejection = core.add_request(ids[k], prompts[k][1], params[k], thinking=thinking)
+                    rejection = core.add_request(
+                        ids[k], prompts[k][1], params[k], thinking=thinking, media=prompts[k][2]
+                    )
                     if rejection is not None:
                         raise ValueError(f"prompt {k}: {rejection.reason.message}")
                 for event in core.step():
@@ -179,7 +225,7 @@ class LLM:
     def _output(
         self,
         request_id: str,
-        prompt: tuple[str | None, list[int]],
+        prompt: _Encoded,
         token_ids: list[int],
         finish: FinishEvent,
         params: SamplingParams,
@@ -220,3 +266,19 @@ def _as_prompt_list(prompts: PromptInput | Sequence[PromptInput]) -> list[Prompt
         return [cast(list[int], items)]  # one prompt given as token ids
     # NOTE: not all ints, so by the signature `prompts` was a Sequence[PromptInput].
     return cast(list[PromptInput], items)
+
+
+def _medium_bytes(value: Any) -> bytes:
+    """Bytes of a medium given as bytes, a file path or data URI, or a PIL image (encoded as PNG)."""
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    if isinstance(value, str | os.PathLike):
+        return load_source(os.fspath(value))
+    save = getattr(value, "save", None)
+    if callable(save):  # a PIL image
+        import io
+
+        buf = io.BytesIO()
+        save(buf, format="PNG")
+        return buf.getvalue()
+    raise MediaError(f"a medium must be bytes, a path, a data URI or a PIL image, not {type(value).__name__}")

@@ -13,8 +13,12 @@ import math
 import time
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from engine.structured.spec import StructuredSpec
+
+if TYPE_CHECKING:
+    from engine.media.prompt import PromptMedia
 
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:
@@ -189,6 +193,10 @@ class Request:
     `checkpoint_positions`: token positions (1..num_prompt_tokens) where the chat template marks a
     message boundary (assistant turn end, tool result end, the generation opener); the scheduler may
     save a GDN state checkpoint there so later requests can branch from it.
+
+    `media`: the prompt's images / videos (engine/media/prompt.py), None for a text prompt. Its placeholder
+    tokens are identified by their media's SHA-256 for prefix reuse (`identity_ids`), and no checkpoint
+    position falls inside a placeholder run (such positions are dropped).
     """
 
     request_id: str
@@ -196,6 +204,7 @@ class Request:
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float = field(default_factory=time.monotonic)
     checkpoint_positions: tuple[int, ...] = ()
+    media: PromptMedia | None = None
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
     token_ids: list[int] = field(init=False)
     num_prompt_tokens: int = field(init=False)
@@ -225,7 +234,27 @@ class Request:
             positions,
             f"must be positions in 1..{self.num_prompt_tokens}",
         )
+        if self.media is not None:
+            _check(
+                self.media.num_prompt_tokens == len(ids),
+                "media",
+                f"<{self.media.num_prompt_tokens} tokens>",
+                f"must describe the {len(ids)} prompt tokens",
+            )
+            positions = tuple(p for p in positions if not self.media.splits(p))
         self.checkpoint_positions = positions
+
+    @property
+    def identity_ids(self) -> list[int]:
+        """The ids the prefix index hashes: `token_ids`, with the prompt's media placeholders replaced by ids
+        derived from each medium's SHA-256 (engine/media/prompt.py)."""
+        if self.media is None:
+            return self.token_ids
+        return [*self.media.identity_ids, *self.token_ids[self.num_prompt_tokens :]]
+
+    def splits_media(self, position: int) -> bool:
+        """Whether a prefix of `position` tokens would end inside an image's (or a frame's) placeholder run."""
+        return self.media is not None and self.media.splits(position)
 
     @property
     def num_tokens(self) -> int:

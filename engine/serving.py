@@ -37,14 +37,16 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core import EngineCore, EngineStats, load_artifact
+from engine.media.prompt import PromptMedia
 from engine.model.config import ModelConfig
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.model.vision_load import VisionParts
 from engine.request import Event, FinishEvent, FinishReason, RejectCode, SamplingParams, TokenEvent
 from engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
-_Add = tuple[Literal["add"], str, list[int], SamplingParams, tuple[int, ...], bool]
+_Add = tuple[Literal["add"], str, list[int], SamplingParams, tuple[int, ...], bool, PromptMedia | None]
 _Abort = tuple[Literal["abort"], str, str]
 
 
@@ -62,14 +64,19 @@ class AsyncEngine:
         server_sampling: SamplingParams | None = None,
         synthetic: str | None = None,
         weights_id: str | None = None,
+        vision: VisionParts | None = None,
     ) -> None:
         """`synthetic`: the geometry name when the weights are random (engine/testing/synthetic.py: servers
-        must say so); `weights_id`: what the metrics' model-info labels name ("" when None)."""
+        must say so); `weights_id`: what the metrics' model-info labels name ("" when None); `vision`: the
+        vision tower, token ids and preprocessor config (`--vision`; the API prepares media with them)."""
+        self.vision = vision
         self.config = config
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.model_config: ModelConfig = model.config
-        self._core = EngineCore(model, tokenizer, config, seed=seed, server_sampling=server_sampling)
+        self._core = EngineCore(
+            model, tokenizer, config, seed=seed, server_sampling=server_sampling, vision=vision
+        )
         self.grammars = self._core.grammars  # structured outputs: `grammars.check(spec)` before `generate`
         self._cv = threading.Condition()
         self._commands: list[_Add | _Abort] = []
@@ -103,6 +110,7 @@ class AsyncEngine:
             with_mtp=config.spec == "mtp",
             lm_head_draft=config.lm_head_draft,
             with_dflash=config.spec == "dflash",
+            with_vision=config.vision,
         )
         engine = cls(
             loaded.model,
@@ -111,6 +119,7 @@ class AsyncEngine:
             model_id=loaded.model_id,
             seed=seed,
             server_sampling=server_sampling,
+            vision=loaded.vision,
         )
         engine._keep = loaded.artifact
         return engine
@@ -148,11 +157,13 @@ class AsyncEngine:
         checkpoint_positions: Sequence[int] = (),
         *,
         thinking: bool = True,
+        media: PromptMedia | None = None,
     ) -> AsyncIterator[Event]:
         """Stream `TokenEvent`s then exactly one `FinishEvent` (also for a refusal).
 
-        `thinking` picks the sampling preset (the chat template's thinking mode). Malformed input (empty
-        prompt, ids outside the vocabulary, a request_id already streaming) raises ValueError.
+        `thinking` picks the sampling preset (the chat template's thinking mode); `media`: the prompt's images
+        and video (engine/media/prompt.py). Malformed input (empty prompt, ids outside the vocabulary, a
+        request_id already streaming) raises ValueError; media the engine cannot take raise `MediaError`.
         """
         if not prompt_token_ids:
             raise ValueError("prompt_token_ids: must hold at least one token")
@@ -171,6 +182,7 @@ class AsyncEngine:
                     params,
                     tuple(checkpoint_positions),
                     thinking,
+                    media,
                 )
                 self._commands.append(add)
                 self._cv.notify_all()
@@ -248,9 +260,11 @@ class AsyncEngine:
     def _apply(self, command: _Add | _Abort) -> FinishEvent | None:
         if command[0] == "abort":
             return self._core.abort(command[1], command[2])
-        _, request_id, prompt, params, checkpoints, thinking = command
+        _, request_id, prompt, params, checkpoints, thinking, media = command
         try:
-            return self._core.add_request(request_id, prompt, params, checkpoints, thinking=thinking)
+            return self._core.add_request(
+                request_id, prompt, params, checkpoints, thinking=thinking, media=media
+            )
         except ValueError as exc:  # malformed input: handed to the stream, which raises it
             self._deliver(request_id, exc)
             return None

@@ -45,10 +45,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.request import SamplingParams
 
+if TYPE_CHECKING:
+    from engine.media.prompt import PromptMedia
 # In `RowPlan.token_ids`: "the token this request's row of the previous plan sampled" (overlap scheduling).
 PREVIOUS_TOKEN = -1
 
@@ -87,6 +89,10 @@ class RowPlan:
     num_sample: int  # the last num_sample fed positions give logits and a token each (0: none)
     sampling_params: SamplingParams
     num_output_tokens: int  # output tokens before this step (0 until the first sample)
+    # The request's prompt media (the same object every step; None for text): the runner splices the tower's
+    # rows at the placeholders this row feeds and takes the 3D positions / rope delta from it. Its pixel
+    # tensors are an opaque payload to the scheduler.
+    media: PromptMedia | None = None
 
     def __post_init__(self) -> None:
         assert 0 <= self.num_sample <= len(self.token_ids), (

@@ -25,6 +25,7 @@ from api import structured
 from api.anthropic.schemas import CountTokensRequest, MessagesRequest
 from api.errors import ApiError, invalid
 from api.generation import Outcome
+from api.media import decode_base64, template_part
 from api.options import ServerOptions
 from api.sampling import sampling_params, stop_strings
 from engine.chat.parse import ContentDelta, ReasoningDelta, StreamEvent, ToolCallEvent
@@ -87,10 +88,24 @@ def _block_text(content: Any, where: str) -> str:
     return "".join(texts)
 
 
+def image_part(block: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """An ``image`` block (``source``: base64 data, or a URL) as the template's media part (api/media.py)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, Mapping) else None
+    if kind == "base64" and isinstance(source.get("data"), str):  # type: ignore[union-attr]
+        return template_part("image", where, data=decode_base64(source["data"], f"{where}.source.data"))  # type: ignore[index]
+    if kind == "url" and isinstance(source.get("url"), str):  # type: ignore[union-attr]
+        return template_part("image", where, url=source["url"])  # type: ignore[index]
+    raise invalid(
+        "an image block needs source {type: base64, data} or {type: url, url}", param=f"{where}.source"
+    )
+
+
 def _user_turn(blocks: list[Any], where: str, call_order: list[str]) -> list[dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     unordered: list[dict[str, Any]] = []
     texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, Mapping) else None
         if kind == "tool_result":
@@ -106,6 +121,9 @@ def _user_turn(blocks: list[Any], where: str, call_order: list[str]) -> list[dic
                 unordered.append(item)
         elif kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind == "image":
+            parts.append(image_part(block, f"{where}[{j}]"))
         elif kind in MEDIA_BLOCKS:
             raise ApiError(
                 400,
@@ -116,7 +134,9 @@ def _user_turn(blocks: list[Any], where: str, call_order: list[str]) -> list[dic
         else:
             raise invalid(f"unsupported user block type {kind!r}", param=f"{where}[{j}].type")
     turn = [results[cid] for cid in call_order if cid in results] + unordered
-    if texts or not turn:
+    if len(parts) > len(texts):  # images: the template's list of parts (api/media.py)
+        turn.append({"role": "user", "content": parts})
+    elif texts or not turn:
         turn.append({"role": "user", "content": "".join(texts)})
     return turn
 

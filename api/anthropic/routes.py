@@ -13,6 +13,7 @@ from api.anthropic.schemas import CountTokensRequest, MessagesRequest
 from api.body import json_body_doc, read_json, validate
 from api.errors import ApiError, anthropic_body
 from api.generation import Outcome
+from api.media import prompt_with_media
 from api.pipeline import Turn
 from api.prompt import build_prompt
 from api.sse import sse_event
@@ -97,4 +98,5 @@ async def count_tokens(request: Request) -> JSONResponse:
         preserve_thinking=state.options.preserve_thinking,
         prefill=prefill,
     )
+    prompt = await pipeline.off_loop(prompt_with_media, state.engine, messages, prompt)  # images' tokens
     return JSONResponse({"input_tokens": len(prompt.token_ids)})

@@ -19,6 +19,7 @@ from typing import Any
 from api import structured
 from api.errors import ApiError, invalid
 from api.generation import Outcome
+from api.media import template_part
 from api.openai.schemas import ChatCompletionRequest
 from api.options import ServerOptions
 from api.sampling import sampling_params, stop_strings
@@ -81,6 +82,37 @@ def text_of_parts(content: Any, param: str, *, allow_refusal: bool = True) -> st
     return "".join(texts)
 
 
+_MEDIA_PARTS = {"image_url": "image", "input_image": "image", "video_url": "video", "input_video": "video"}
+
+
+def content_of_parts(content: Any, param: str) -> str | list[dict[str, Any]]:
+    """A user message's content: its text, or (with images / video) the template's list of text and media parts
+    (api/media.py; the server refuses them later without --vision)."""
+    if not isinstance(content, list) or not any(
+        isinstance(p, Mapping) and p.get("type") in _MEDIA_PARTS for p in content
+    ):
+        return text_of_parts(content, param)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        where = f"{param}[{j}]"
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind not in _MEDIA_PARTS:
+            parts.append({"type": "text", "text": text_of_parts([part], param)})
+            continue
+        source = part.get(kind)
+        if kind == "input_image":  # Responses: image_url is the URL string itself
+            source = part.get("image_url")
+            if source is None and part.get("file_id") is not None:
+                raise invalid(
+                    "input_image.file_id is not supported: send image_url", param=f"{where}.file_id"
+                )
+        url = source.get("url") if isinstance(source, Mapping) else source
+        if not isinstance(url, str) or not url:
+            raise invalid(f"a {kind} part needs a url", param=where)
+        parts.append(template_part(_MEDIA_PARTS[kind], where, url=url))
+    return parts
+
+
 def chat_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for i, message in enumerate(raw):
@@ -88,7 +120,10 @@ def chat_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
         role = message.get("role")
         if role not in _ROLES:
             raise invalid(f"role must be one of {', '.join(_ROLES)}; got {role!r}", param=f"{where}.role")
-        content = text_of_parts(message.get("content"), f"{where}.content")
+        if role == "user":
+            content: Any = content_of_parts(message.get("content"), f"{where}.content")
+        else:
+            content = text_of_parts(message.get("content"), f"{where}.content")
         if role == "function":  # legacy function result
             messages.append({"role": "tool", "content": content, "name": message.get("name")})
             continue

@@ -22,7 +22,9 @@ from fastapi.responses import Response
 from api import pipeline, structured
 from api.errors import ApiError, invalid
 from api.generation import Outcome
+from api.media import prompt_with_media
 from api.openai.convert import (
+    content_of_parts,
     effort_budget,
     forced_tool,
     text_of_parts,
@@ -97,6 +99,12 @@ def items_to_messages(items: list[dict[str, Any]], instructions: str | None) -> 
                     f"message role must be user, assistant, system or developer; got {role!r}",
                     param=f"{where}.role",
                 )
+            if role == "user":  # text, or text and images (api/media.py)
+                assistant = None
+                messages.append(
+                    {"role": role, "content": content_of_parts(item.get("content"), f"{where}.content")}
+                )
+                continue
             text = text_of_parts(item.get("content"), f"{where}.content")
             if role == "assistant":
                 turn = open_assistant()
@@ -228,7 +236,8 @@ def _prompt(state: ServerState, plan: ResponsesPlan) -> Prompt:
 
 
 def count_input_tokens(state: ServerState, req: InputTokensRequest) -> int:
-    return len(_prompt(state, _plan_prompt(state, req)).token_ids)
+    plan = _plan_prompt(state, req)
+    return len(prompt_with_media(state.engine, plan.messages, _prompt(state, plan)).token_ids)
 
 
 def _refuse_unsupported(req: ResponsesRequest) -> None:

@@ -31,7 +31,12 @@ MAX_ASPECT_RATIO = 200
 
 
 class MediaError(ValueError):
-    """A medium that cannot be used: undecodable, too large, or of an unusable shape."""
+    """A medium that cannot be used: undecodable, too large, or of an unusable shape. ``code``: the API's error
+    code (``invalid_media``, ``media_too_large``, ``media_token_budget_exceeded``, ``vision_disabled``, ...)."""
+
+    def __init__(self, message: str, code: str = "invalid_media") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,8 @@ def decode_image(data: bytes, config: ImageProcessorConfig) -> Image.Image:
         image = Image.open(io.BytesIO(data))
         if image.width * image.height > config.max_input_pixels:
             raise MediaError(
-                f"image of {image.width}x{image.height} pixels is over the {config.max_input_pixels} pixel limit"
+                f"image of {image.width}x{image.height} pixels is over the {config.max_input_pixels} pixel limit",
+                code="media_too_large",
             )
         image.load()
     except MediaError:

@@ -61,6 +61,10 @@ class ForwardBatch:
     # ([B, width - 1] int64), so the runner can roll back to the last accepted position. 0 = off.
     verify_width: int = 0
     snapshot_slots: torch.Tensor | None = None
+    # Vision (engine/runner/media.py): the tower's rows [M, hidden] for the M placeholder tokens of this batch,
+    # in token order, and the mask [T] bool of those tokens; the embedding output takes them there. None: text.
+    media_embeds: torch.Tensor | None = None
+    media_mask: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

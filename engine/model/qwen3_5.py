@@ -73,6 +73,9 @@ class Qwen3_5TextModel(nn.Module):
         """Final hidden states; with `capture` (layer ids) also appends each listed layer's output (its residual
         stream, before any norm) to `captured`, in the order listed (the DFlash drafter's target features)."""
         residual = self.embed_tokens(batch.input_ids)
+        if batch.media_embeds is not None and batch.media_mask is not None:  # images / video frames
+            mask = batch.media_mask.unsqueeze(-1)
+            residual = residual.masked_scatter(mask, batch.media_embeds.to(residual.dtype))
         rope = self.rope(batch.positions)
         if not self.layers:
             return self.norm(residual)

@@ -47,7 +47,8 @@ class DecodeRow:
     """One decode row in plain ints: feed ``token`` at ``position`` of a sequence whose KV pages are
     ``page_ids`` and whose GDN state is ``state_slot`` (``keep_state`` False = start from zeros).
     ``token`` is ``PREVIOUS_TOKEN`` when the id comes from the previous step's sampled ids on the device, at
-    ``previous_index``."""
+    ``previous_index``. ``rope_delta``: a request with media rotates by ``position + rope_delta``
+    (engine/runner/media.py)."""
 
     token: int
     position: int
@@ -55,6 +56,7 @@ class DecodeRow:
     state_slot: int
     keep_state: bool = True
     previous_index: int = -1
+    rope_delta: int = 0
 
     @classmethod
     def of(cls, row: RowPlan, previous_index: int = -1) -> DecodeRow:
@@ -128,7 +130,7 @@ class InputBuffers:
         device = self.input_ids.device
         slots = [r.page_ids[r.position // page_size] * page_size + r.position % page_size for r in rows]
         dev = upload(
-            [[max(r.token, 0) for r in rows], [r.position for r in rows], [r.position + 1 for r in rows], slots,
+            [[max(r.token, 0) for r in rows], [r.position + r.rope_delta for r in rows], [r.position + 1 for r in rows], slots,
              [r.state_slot for r in rows], [int(r.keep_state) for r in rows], [r.previous_index for r in rows]],
             device,
         )  # fmt: skip

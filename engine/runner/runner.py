@@ -46,10 +46,12 @@ from engine.cache.kv import KVDtype, ModelCache, allocate_cache
 from engine.model.config import ModelConfig
 from engine.model.forward import kv_spec
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.model.vision import VisionTower
 from engine.request import SamplingParams, TokenLogprob
 from engine.runner.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner
 from engine.runner.host_copies import HostCopies
 from engine.runner.inputs import DecodeRow, eager_batch, sample_indices
+from engine.runner.media import MediaInputs, feeds_media, rope_delta
 from engine.runner.pending import LastSampled, Launched, fill_previous, start_copy, upload
 from engine.runner.speculative import SpecExecutor, num_spec_slots
 from engine.runner.warmup import WarmupReport, warm_up
@@ -80,13 +82,15 @@ class ModelRunner:
         spec: str | None = None,
         num_draft_tokens: int = 0,
         num_lanes: int = 1,
+        vision: VisionTower | None = None,
     ) -> None:
         """max_context bounds a request's page-table row (the graphs' page-table width); None = the
         whole pool. cuda_graph=False keeps every step eager. kv_dtype: as `CacheConfig` validated it.
         host_budget: host KV parking's budget (`--host-kv-cache-mib`): the runner copies what the
         scheduler's plans park and restore (None: off). grammars: serves structured outputs.
         spec="mtp" | "dflash": speculative decoding with `num_draft_tokens` drafts per row from the MTP head or
-        the DFlash companion (engine/runner/speculative.py; lanes 0..num_lanes-1)."""
+        the DFlash companion (engine/runner/speculative.py; lanes 0..num_lanes-1). vision: the vision tower
+        (`--vision`; engine/runner/media.py splices its rows at a prompt's media placeholders)."""
         self.model = model
         self.config: ModelConfig = model.config
         param = next(model.parameters())
@@ -103,6 +107,7 @@ class ModelRunner:
             self.device,
         )
         self.sampler = Sampler(self.device, seed, grammars)
+        self.media = MediaInputs(vision, self.device, self.dtype)
         self.spec: SpecExecutor | None = None
         self.spec_graphs_captured = False
         if spec is not None:
@@ -264,7 +269,7 @@ class ModelRunner:
 
     def _execute_eager(self, rows: Sequence[RowPlan]) -> torch.Tensor | None:
         """The logits of the rows' sampled positions [S, vocab] fp32 (None when no row samples)."""
-        batch = eager_batch(rows, self.page_size, self.device)
+        batch = self.media.apply(eager_batch(rows, self.page_size, self.device), rows)
         fill_previous(batch.input_ids, rows, self._last)
         hidden = self.model(batch, self.cache)  # [T, hidden]
         indices = sample_indices(rows)
@@ -276,7 +281,10 @@ class ModelRunner:
         assert self.graphs is not None
         last = self._last
         decode = [
-            DecodeRow.of(row, last.index[row.request_id] if row.token_ids[0] == PREVIOUS_TOKEN else -1)  # type: ignore[union-attr]
+            replace(
+                DecodeRow.of(row, last.index[row.request_id] if row.token_ids[0] == PREVIOUS_TOKEN else -1),  # type: ignore[union-attr]
+                rope_delta=rope_delta(row),
+            )
             for row in rows
         ]
         logits = self.graphs.run(decode, last.ids if last is not None else None)
@@ -293,11 +301,14 @@ class ModelRunner:
     def _graph_eligible(self, rows: Sequence[RowPlan]) -> bool:
         if self.graphs is None or not all(row.num_tokens == 1 and row.num_sample == 1 for row in rows):
             return False
+        if any(feeds_media(row) for row in rows):
+            return False
         return self.graphs.can_run(len(rows), max(len(row.page_ids) for row in rows), width=1)
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Drop the sampler state of requests that ended."""
         self.sampler.release(request_ids)
+        self.media.release(request_ids)
         if self.spec is not None:
             self.spec.release(request_ids)
         for request_id in request_ids:

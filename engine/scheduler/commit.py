@@ -69,7 +69,7 @@ def commit(s: Scheduler, plan: StepPlan, result: StepResult) -> list[Event]:
             assert s.prefix is not None, "a snapshot save without prefix reuse"
             lane.pending_saves.remove((row.save_state_to, row.end_pos))
             s.prefix.insert(
-                request.token_ids, request.page_hashes, row.end_pos, lane.page_ids, row.save_state_to
+                request.identity_ids, request.page_hashes, row.end_pos, lane.page_ids, row.save_state_to
             )
         if lane.ending is not None:  # ended while this row was in flight: its token is discarded
             if lane.num_inflight_rows == 0:

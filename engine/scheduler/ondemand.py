@@ -92,8 +92,8 @@ def preempt(s: Scheduler, lane: Lane) -> None:
     num_done = request.num_computed_tokens
     # A lane whose first row has not run holds neither its copy-on-write page nor its restored state yet.
     written = lane.initialized or lane.host_restored
-    if s.prefix is not None and num_done >= 1 and written:
-        s.prefix.insert(request.token_ids, request.page_hashes, num_done, lane.page_ids, lane.state_slot)
+    if s.prefix is not None and num_done >= 1 and written and not request.splits_media(num_done):
+        s.prefix.insert(request.identity_ids, request.page_hashes, num_done, lane.page_ids, lane.state_slot)
     else:
         s.slots.free(lane.state_slot)
     s.pages.free(lane.page_ids)

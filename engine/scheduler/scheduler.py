@@ -361,8 +361,8 @@ class Scheduler:
         if self.prefix is None or len(self.prefix) == 0:
             return None
         limit = request.num_tokens - 1  # a resumed request may match its own output too
-        extend_page_hashes(request.page_hashes, request.token_ids, limit, self.pages.page_size)
-        match = self.prefix.lookup(request.token_ids, request.page_hashes, limit)
+        extend_page_hashes(request.page_hashes, request.identity_ids, limit, self.pages.page_size)
+        match = self.prefix.lookup(request.identity_ids, request.page_hashes, limit)
         if match is not None:
             self.prefix.pin(match.checkpoint)
             if self.num_draft_tokens:
@@ -374,8 +374,8 @@ class Scheduler:
         if self.host is None:
             return None
         limit = request.num_tokens - 1  # a resumed request may match its own output too
-        extend_page_hashes(request.page_hashes, request.token_ids, limit, self.pages.page_size)
-        found = self.host.match(request.token_ids, request.page_hashes, limit)
+        extend_page_hashes(request.page_hashes, request.identity_ids, limit, self.pages.page_size)
+        found = self.host.match(request.identity_ids, request.page_hashes, limit)
         best = match.num_tokens if match is not None else 0
         return found if found is not None and found.num_tokens > best else None
 
@@ -444,6 +444,7 @@ class Scheduler:
             num_sample=num_sample,
             sampling_params=request.sampling_params,
             num_output_tokens=num_output_tokens,
+            media=request.media,
         )
 
     # ---- commit ---------------------------------------------------------------------------------
@@ -495,9 +496,10 @@ class Scheduler:
         if lane.restore is not None:
             self.prefix.unpin(lane.restore)  # type: ignore[union-attr]
         num_done = request.num_computed_tokens
+        retain = retain and not request.splits_media(num_done)  # never a checkpoint inside an image's tokens
         if retain and self.prefix is not None and num_done >= 1 and not lane.restoring:
             self.prefix.insert(
-                request.token_ids, request.page_hashes, num_done, lane.page_ids, lane.state_slot
+                request.identity_ids, request.page_hashes, num_done, lane.page_ids, lane.state_slot
             )
         else:
             self.slots.free(lane.state_slot)

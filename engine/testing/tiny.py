@@ -12,6 +12,7 @@ same bytes across library versions.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -119,20 +120,71 @@ def tiny_weights(config: dict[str, Any], seed: int) -> list[tuple[str, torch.Ten
     return out
 
 
+# `vision=True`: a tiny vision tower too (the Qwen3.5 tower's layout, patch 16, merge 2, 2 blocks of 32), with
+# the real media token ids and a small pixel budget (a 64x64 image is 4 placeholder tokens), for --vision tests.
+TINY_VISION: dict[str, Any] = {
+    "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "in_channels": 3, "patch_size": 16,
+    "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 64, "num_position_embeddings": 16,
+    "hidden_act": "gelu_pytorch_tanh",
+}  # fmt: skip
+TINY_PREPROCESSOR: dict[str, Any] = {
+    "size": {"shortest_edge": 64 * 64, "longest_edge": 128 * 128}, "patch_size": 16, "temporal_patch_size": 2,
+    "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+}  # fmt: skip
+MEDIA_TOKEN_IDS = {"image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
+                   "vision_end_token_id": 248054}  # fmt: skip
+
+
+def _vision_weights(gen: torch.Generator) -> list[tuple[str, torch.Tensor]]:
+    from engine.model.vision import VisionConfig, VisionTower
+
+    with torch.device("meta"):
+        tower = VisionTower(VisionConfig.from_hf({"vision_config": TINY_VISION}))
+    out = []
+    for name, param in tower.state_dict().items():
+        shape = tuple(param.shape)
+        if len(shape) == 1:
+            value = torch.ones(shape) if "norm" in name and name.endswith("weight") else torch.zeros(shape)
+        else:
+            value = torch.randn(shape, generator=gen) / math.sqrt(math.prod(shape[1:]))
+        out.append((f"model.visual.{name}", value.to(torch.bfloat16)))
+    return out
+
+
 def build_tiny(
-    out: str | os.PathLike[str], *, arch: str = "dense", seed: int = 0, dflash: bool = False
+    out: str | os.PathLike[str],
+    *,
+    arch: str = "dense",
+    seed: int = 0,
+    dflash: bool = False,
+    vision: bool = False,
 ) -> Path:
     """Write a tiny `.ninfer` model; the same arch and seed give the same file, byte for byte. `dflash` (MoE
-    only) adds a tiny DFlash companion (engine/testing/tiny_dflash.py) for `--spec dflash`."""
+    only) adds a tiny DFlash companion (engine/testing/tiny_dflash.py) for `--spec dflash`; `vision` a tiny
+    vision tower (TINY_VISION) for `--vision`."""
     config = tiny_hf_config(arch)
-    tensors, resources = tiny_weights(config, seed), frontend_resources(config, moe=arch == "moe")
+    tensors = tiny_weights(config, seed)
+    resources = frontend_resources(config, moe=arch == "moe")
+    if vision:
+        composite = {
+            "architectures": ["Qwen3_5MoeForConditionalGeneration" if arch == "moe" else "Qwen3_5ForConditionalGeneration"],
+            "model_type": "qwen3_5_moe" if arch == "moe" else "qwen3_5",
+            "text_config": config, "vision_config": TINY_VISION, **MEDIA_TOKEN_IDS,
+        }  # fmt: skip
+        resources = [*frontend_resources(composite, moe=arch == "moe"),
+                     ("preprocessor_config.json", json.dumps(TINY_PREPROCESSOR).encode())]  # fmt: skip
+        tensors = [*tensors, *_vision_weights(torch.Generator().manual_seed(seed + 1))]
     if dflash:
         if arch != "moe":
             raise ValueError("--dflash: DFlash drafts for the MoE target only (use --arch moe)")
         from engine.testing.tiny_dflash import TINY_DFLASH, tiny_dflash_resource, tiny_dflash_tensors
 
-        tensors += tiny_dflash_tensors(TINY_DFLASH, seed)
-        resources.append(tiny_dflash_resource(TINY_DFLASH))
+        tensors = [*tensors, *tiny_dflash_tensors(TINY_DFLASH, seed)]
+        resources = [*resources, tiny_dflash_resource(TINY_DFLASH)]
     return write_artifact(
-        out, model_id=TINY_MODEL_IDS[arch], weights_id=TINY_WEIGHTS_ID, tensors=tensors, resources=resources
+        out,
+        model_id=TINY_MODEL_IDS[arch],
+        weights_id=TINY_WEIGHTS_ID,
+        tensors=tensors,
+        resources=resources,
     )

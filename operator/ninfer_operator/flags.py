@@ -59,13 +59,7 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
         "value",
         3,
     ),
-    FlagRow(
-        "engine.vision",
-        "--vision",
-        "true",
-        True,
-        unsupported="image input (engine.vision: true) is not in ninfer-serve yet",
-    ),
+    FlagRow("engine.vision", "--vision", "true", True),
 )
 
 

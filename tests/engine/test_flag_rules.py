@@ -125,7 +125,7 @@ def test_every_engine_flag_sets_the_keyword_of_its_name() -> None:
     for row in ENGINE_FLAGS:
         name = row.flag.removeprefix("--")
         assert row.keyword == name.removeprefix("no-").replace("-", "_"), row
-        switch = name.startswith("no-") or row.keyword in ("greedy", "lm_head_draft") or row.negatable
+        switch = name.startswith("no-") or row.given is True or row.negatable  # --no-x, a switch
         assert (row.parse is None) == switch, row
         EngineConfig.from_flags(**{row.keyword: defaults[row.keyword]})  # a known keyword
     keywords = [row.keyword for row in ENGINE_FLAGS]

@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
+from engine.media.positions import mrope_positions, positions_after
 from engine.model.vision import (
     VisionConfig,
     VisionTower,
@@ -21,7 +22,6 @@ from engine.model.vision import (
     segmented_attention,
     splice_media,
 )
-from engine.model.vision_positions import mrope_positions, positions_after
 
 IMAGE, VIDEO, START, END = 90, 91, 92, 93
 TEXT = dict(
