@@ -78,8 +78,11 @@ def validate_spec(name: str, spec: Spec) -> list[str]:
         errors.append(
             "engine.spec.mode 'dflash' cannot be combined with engine.hostKvCacheMiB (host parking)"
         )
-    if mode == "dflash" and engine.get("vision"):
-        errors.append("engine.spec.mode 'dflash' is text only; it cannot be combined with engine.vision")
+    if mode != "off" and engine.get("vision"):
+        errors.append(
+            f"engine.vision cannot be combined with engine.spec.mode {mode!r} (ninfer-serve refuses --vision "
+            "with --spec: speculative decoding is text only)"
+        )
     kv, ctx = engine.get("kvCapacity"), engine.get("maxContext")
     if kv is not None and str(kv) != "auto" and (not str(kv).isdigit() or int(kv) < 1):
         errors.append(f"engine.kvCapacity must be 'auto' or a positive token count, got {kv!r}")

@@ -99,16 +99,20 @@ def test_a_missing_file_is_not_reported_as_a_digest_mismatch(api: Api, operator:
     assert api.events(ns, "ArtifactMissing") and not api.events(ns, "DigestMismatch")
 
 
-def test_unsupported_modes_are_refused_with_a_reason_and_no_pod(api: Api, operator: Any, ns: str) -> None:
+def test_a_pair_of_modes_the_server_refuses_is_invalid_with_a_reason_and_no_pod(
+    api: Api, operator: Any, ns: str
+) -> None:
+    """Every mode is supported alone; speculative decoding with vision is a pair ninfer-serve refuses, so the
+    operator refuses it before any Job or pod (a pod would exit at start)."""
     spec = copy.deepcopy(SAMPLE)
     spec["engine"]["spec"] = {"mode": "mtp", "draftTokens": 3}
     spec["engine"]["vision"] = True
     create_cr(api, ns, "m", spec)
-    wait_for(lambda: api.status(ns, "m").get("phase") == "Unsupported", what="phase Unsupported")
+    wait_for(lambda: api.status(ns, "m").get("phase") == "Invalid", what="phase Invalid")
     message = api.condition(ns, "m", "Ready")["message"]
-    assert "speculative decoding" in message and "image input" in message
+    assert "engine.vision" in message and "text only" in message
     assert not api.jobs(ns, "m") and api.deployment(ns, "m") is None
-    (event,) = wait_for(lambda: api.events(ns, "Unsupported"), what="an Unsupported Event")
+    (event,) = wait_for(lambda: api.events(ns, "InvalidSpec"), what="an InvalidSpec Event")
     assert event.type == "Warning"
 
 

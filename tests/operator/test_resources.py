@@ -68,6 +68,7 @@ def test_disabled_features_render_no_flags(sample_spec: dict[str, Any]) -> None:
         ({"spec": {"mode": "dflash", "draftTokens": 16}}, "1..15"),
         ({"spec": {"mode": "dflash"}, "hostKvCacheMiB": 1024}, "host parking"),
         ({"spec": {"mode": "dflash"}, "vision": True}, "text only"),
+        ({"spec": {"mode": "mtp"}, "vision": True}, "text only"),
         ({"maxContext": 4096, "kvCapacity": 1024}, "kvCapacity"),
         ({"prefixReuse": False, "hostKvCacheMiB": 1024}, "hostKvCacheMiB"),
     ],
