@@ -63,7 +63,7 @@ def test_chart_installs_crd_rbac_and_operator_deployment(cluster: Cluster, api: 
         (lambda s: s["model"]["artifact"].update(uri="https://example.com/m.ninfer"), "uri"),
         (lambda s: s["engine"].update(maxConcurrency=9), "maxConcurrency"),
         (lambda s: s["engine"].update(kvDtype="fp4"), "kvDtype"),
-        (lambda s: s["engine"]["spec"].update(draftTokens=9), "draftTokens"),
+        (lambda s: s["engine"]["spec"].update(draftTokens=16), "draftTokens"),  # dflash allows 15
         (lambda s: s["placement"].update(gpuProduct=[]), "gpuProduct"),
     ],
 )
