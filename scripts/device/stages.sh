@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# ONE device command that runs a plan: a text file of stages, one per line, `NAME SECONDS COMMAND...` (blank lines
+# and `#` lines skipped). Run there from the repository root with build/wheels carried (see gpu_session.sh for the
+# install). Each stage runs bounded by min(SECONDS, what is left of --budget), its stdout+stderr in $WORK/NAME.log;
+# a stage that would get under 20 seconds is skipped and logged as such. Stages write their results under $WORK.
+# After every stage $OUT/results.tgz holds $WORK (the device returns at most 8 files), so a call cut off at its
+# limit still returns the stages before it. Triton's cache lives in .tcache/ (carry it to reuse the last call's
+# compiles) or carry .carry/tcache.tgz (a call's $OUT/tcache.tgz, under 16 MB: it is unpacked into .tcache/).
+# Usage: scripts/device/stages.sh PLAN_FILE [--budget SECONDS (default 570)]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PLAN=${1:?usage: stages.sh PLAN_FILE [--budget SECONDS]}
+BUDGET=570
+[[ ${2:-} == --budget ]] && BUDGET=${3:?--budget needs seconds}
+OUT=${OUT:-$PWD/out} WORK=/tmp/ninfer-stages
+rm -rf "$WORK"; mkdir -p "$OUT" "$WORK" .tcache
+export OUT WORK PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.tcache
+[[ -f .carry/tcache.tgz ]] && tar -xzf .carry/tcache.tgz -C .tcache
+log() { echo "[stages $(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/stages.log"; }
+if compgen -G "build/wheels/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    build/wheels/*.whl >"$WORK/install.log" 2>&1 || log "install failed (see install.log)"
+fi
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } >>"$OUT/stages.log" 2>&1
+log "installed; plan $PLAN, budget ${BUDGET}s"
+status=0
+while read -r name seconds cmd; do
+  [[ -z $name || $name == "#"* ]] && continue
+  left=$((BUDGET - SECONDS - 5))
+  ((seconds > left)) && seconds=$left
+  if ((seconds < 20)); then log "$name: skipped (${left}s left)"; status=1; continue; fi
+  log "$name: start (limit ${seconds}s): $cmd"
+  timeout --kill-after=10 "$seconds" bash -c "$cmd" >"$WORK/$name.log" 2>&1 </dev/null
+  rc=$?
+  log "$name: exit $rc$( ((rc == 124)) && echo ' (timed out)')"
+  ((rc)) && status=1
+  tar -czf "$OUT/results.tgz" -C "$WORK" .
+done <"$PLAN"
+log "done, status $status"
+tar -czf "$OUT/tcache.tgz" -C .tcache . && (($(stat -c %s "$OUT/tcache.tgz") < 16000000)) || rm -f "$OUT/tcache.tgz"
+for f in "$WORK"/*.log; do echo "== ${f##*/}"; tail -n 12 "$f"; done
+exit $status
