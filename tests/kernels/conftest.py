@@ -31,8 +31,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if not _tools_python().exists():
             return  # the report fixture fails the test with the reason
 
-        tmp = session.config._tmp_path_factory.mktemp("aot")  # type: ignore[attr-defined]
-        session.config._ninfer_aot_compile = AotCompile(tmp)  # type: ignore[attr-defined]
+        shared = AotCompile.shared_dir(session.config._tmp_path_factory)  # type: ignore[attr-defined]
+        session.config._ninfer_aot_compile = AotCompile(shared)  # type: ignore[attr-defined]
 
 
 @pytest.fixture

@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -78,7 +80,9 @@ class AotCompile:
 
     conftest.py starts it when the session's collection holds the compile test, so on CI's two cores it runs
     beside the rest of the suite instead of holding the suite for its ~2 minutes; the ``report`` fixture
-    waits for it (or starts it there when this module runs alone)."""
+    waits for it (or starts it there when this module runs alone). Under pytest-xdist every worker collects the
+    whole suite: the workers share one directory (``shared_dir``), the first to claim it starts the compile and
+    any worker's ``report`` waits for its exit-status file."""
 
     def __init__(self, tmp: Path) -> None:
         python = _tools_python()
@@ -87,31 +91,45 @@ class AotCompile:
                 f"{python} is missing: the Triton AOT tools venv is built by scripts/setup/40-triton-aot.sh "
                 "(`make system`); this test must not skip without it"
             )
-        self.out = tmp / "triton_aot_sm120.json"
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.out, self.rc, log = tmp / "triton_aot_sm120.json", tmp / "aot.rc", tmp / "aot.log"
+        self.log = log
+        self.proc: subprocess.Popen[str] | None = None
+        try:
+            (tmp / "claimed").mkdir()
+        except FileExistsError:
+            return  # another worker started it
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_")}
         env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")
         cmd = [str(python), str(SCRIPT), "--json", str(self.out)] + [f"--target={t}" for t in TARGETS]
-        self.log = (tmp / "aot.log").open("w+")
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True
-        )
+        script = f"{shlex.join(cmd)} >{shlex.quote(str(log))} 2>&1; echo $? >{self.rc}.tmp && mv {self.rc}.tmp {self.rc}"
+        self.proc = subprocess.Popen(["bash", "-c", script], cwd=REPO, env=env, text=True)
+
+    @staticmethod
+    def shared_dir(factory: pytest.TempPathFactory) -> Path:
+        """One directory per run that every xdist worker (or the lone process) resolves alike."""
+        base = factory.getbasetemp()
+        return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "aot-shared"
 
     def wait(self) -> tuple[int, str]:
-        try:
-            rc = self.proc.wait(timeout=900)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        deadline = time.monotonic() + 900
+        while not self.rc.exists():
+            if time.monotonic() > deadline:
+                if self.proc is not None:
+                    self.proc.kill()
+                raise TimeoutError(f"the AOT compile did not finish in 900 s ({self.log})")
+            time.sleep(1.0)
+        if self.proc is not None:
             self.proc.wait()
-            raise
-        self.log.seek(0)
-        return rc, self.log.read()
+        output = self.log.read_text() if self.log.exists() else ""
+        return int(self.rc.read_text().strip() or 1), output
 
 
 @pytest.fixture(scope="module")
 def report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The AOT report for every kernel and target, compiled fresh (own Triton cache) in the tools venv."""
     started: AotCompile | None = getattr(request.config, "_ninfer_aot_compile", None)
-    compile_ = started or AotCompile(tmp_path_factory.mktemp("aot"))
+    compile_ = started or AotCompile(AotCompile.shared_dir(tmp_path_factory))
     rc, output = compile_.wait()
     assert compile_.out.exists(), f"no report (rc {rc}):\n{output[-6000:]}"
     data: dict[str, Any] = json.loads(compile_.out.read_text())

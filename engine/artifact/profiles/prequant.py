@@ -33,6 +33,7 @@ FP8-rows encoder; the caller reports each re-encoded object).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -204,6 +205,7 @@ def spec_words(spec: TensorSpec, source: PrequantSource, config: ModelConfig) ->
     rows, k = spec.shape
     half, groups = k // 2, k // _BLOCK
 
+    @functools.cache  # an object's rows can come from one child several times (splits, interleaves)
     def bundle(name: str) -> torch.Tensor:
         if not source.is_quantized(name):
             raise NotQuantized(name)

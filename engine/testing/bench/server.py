@@ -35,16 +35,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import os
 import shlex
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +49,7 @@ import torch
 
 from engine.testing.bench.steps import PAGE_SIZE, make_runner, run_decode
 from engine.testing.geometry import synthetic_model_id
+from engine.testing.process import free_port, start_process, stop_process
 
 _WORD = " hello"  # one token in the Qwen3.5 vocabulary; the calibration does not depend on it
 
@@ -71,12 +67,6 @@ class RequestTiming:
 
 
 # ---- the server process --------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def server_max_context(prompt_len: int, max_tokens: int) -> int:
@@ -103,45 +93,6 @@ def server_command(args: argparse.Namespace, port: int) -> list[str]:
     if not args.overlap:
         cmd.append("--no-overlap")  # else the server's default: overlap on with CUDA
     return cmd + shlex.split(args.server_args or "")
-
-
-def _get(url: str, timeout: float = 2.0) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-
-
-def start_server(cmd: list[str], log: Path, url: str, timeout: float) -> subprocess.Popen[bytes]:
-    """Run ``cmd`` (output to ``log``) and return once ``url``/ready answers 200; RuntimeError with the
-    log's tail if it exits first or ``timeout`` seconds pass."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"ninfer-serve exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if _get(f"{url}/ready") == 200:
-                return process
-        except OSError:
-            pass
-        time.sleep(0.25)
-    stop_server(process)
-    raise RuntimeError(f"ninfer-serve was not ready in {timeout:.0f}s:\n{log.read_text()[-4000:]}")
-
-
-def stop_server(process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    """SIGTERM (the server drains), then SIGKILL after ``timeout`` seconds."""
-    if process.poll() is None:
-        process.terminate()
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 # ---- the client ------------------------------------------------------------------------------------
@@ -289,13 +240,13 @@ def bench_server(args: argparse.Namespace, log: Callable[[str], None]) -> dict[s
     """The engine steps, then the server rounds; ``{"setup": ..., "rows": [...]}``."""
     context = args.server_prompt_len + args.server_max_tokens // 2
     steps = engine_steps(args, context, log)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = server_command(args, port)
     log_path = args.server_log or Path(tempfile.mkdtemp(prefix="ninfer-bench-")) / "server.log"
     log(f"starting {' '.join(cmd)} (log: {log_path})")
     started = time.perf_counter()
-    process = start_server(cmd, log_path, url, args.server_timeout)
+    process = start_process(cmd, log_path, url, timeout=args.server_timeout, probe="/ready")
     setup: dict[str, Any] = {"server_command": cmd[1:], "ready_s": round(time.perf_counter() - started, 1),
                              "engine_context": context, "max_tokens": args.server_max_tokens}  # fmt: skip
     rows = []
@@ -311,7 +262,7 @@ def bench_server(args: argparse.Namespace, log: Callable[[str], None]) -> dict[s
             log(f"server {row}")
             rows.append(row)
     finally:
-        stop_server(process)
+        stop_process(process)
     return {"setup": setup, "rows": rows}
 
 
