@@ -213,3 +213,20 @@ def test_warm_up_runs_the_penalty_path_and_leaves_no_row() -> None:
     penalties = core.runner.penalties
     assert penalties is not None and penalties.capacity > 0, "the warm-up's sampled row is penalized"
     assert penalties.num_requests == 0 and penalties.counts is not None and not penalties.counts.any()
+
+
+def test_penalized_streams_survive_preemption_and_host_parking() -> None:
+    """A pool of one max_context for three lanes preempts and parks: a preempted request keeps its counts (rows are
+    freed only when a request ends), so its resumed stream is the synchronous one. Negative penalties make the
+    streams depend on the counts (they lock onto a repeated token)."""
+    params = SamplingParams(
+        temperature=0.0, max_tokens=14, ignore_eos=True, presence_penalty=-2.0, frequency_penalty=-2.0
+    )
+    arrivals = [(0, prompt(12, 20 + k), params) for k in range(3)]
+    for flags in ({"prefix_reuse": False}, {"host_kv_cache_mib": 1}):
+        sync, overlapped, core = both(
+            arrivals, page_size=8, max_context=40, kv_capacity=40, max_concurrency=3, **flags
+        )
+        assert _summary(overlapped) == _summary(sync), flags
+        assert core.stats().num_preemptions > 0 and core.runner.num_overlapped_launches > 0, flags
+        assert all(len(set(tokens)) < len(tokens) for tokens in overlapped[0].values()), "the penalties steer"
