@@ -29,7 +29,7 @@ string, an abort) has had one more row planned in step N+1: that row's token is 
 (engine/scheduler/commit.py). A length limit wastes nothing (the scheduler knows it when planning).
 The synchronous step (collect N, commit N, then plan N+1) is taken instead when:
   - step N's plan is not `overlappable` (engine/step.py `host_free`): a row samples with an output grammar,
-    logprobs, presence / frequency penalties or a thinking budget;
+    logprobs or a thinking budget (presence / frequency penalties overlap: their counts live on the device);
   - the pool is short of pages for the next rows (`Scheduler.can_plan_ahead`): preemption decides on
     committed state, and never takes a lane with a row in flight;
   - speculative decoding (`--spec`) is on: every step is synchronous (verify rows feed drafts the result brings).

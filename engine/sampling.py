@@ -14,6 +14,9 @@ thread that starts as soon as `commit` hands it the sampled tokens and runs whil
 Sampling uses the exponential race (argmax of probs / Exp(1) noise), drawn per row from that row's
 generator: a request with a `seed` owns a generator seeded once, so its tokens depend only on its own
 logits and seed, never on which other requests share the batch.
+Nothing here waits for the device: the per-row columns built from Python lists go up through
+engine/transfer.py `upload` (pinned, non-blocking on CUDA), and whether a batch has penalties is decided from
+its `SamplingParams` on the host, so an overlapped step (engine/core.py) can sample sampled and penalized rows.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 from engine.request import SamplingParams, TokenLogprob
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.matchers import GrammarRows
+from engine.transfer import upload
 from kernels.bitmask import apply_token_bitmask_
 
 # Default sampling by model family and thinking mode (issue 4; Qwen's model cards).
@@ -82,19 +86,24 @@ def output_token_counts(
     output_token_ids: Sequence[Sequence[int]], vocab_size: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
     """Occurrences of each token in each row's output so far.  # [B, vocab_size] float32"""
+    device = torch.device(device)
     counts = torch.zeros(len(output_token_ids), vocab_size, dtype=torch.float32, device=device)
     for row, ids in enumerate(output_token_ids):
         if ids:
-            index = torch.tensor(ids, dtype=torch.long, device=device)
-            counts[row].index_add_(0, index, torch.ones(len(ids), device=device))
+            counts[row].index_add_(0, upload(list(ids), device), torch.ones(len(ids), device=device))
     return counts
+
+
+def penalized(params: Sequence[SamplingParams]) -> bool:
+    """Some row has a presence or frequency penalty."""
+    return any(p.presence_penalty or p.frequency_penalty for p in params)
 
 
 def _column(
     params: Sequence[SamplingParams], name: str, default: float, device: torch.device
 ) -> torch.Tensor:
     values = [getattr(p, name) for p in params]
-    return torch.tensor([default if v is None else v for v in values], dtype=torch.float32, device=device)
+    return upload([default if v is None else v for v in values], device, torch.float32)
 
 
 def apply_penalties(
@@ -152,9 +161,9 @@ def token_logprobs(
     out: list[TokenLogprob | None] = [None] * len(num_top)
     if not want:
         return out
-    index = torch.tensor(want, device=logits.device)
+    index = upload(want, logits.device)
     lp = logits[index].float().log_softmax(dim=-1)
-    chosen = lp.gather(1, torch.tensor([[token_ids[i]] for i in want], device=logits.device))[:, 0]
+    chosen = lp.gather(1, upload([[token_ids[i]] for i in want], logits.device))[:, 0]
     k = max(int(num_top[i] or 0) for i in want)
     top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
     chosen_h, top_vh, top_ih = chosen.tolist(), top_v.tolist(), top_i.tolist()
@@ -244,7 +253,7 @@ class Sampler:
             else:
                 noise[row].fill_(1.0)
         sampled = (probs / noise).argmax(dim=-1)
-        return torch.where(torch.tensor(greedy, device=dev), greedy_tokens, sampled)
+        return torch.where(upload(greedy, dev, torch.bool), greedy_tokens, sampled)
 
 
 def processed_distribution(
@@ -259,24 +268,24 @@ def processed_distribution(
     `Sampler.sample` and speculative verification (engine/spec/verify.py) both draw from exactly this."""
     dev = logits.device
     logits = logits.float().clone()
-    presence = _column(params, "presence_penalty", 0.0, dev)
-    frequency = _column(params, "frequency_penalty", 0.0, dev)
-    if counts is not None and bool((presence != 0).any() or (frequency != 0).any()):
+    if counts is not None and penalized(params):  # decided on the host: no sync
+        presence = _column(params, "presence_penalty", 0.0, dev)
+        frequency = _column(params, "frequency_penalty", 0.0, dev)
         apply_penalties(logits, counts.to(dev, torch.float32), presence, frequency)
     if mask is not None:
         rows, bits = mask
         if len(rows) == logits.shape[0]:
             apply_token_bitmask_(logits, bits)
         else:  # only the constrained rows pay for the unpacking
-            index = torch.tensor(list(rows), device=dev)
+            index = upload(list(rows), dev)
             logits[index] = apply_token_bitmask_(logits[index], bits)
     greedy_tokens = logits.argmax(dim=-1)
     greedy = [p.temperature == 0.0 for p in params]
     if all(greedy):
         return greedy_tokens, None
-    temperature = _column(params, "temperature", 1.0, dev).masked_fill(torch.tensor(greedy, device=dev), 1.0)
+    temperature = _column(params, "temperature", 1.0, dev).masked_fill(upload(greedy, dev, torch.bool), 1.0)
     ks = [p.top_k or 0 for p in params]
-    top_k = torch.tensor(ks, dtype=torch.long, device=dev)
+    top_k = upload(ks, dev)
     top_p = _column(params, "top_p", 1.0, dev)
     min_p = _column(params, "min_p", 0.0, dev)
     sampled_ks = [k for k, g in zip(ks, greedy, strict=True) if not g]  # greedy rows ignore the filter

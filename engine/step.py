@@ -59,16 +59,11 @@ def host_free(params: SamplingParams) -> bool:
     """Whether a row sampling with `params` lets the next plan be built before its token reaches the host.
 
     Falls back to the synchronous step (the engine waits for the token first): an output grammar (the next
-    mask needs the matcher advanced on the host), logprobs (computed on the host from the logits),
-    presence / frequency penalties (their counts come from the host history) and a thinking budget (the
-    scheduler may replace the sampled token with the reasoning's forced close)."""
-    return (
-        params.structured is None
-        and params.logprobs is None
-        and not params.presence_penalty
-        and not params.frequency_penalty
-        and params.thinking_budget is None
-    )
+    mask needs the matcher advanced on the host), logprobs (computed on the host from the logits) and a
+    thinking budget (the scheduler may replace the sampled token with the reasoning's forced close).
+    Presence / frequency penalties do not: the runner keeps their counts on the device and adds each sampled
+    id there (engine/runner/penalties.py)."""
+    return params.structured is None and params.logprobs is None and params.thinking_budget is None
 
 
 @dataclass(frozen=True, slots=True)

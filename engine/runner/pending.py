@@ -4,8 +4,8 @@ Owns: `Launched` (what `ModelRunner.launch` hands back and `ModelRunner.collect`
 `StepResult`), `LastSampled` (the previous step's sampled ids, still on the device, by request id) and
 the two transfers of overlap scheduling:
   - host -> device without a sync: step inputs go through pinned memory with `non_blocking=True`
-    (`upload`); a plain `torch.tensor(..., device="cuda")` or a blocking copy waits for the stream to drain,
-    which would end the overlap;
+    (`upload`, engine/transfer.py, re-exported here); a plain `torch.tensor(..., device="cuda")` or a blocking
+    copy waits for the stream to drain, which would end the overlap;
   - device -> host without a sync: `start_copy` queues the sampled ids into pinned memory and records an
     event; `Launched.tokens()` waits on that event only when the result is needed, after the next step
     is already queued.
@@ -21,15 +21,9 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.step import PREVIOUS_TOKEN, RowPlan, StepPlan, StepResult
+from engine.transfer import upload
 
-
-def upload(values: Sequence[int] | Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
-    """`values` as an int64 tensor on `device`, without waiting for the device (pinned, non-blocking)."""
-    host = torch.tensor(values, dtype=torch.int64)
-    if device.type != "cuda":
-        return host.to(device)
-    # NOTE: torch's caching host allocator keeps the pinned block until the queued copy has read it.
-    return host.pin_memory().to(device, non_blocking=True)
+__all__ = ["LastSampled", "Launched", "fill_previous", "previous_feeds", "start_copy", "upload"]
 
 
 @dataclass
@@ -84,7 +78,24 @@ class Launched:
     sampled: torch.Tensor | None = None  # [S] int64 on the device, one id per sampling row
     sampled_cpu: torch.Tensor | None = None  # its host copy (pinned on CUDA), valid once `event` is done
     event: torch.cuda.Event | None = None
-    dropped: set[str] = field(default_factory=set)  # requests released since launch: keep no history
+    # Per sampling row, in order: (its request's host output history, the index its token takes there). The
+    # runner appends a `PREVIOUS_TOKEN` placeholder at launch and writes the token at collect; a request released
+    # meanwhile has its list dropped by the runner, so the write lands nowhere that is read.
+    history: list[tuple[list[int], int]] = field(default_factory=list)
+
+    def reserve_history(self, histories: dict[str, list[int]]) -> None:
+        """Append a placeholder for each sampling row's token to its request's history (filled by `fill_history`),
+        so tokens that a later step samples through the host land after it, in step order."""
+        for row in self.plan.rows:
+            if row.sample:
+                history = histories.setdefault(row.request_id, [])
+                self.history.append((history, len(history)))
+                history.append(PREVIOUS_TOKEN)
+
+    def fill_history(self, tokens: Sequence[int]) -> None:
+        """Write the sampled ids (sampling-row order) into the places `reserve_history` kept."""
+        for (history, index), token in zip(self.history, tokens, strict=True):
+            history[index] = token
 
     @property
     def in_flight(self) -> bool:

@@ -1,8 +1,9 @@
 """ModelRunner: executes one `StepPlan` on the model and returns its `StepResult`.
 
 Owns: the device cache tensors (`ModelCache`: paged KV in the model dtype or int8, GDN state slots),
-the `Sampler`, and per-request sampler state (seeded generators, output tokens for penalties), keyed
-by request id and dropped when the scheduler lists the id in `released_request_ids`.
+the `Sampler`, and per-request sampler state (seeded generators, the host history of output tokens, the
+device-resident penalty counts of engine/runner/penalties.py), keyed by request id and dropped when the
+scheduler lists the id in `released_request_ids`.
 Must not touch: `Request` objects, page or slot allocation, host-entry bookkeeping, the scheduler
 (STYLE 2.2 rule 1; `.importlinter` forbids importing it). It receives plain step data
 (engine/step.py) and hands back token lists (one device-to-host copy per step).
@@ -17,8 +18,13 @@ Overlap scheduling (engine/runner/pending.py): `launch(plan)` queues a step and 
 `collect(launched)` waits for its sampled ids and builds the `StepResult`; `execute` is the two back to
 back. A plan whose sampling rows are all `host_free` (engine/step.py) samples on the device: its ids stay
 there (`LastSampled`) to fill the next plan's `PREVIOUS_TOKEN` feeds, and reach the host through a
-non-blocking copy and an event. Other plans (grammars, logprobs, penalties, thinking budgets, speculative
-verify) sample through the host as before and finish inside `launch`. `timeline` records launches and
+non-blocking copy and an event. Other plans (grammars, logprobs, thinking budgets, speculative verify)
+sample through the host as before and finish inside `launch`.
+Presence / frequency penalties read per-request counts kept on the device (`PenaltyCounts`): every sample
+adds its ids there on the device, so a penalized row needs nothing from the host between steps. The host
+history (`_output_token_ids`) stays complete in step order: a device-sampled row reserves its token's place at
+`launch` and `collect` writes it. With `--spec` the penalties keep coming from the host history, as the
+verifier's do (engine/runner/speculative.py). `timeline` records launches and
 collects in order: with overlap, step N+1 is launched before step N is collected.
 
 KV pool size (`--kv-capacity`, engine/cache/kv.py `resolve_num_pages`): omitted = one `max_context`
@@ -52,10 +58,11 @@ from engine.runner.graphs import DEFAULT_GRAPH_SIZES, CudaGraphRunner
 from engine.runner.host_copies import HostCopies
 from engine.runner.inputs import DecodeRow, eager_batch, sample_indices
 from engine.runner.media import MediaInputs, feeds_media, rope_delta
+from engine.runner.penalties import PenaltyCounts
 from engine.runner.pending import LastSampled, Launched, fill_previous, start_copy, upload
 from engine.runner.speculative import SpecExecutor, num_spec_slots
 from engine.runner.warmup import WarmupReport, warm_up
-from engine.sampling import Sampler, output_token_counts, token_logprobs
+from engine.sampling import Sampler, output_token_counts, penalized, token_logprobs
 from engine.step import PREVIOUS_TOKEN, HostRestoreReport, RowPlan, StepPlan, StepResult
 from engine.structured.compiler import GrammarCompiler
 
@@ -126,7 +133,10 @@ class ModelRunner:
             cuda_graph = False  # the plain decode graphs: a speculative engine never runs a plain step
         self.host_copies = HostCopies(self.cache, host_budget) if host_budget is not None else None
         self._host_reports: tuple[HostRestoreReport, ...] = ()
-        self._output_token_ids: dict[str, list[int]] = {}  # for presence / frequency penalties
+        # the host history of output tokens (speculative penalties, forced tokens)
+        self._output_token_ids: dict[str, list[int]] = {}
+        # presence / frequency counts on the device (a speculative runner keeps today's host counts)
+        self.penalties = PenaltyCounts(self.config.vocab_size, self.device) if self.spec is None else None
         self._logprobs: dict[str, tuple[TokenLogprob, ...]] = {}  # this step's, for rows that asked
         self.num_steps = 0
         self.num_graph_steps = 0
@@ -177,6 +187,7 @@ class ModelRunner:
         self._last = None
         if launched.sampled is not None:
             self._last = LastSampled.of(launched.sampled, plan.rows)
+            launched.reserve_history(self._output_token_ids)
             start_copy(launched)
         elif host_sampled is not None:  # finished here: the result is built now
             launched.result = self._result(plan, host_sampled)
@@ -191,7 +202,9 @@ class ModelRunner:
         if launched.result is not None:
             return launched.result
         plan = launched.plan
-        flat = iter(launched.tokens())
+        tokens = launched.tokens()
+        launched.fill_history(tokens)
+        flat = iter(tokens)
         return self._result(plan, [[next(flat)] for row in plan.rows if row.sample])
 
     def _result(self, plan: StepPlan, sampled: list[list[int]]) -> StepResult:
@@ -240,7 +253,10 @@ class ModelRunner:
         launched = Launched(plan)
         sampled = self._launch_rows(plan, launched)
         if sampled is None:
-            flat = iter(launched.sampled.tolist())  # type: ignore[union-attr]
+            launched.reserve_history(self._output_token_ids)
+            tokens = launched.sampled.tolist()  # type: ignore[union-attr]
+            launched.fill_history(tokens)
+            flat = iter(tokens)
             sampled = [[next(flat)] for row in plan.rows if row.sample]
         return sampled
 
@@ -292,11 +308,32 @@ class ModelRunner:
         return logits
 
     def _sample_on_device(self, logits: torch.Tensor, rows: Sequence[RowPlan]) -> torch.Tensor:
-        """Sample `host_free` rows (one position each) without reading anything back: ids [S] int64."""
+        """Sample `host_free` rows (one position each) without reading anything back: ids [S] int64. Penalized
+        rows read their counts on the device and add the ids sampled to them there."""
         params = [row.sampling_params for row in rows]
-        if all(p.greedy for p in params):
+        if not penalized(params) and all(p.greedy for p in params):
             return logits.argmax(dim=-1)
-        return self.sampler.sample(logits, params, [row.request_id for row in rows])
+        ids = [row.request_id for row in rows]
+        counts, keys = self._device_counts(ids, params)
+        sampled = self.sampler.sample(logits, params, ids, counts)
+        self._count_sampled(keys, sampled)
+        return sampled
+
+    def _device_counts(
+        self, request_ids: Sequence[str], params: Sequence[SamplingParams]
+    ) -> tuple[torch.Tensor | None, list[str | None]]:
+        """Penalty counts [B, vocab] of each position from the device (None when no position is penalized), and
+        the positions' count keys (the request id of a penalized position, else None) for `_count_sampled`."""
+        assert self.penalties is not None
+        keys = [rid if penalized([p]) else None for rid, p in zip(request_ids, params, strict=True)]
+        if not any(k is not None for k in keys):
+            return None, keys
+        return self.penalties.gather(keys), keys
+
+    def _count_sampled(self, keys: Sequence[str | None], sampled: torch.Tensor) -> None:
+        """Add the ids sampled ([B] on the device) to the penalized positions' device counts."""
+        if self.penalties is not None and any(k is not None for k in keys):
+            self.penalties.add(keys, sampled)
 
     def _graph_eligible(self, rows: Sequence[RowPlan]) -> bool:
         if self.graphs is None or not all(row.num_tokens == 1 and row.num_sample == 1 for row in rows):
@@ -313,6 +350,8 @@ class ModelRunner:
             self.spec.release(request_ids)
         for request_id in request_ids:
             self._output_token_ids.pop(request_id, None)
+        if self.penalties is not None:
+            self.penalties.release(request_ids)
 
     def _sample(self, logits: torch.Tensor, rows: Sequence[RowPlan]) -> list[list[int]]:
         """The one seam into the `Sampler`: `logits` [sum of rows' num_sample, vocab] fp32, rows in order,
@@ -320,21 +359,26 @@ class ModelRunner:
         self._take_forced_tokens(rows)
         positions = [row for row in rows for _ in range(row.num_sample)]  # one entry per logits row
         params: list[SamplingParams] = [row.sampling_params for row in positions]
-        penalized = any(p.presence_penalty or p.frequency_penalty for p in params)
+        any_penalty = penalized(params)
         constrained = self.sampler.constrains(params)
         if constrained:  # a grammar's mask for a later position depends on the earlier sampled tokens
             assert all(row.num_sample == 1 for row in rows if row.sampling_params.structured), (
                 "one token per row"
             )
-        if not penalized and not constrained and all(p.greedy for p in params):
+        if not any_penalty and not constrained and all(p.greedy for p in params):
             flat = logits.argmax(dim=-1).tolist()  # greedy fast path: the one host copy
         else:
             ids = [row.request_id for row in positions]
-            counts = None
-            if penalized:
+            counts: torch.Tensor | None = None
+            keys: list[str | None] = []
+            if self.spec is not None and any_penalty:  # speculative: the counts of the host history
                 history = [self._output_token_ids.get(i, []) for i in ids]
                 counts = output_token_counts(history, logits.shape[-1], self.device)
-            flat = self.sampler.sample(logits, params, ids, counts).tolist()
+            elif any_penalty:
+                counts, keys = self._device_counts(ids, params)
+            sampled = self.sampler.sample(logits, params, ids, counts)
+            self._count_sampled(keys, sampled)
+            flat = sampled.tolist()
             if constrained:
                 self.sampler.commit(ids, flat)
         if any(p.logprobs is not None for p in params):
@@ -366,6 +410,8 @@ class ModelRunner:
             fed = list(row.token_ids[-n:])
             if history[-n:] == fed:
                 continue
+            if self.penalties is not None:  # the device counts follow: minus the replaced token, plus the fed
+                self.penalties.adjust(row.request_id, history[-1:], fed)
             history[-1:] = fed
             if row.sampling_params.structured is not None:
                 self.sampler.commit([row.request_id] * len(fed), fed)

@@ -37,7 +37,7 @@ def warm_up(runner: ModelRunner, prefill_chunk: int) -> WarmupReport:
     autotunes, cuBLAS and cuDNN plan): measured at the 27B geometry, a cold server's first two steps took
     ~60 s and ~30 s. The steps: one prefill chunk of up to ``prefill_chunk`` tokens alone; a varlen batch
     continuing it beside a cold 3-token sequence (shorter than the conv window); a mixed decode + prefill
-    step with a sampled (non-greedy) row; a decode step (a graph replay when graphs are captured).
+    step with a sampled (non-greedy, penalized) row; a decode step (a graph replay when graphs are captured).
     Nothing outlives the call: every request resets its state slot and writes a page before reading it,
     and the step counters are restored. Call it before the scheduler hands out pages.
     """
@@ -50,7 +50,8 @@ def warm_up(runner: ModelRunner, prefill_chunk: int) -> WarmupReport:
         return WarmupReport(steps=0, tokens=0, seconds=0.0)
     a_pages = tuple(range(-(-(first + 39) // page)))
     b_pages = (a_pages[-1] + 1,)
-    greedy, sampled = SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_p=0.9, seed=0)
+    greedy = SamplingParams(temperature=0.0)
+    sampled = SamplingParams(temperature=1.0, top_p=0.9, seed=0, presence_penalty=1.5)  # as the MoE preset
     vocab = runner.config.vocab_size
     tokens = torch.randint(0, vocab, (first + 39,), generator=torch.Generator().manual_seed(0)).tolist()
 

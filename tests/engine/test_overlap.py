@@ -308,11 +308,12 @@ def test_the_next_step_is_launched_before_the_previous_result_is_collected() -> 
 
 
 def test_rows_that_need_the_host_fall_back_to_the_synchronous_step() -> None:
-    """Penalties and logprobs need each token on the host before the next step: no step is overlapped."""
+    """Logprobs and a thinking budget need each token on the host before the next step: no step is overlapped.
+    (Penalties do not: tests/engine/test_overlap_penalties.py.)"""
     ids = prompt(7, 40)
     for params in (
-        SamplingParams(temperature=0.0, max_tokens=6, presence_penalty=1.0),
         SamplingParams(temperature=0.0, max_tokens=6, logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=6, thinking_budget=3),
     ):
         sync, overlapped, core = both([(0, ids, params)])
         assert _summary(overlapped) == _summary(sync)
