@@ -226,3 +226,19 @@ def test_published_layout_derives_the_family_tower_and_the_tokenizer_media_ids()
     assert (config.vision_start_token_id, config.vision_end_token_id) == (248053, 248054)
     # its geometry is the one the published inventory stores (the default tower of the published plan)
     assert profile.objects(None, VisionGeometry.of(config)) == profile.objects()
+
+
+@pytest.mark.gpu
+def test_bound_tower_on_the_gpu_matches_the_cpu(converted):
+    """Decoded on the GPU (``kernels.quant.dequantize`` on the device payload) and run in bf16: the CPU float32
+    tower's output within bf16 rounding (relative RMS below 2%)."""
+    _, _, _, path = converted
+    artifact = read_artifact(path)
+    cpu = load_vision(artifact, "cpu", torch.float32).tower
+    gpu = load_vision(artifact, "cuda", torch.bfloat16).tower
+    assert all(p.device.type == "cuda" and p.dtype == torch.bfloat16 for p in gpu.parameters())
+    pixels, grid = _pixels([[1, 6, 8], [2, 4, 4]], cpu.config.patch_dim)
+    expected = cpu(pixels, grid)
+    out = gpu(pixels.cuda(), grid).float().cpu()
+    error = ((out - expected).norm() / expected.norm()).item()
+    assert error < 0.02, f"GPU bf16 tower vs CPU float32: relative RMS {error:.4f}"
