@@ -9,9 +9,12 @@ A weights id that names a weight profile (`groupwise-int`, `nvfp4`, `nvfp4-mixed
 writes that profile's inventory instead: every object built from the checkpoint (`profiles.hf_source`), the
 quantized ones encoded by `kernels.quant.encode` (groupwise: upstream's canonical max-abs encoder; NVFP4 and
 FP8 rows: ours). An NVFP4 site's input divisor is calibration this converter does not run: it writes 1.0
-(the A16 paths never read it). A development identity (`ninfer-tiny-*`) gets the text tower and MTP block; a
-published identity needs a complete checkpoint (vision tower, draft head), which this converter does not build
-yet, and is refused with the object it cannot source.
+(the A16 paths never read it). A development identity (`ninfer-tiny-*`) gets the text tower and MTP block, and,
+from a vision-language checkpoint (a `vision_config` and `model.visual.*` tensors), the vision tower at the
+checkpoint's geometry (`vision/*`, each object in its profile format); the stored `config.json` keeps the
+`vision_config` and media token ids the loader builds the tower by (and drops a `vision_config` the checkpoint
+has no tower for). A published identity needs a complete checkpoint (its draft head is not built by this
+converter yet), and is refused with the object it cannot source.
 `--draft-head-frequencies FILE` (plain weights ids) adds the reduced output head of `--lm-head-draft`
 (`text/draft_head` + `text/draft_head_token_ids`, engine/spec/draft_head.py) built from a frequency list.
 Frontend files (tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json) are taken
@@ -136,6 +139,7 @@ def _frontend_resources(hf_dir: Path, config: dict[str, Any]) -> tuple[list[tupl
 
 
 QUANTIZED_WEIGHTS_IDS = ("groupwise-int", "nvfp4", "nvfp4-mixed")
+_VISUAL_PREFIXES = ("model.visual.", "visual.")
 
 
 def _profile_tensors(
@@ -143,8 +147,8 @@ def _profile_tensors(
 ) -> list[tuple[str, Any]]:
     """The objects of ``weights_id``'s profile, built from the checkpoint and encoded (see the module docstring)."""
     from engine.artifact.container import EncodedTensor
-    from engine.artifact.profiles import TensorSpec, profile_for
-    from engine.artifact.profiles.hf_source import source_tensor
+    from engine.artifact.profiles import TensorSpec, profile_for, vision_geometry
+    from engine.artifact.profiles.hf_source import source_tensor, vision_tensor
     from engine.artifact.profiles.prequant import NotQuantized, PrequantSource, detect, spec_words
     from engine.model.config import ModelConfig
     from engine.model.weights import check_inventory, collect_weights, is_skipped, normalize_name
@@ -168,6 +172,10 @@ def _profile_tensors(
             return f.get_tensor(name)
 
     has_mtp = any(normalize_name(name).startswith("mtp.") for name in handles)
+    visual = {name.split("visual.", 1)[1]: name for name in handles if name.startswith(_VISUAL_PREFIXES)}
+    vision = vision_geometry(config) if visual else None
+    if vision is None:  # the stored config says so: its inventory has no vision/ objects
+        config.pop("vision_config", None)
     scheme = detect(files[0].parent, config)
     source: PrequantSource | None = None
     if scheme is None:
@@ -185,7 +193,7 @@ def _profile_tensors(
     copied = rescaled = 0
     reencoded: list[str] = []
     input_divisor: float | None = None
-    for spec in profile.objects(model_config):
+    for spec in profile.objects(model_config, vision):
         if not isinstance(spec, TensorSpec) or (spec.name.startswith("mtp/") and not has_mtp):
             continue
         if spec.name.endswith("/input_scale_divisor"):
@@ -209,7 +217,10 @@ def _profile_tensors(
                 )
                 continue
         try:
-            value = source_tensor(spec, get, model_config)
+            if spec.name.startswith("vision/"):
+                value = vision_tensor(spec, lambda short: get_tensor(visual[short]))
+            else:
+                value = source_tensor(spec, get, model_config)
         except KeyError as exc:
             raise ArtifactError(f"{model_id}/{weights_id}: {exc.args[0]}") from None
         if spec.quantized:

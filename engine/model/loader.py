@@ -99,15 +99,17 @@ def load_model(
     """
     # NOTE: imported here: engine.artifact.profiles imports engine.model.config, and this package's
     # __init__ imports this module
-    from engine.artifact.profiles import profile_for
+    from engine.artifact.profiles import profile_for, vision_geometry
     from engine.model.profile_load import load_profile_model
 
     names = artifact.resource_names()
-    config = None
+    config, raw = None, None
     if "config.json" in names:
-        config = ModelConfig.from_hf(artifact.hf_config())
+        raw = artifact.hf_config()
     elif FRONTEND_CONFIG in names:  # the published layout keeps its resources under frontend/
-        config = ModelConfig.from_hf(json.loads(artifact.resource(FRONTEND_CONFIG)))
+        raw = json.loads(artifact.resource(FRONTEND_CONFIG))
+    if raw is not None:
+        config = ModelConfig.from_hf(raw)
     profile = profile_for(artifact.model_id, artifact.weights_id, moe=config is not None and config.is_moe)
     if profile is not None:
         if config is None:
@@ -116,7 +118,12 @@ def load_model(
             raise ArtifactError(
                 f"{artifact.model_id}/{artifact.weights_id}: no config.json and no published geometry"
             )
-        return load_profile_model(artifact, profile, config, device, dtype or torch.bfloat16, with_mtp)
+        # the stored tower's geometry (None: the published family's, or a file without a tower)
+        stores_tower = any(t.name.startswith("vision/") for t in artifact.directory.tensors)
+        vision = vision_geometry(raw) if stores_tower else None
+        return load_profile_model(
+            artifact, profile, config, device, dtype or torch.bfloat16, with_mtp, vision
+        )
     if config is None:
         raise ArtifactError(
             f"{artifact.model_id}/{artifact.weights_id}: the artifact has no 'config.json' resource"

@@ -12,7 +12,8 @@ The artifact's identity names its profile (no runtime flag). Loading then goes:
    its payload, and a fused parent keeps its row ranges as the layer's named outputs (``query_key``
    [query, key], ``value_z`` [value, z], ``mlp/gate_up`` [gate, up] ...), the layer's ``input_projections``
    listing the parents it reads. An NVFP4 site's ``input_scale_divisor`` rides on its parent's weight.
-3. Objects this engine does not run (vision tower, optimized draft head, DFlash) are validated and skipped.
+3. Objects the text model does not run (vision tower, optimized draft head, DFlash) are validated and skipped
+   here; the vision tower is bound by ``engine.model.vision_load.load_vision`` (``--vision``).
 
 MoE: the routed expert banks have no quantized kernel yet, so they are dequantized once at load into the
 dense [E, 2I, H] / [E, H, I] banks the expert kernels read (``kernels.quant.dequantize``); everything else
@@ -28,7 +29,7 @@ import torch
 from torch import nn
 
 from engine.artifact.container import ArtifactError, Directory
-from engine.artifact.profiles import TensorSpec, WeightProfile
+from engine.artifact.profiles import TensorSpec, VisionGeometry, WeightProfile
 from engine.model.config import ModelConfig
 from engine.model.linear import Linear
 from engine.model.quant import QuantEmbedding, make_quantized, quantized_linear
@@ -54,10 +55,12 @@ class ProfileSource(Protocol):
 # ``device``): ``engine.testing.synthetic_quant`` draws random payloads there instead of reading a file.
 
 
-def check_inventory(directory: Directory, profile: WeightProfile, config: ModelConfig) -> list[TensorSpec]:
-    """The profile's tensor specs, after checking that ``directory`` holds exactly them (ArtifactError naming
-    the objects otherwise)."""
-    specs = [s for s in profile.objects(config) if isinstance(s, TensorSpec)]
+def check_inventory(
+    directory: Directory, profile: WeightProfile, config: ModelConfig, vision: VisionGeometry | None = None
+) -> list[TensorSpec]:
+    """The profile's tensor specs (with the vision tower of geometry ``vision``: see ``WeightProfile.objects``),
+    after checking that ``directory`` holds exactly them (ArtifactError naming the objects otherwise)."""
+    specs = [s for s in profile.objects(config, vision) if isinstance(s, TensorSpec)]
     stored = {t.name: t for t in directory.tensors}
     expected = {s.name: s for s in specs}
     problems: list[str] = []
@@ -249,9 +252,11 @@ def load_profile_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     with_mtp: bool = False,
+    vision: VisionGeometry | None = None,
 ) -> Qwen3_5ForCausalLM:
-    """The model of an artifact stored in ``profile`` (checked against it first, see the module docstring)."""
-    specs = check_inventory(source.directory, profile, config)
+    """The model of an artifact stored in ``profile`` (checked against it first, see the module docstring;
+    ``vision``: the geometry of the vision tower the file stores, default none at a development geometry)."""
+    specs = check_inventory(source.directory, profile, config, vision)
     with torch.device("meta"):
         model = model_class(config)(config, with_mtp=with_mtp)
     load = _Loader(source, model, torch.device(device), dtype)

@@ -12,9 +12,12 @@ The real geometries live here (``REAL_CONFIGS``) because the published inventori
 
 from __future__ import annotations
 
+from typing import Any
+
 from engine.artifact.profiles.qwen3_5 import (
     Q6,
     W8,
+    VisionGeometry,
     dense_groupwise,
     dense_nvfp4_27b,
     dense_nvfp4_38b,
@@ -136,6 +139,15 @@ def profile_for(model_id: str, weights_id: str | None, *, moe: bool = False) -> 
     return None
 
 
+def vision_geometry(hf_config: dict[str, Any] | None) -> VisionGeometry | None:
+    """The vision tower's stored geometry from a composite HF config (``vision_config``), None without one."""
+    if not hf_config or not isinstance(hf_config.get("vision_config"), dict):
+        return None
+    from engine.model.vision import VisionConfig
+
+    return VisionGeometry.of(VisionConfig.from_hf(hf_config))
+
+
 __all__ = [
     "DEVELOPMENT_KINDS",
     "PROFILES",
@@ -145,8 +157,10 @@ __all__ = [
     "PlannedObject",
     "ResourceSpec",
     "TensorSpec",
+    "VisionGeometry",
     "WeightProfile",
     "plan",
     "plan_profile",
     "profile_for",
+    "vision_geometry",
 ]

@@ -5,8 +5,10 @@ tensors (``get(name)``, model names as ``engine.model.weights.normalize_name`` g
 the row concatenation of their outputs in order; the attention query and output gate are split out of HF's
 per-head ``[query | gate]`` interleaved ``q_proj`` (a first-half/second-half split would be wrong); GDN
 query/key/value are row ranges of ``in_proj_qkv``; the conv taps are stored tap-major ``[K, C]``; routed
-experts are the fused banks reshaped expert-major. Vision, draft-head and DFlash objects have no source in a
-text checkpoint (the converter writes development inventories without them).
+experts are the fused banks reshaped expert-major. Vision objects (``vision/*``) map one to one onto the tower's
+``model.visual.*`` tensors (``vision_parameter``; the patch embedding's Conv3d weight is stored as its
+``[width, C * T * P * P]`` matrix). Draft-head and DFlash objects have no source in a checkpoint (the converter
+writes development inventories without them).
 """
 
 from __future__ import annotations
@@ -94,6 +96,48 @@ def source_tensor(spec: TensorSpec, get: Get, config: ModelConfig) -> torch.Tens
             f"{name}: the checkpoint gives {tuple(value.shape)}, the profile stores {spec.shape}"
         )
     return value
+
+
+_VISION_GLOBALS = {
+    "vision/patch_embedding": "patch_embed.proj.weight", "vision/patch_embedding_bias": "patch_embed.proj.bias",
+    "vision/position_embedding": "pos_embed.weight",
+    "vision/merger/fc1": "merger.linear_fc1.weight", "vision/merger/fc1_bias": "merger.linear_fc1.bias",
+    "vision/merger/fc2": "merger.linear_fc2.weight", "vision/merger/fc2_bias": "merger.linear_fc2.bias",
+    "vision/merger/norm/weight": "merger.norm.weight", "vision/merger/norm/bias": "merger.norm.bias",
+}  # fmt: skip
+_VISION_BLOCK = {
+    "attention/qkv": "attn.qkv.weight", "attention/qkv_bias": "attn.qkv.bias",
+    "attention/output": "attn.proj.weight", "attention/output_bias": "attn.proj.bias",
+    "mlp/fc1": "mlp.linear_fc1.weight", "mlp/fc1_bias": "mlp.linear_fc1.bias",
+    "mlp/fc2": "mlp.linear_fc2.weight", "mlp/fc2_bias": "mlp.linear_fc2.bias",
+    "norm1/weight": "norm1.weight", "norm1/bias": "norm1.bias", "norm2/weight": "norm2.weight",
+    "norm2/bias": "norm2.bias",
+}  # fmt: skip
+
+
+def vision_parameter(name: str) -> str:
+    """The tower parameter (``engine.model.vision.VisionTower`` state-dict name, the checkpoint's ``model.visual.``
+    name without the prefix) a ``vision/*`` object stores; KeyError for a name the layout does not have."""
+    if name in _VISION_GLOBALS:
+        return _VISION_GLOBALS[name]
+    if name.startswith("vision/layers/"):
+        _, _, index, role = name.split("/", 3)
+        if role in _VISION_BLOCK and index.isdigit():
+            return f"blocks.{index}.{_VISION_BLOCK[role]}"
+    raise KeyError(f"{name}: not a vision tower object")
+
+
+def vision_tensor(spec: TensorSpec, get: Get) -> torch.Tensor:
+    """The logical value of a ``vision/*`` object from the tower's tensors (``get(parameter name)``, names as
+    ``vision_parameter`` gives them); ValueError when its size disagrees with the profile's."""
+    value = get(vision_parameter(spec.name))
+    if value.numel() != torch.Size(spec.shape).numel() or (
+        value.dim() == 2 and tuple(value.shape) != spec.shape
+    ):
+        raise ValueError(
+            f"{spec.name}: the checkpoint gives {tuple(value.shape)}, the profile stores {spec.shape}"
+        )
+    return value.reshape(spec.shape)
 
 
 def hf_tensors(

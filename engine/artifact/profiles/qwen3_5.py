@@ -21,15 +21,23 @@ Per-role allocation (what the published files hold):
 - ``nvfp4`` (Qwen3.8-27B, mixed): NVFP4 MLP (with divisors) in layers 0-55; row-scaled FP8 everywhere else
   (embedding, attention/GDN projections, head, MLP of layers 56-63); GDN a/b one BF16 ``a_b_projection``.
 
-Vision, the draft head and DFlash are stored (the whole file is validated) but this engine does not run them.
+The draft head and DFlash are stored (the whole file is validated) but this engine does not run them; the vision
+tower is bound with ``--vision`` (``engine.model.vision_load``). Its inventory is parametric in the tower's
+geometry (``VisionGeometry``, default the family's), so a development model converted from a tiny
+vision-language checkpoint stores its own small tower in the same layout.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.artifact.profiles.spec import ObjectSpec, Outputs, ResourceSpec, TensorSpec
 from engine.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from engine.model.vision import VisionConfig
 
 BF16, FP32, I32 = "BF16", "FP32", "I32"
 Q4, Q5, Q6, W8 = "Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"
@@ -180,12 +188,37 @@ def _mtp(c: ModelConfig) -> list[TensorSpec]:
     ]
 
 
-def _vision(out_hidden: int) -> list[TensorSpec]:
-    """The vision tower (27 blocks of 1152, the Qwen3.5 family's) and its merger to ``out_hidden``."""
-    w, mlp, b = 1152, 4304, "vision/layers/"
-    specs = [_t("vision/patch_embedding", (w, 1536), Q6), _t("vision/patch_embedding_bias", (w,), BF16),
-             _t("vision/position_embedding", (2304, w), BF16)]  # fmt: skip
-    for i in range(27):
+@dataclass(frozen=True, slots=True)
+class VisionGeometry:
+    """The vision tower's stored geometry: ``depth`` blocks of ``width`` with an MLP of ``mlp_width``, a patch
+    embedding over ``patch_input`` (= in_channels * temporal_patch * patch^2) pixels, a learned position table of
+    ``positions`` rows, and a merger of ``merge_unit`` patches to ``out_hidden`` (the text width). The defaults
+    are the Qwen3.5 family's (what every published file stores)."""
+
+    out_hidden: int
+    depth: int = 27
+    width: int = 1152
+    mlp_width: int = 4304
+    patch_input: int = 1536  # 3 x 2 x 16 x 16
+    positions: int = 2304  # 48 x 48
+    merge_unit: int = 4  # 2 x 2
+
+    @classmethod
+    def of(cls, config: VisionConfig) -> VisionGeometry:
+        """The geometry of a tower's ``VisionConfig`` (``engine.model.vision``)."""
+        return cls(
+            out_hidden=config.out_hidden_size, depth=config.depth, width=config.hidden_size,
+            mlp_width=config.intermediate_size, patch_input=config.patch_dim,
+            positions=config.num_position_embeddings, merge_unit=config.merge_unit,
+        )  # fmt: skip
+
+
+def _vision(g: VisionGeometry) -> list[TensorSpec]:
+    """The vision tower (the family's: 27 blocks of 1152) and its merger to ``g.out_hidden``."""
+    w, mlp, merged, b = g.width, g.mlp_width, g.merge_unit * g.width, "vision/layers/"
+    specs = [_t("vision/patch_embedding", (w, g.patch_input), Q6), _t("vision/patch_embedding_bias", (w,), BF16),
+             _t("vision/position_embedding", (g.positions, w), BF16)]  # fmt: skip
+    for i in range(g.depth):
         p = f"{b}{i}/"
         specs += [
             _t(p + "attention/qkv", (3 * w, w), Q4), _t(p + "attention/qkv_bias", (3 * w,), BF16),
@@ -195,8 +228,8 @@ def _vision(out_hidden: int) -> list[TensorSpec]:
             *(_t(p + n, (w,), BF16) for n in ("norm1/weight", "norm1/bias", "norm2/weight", "norm2/bias")),
         ]  # fmt: skip
     return specs + [
-        _t("vision/merger/fc1", (4 * w, 4 * w), W8), _t("vision/merger/fc1_bias", (4 * w,), BF16),
-        _t("vision/merger/fc2", (out_hidden, 4 * w), W8), _t("vision/merger/fc2_bias", (out_hidden,), BF16),
+        _t("vision/merger/fc1", (merged, merged), W8), _t("vision/merger/fc1_bias", (merged,), BF16),
+        _t("vision/merger/fc2", (g.out_hidden, merged), W8), _t("vision/merger/fc2_bias", (g.out_hidden,), BF16),
         _t("vision/merger/norm/weight", (w,), BF16), _t("vision/merger/norm/bias", (w,), BF16),
     ]  # fmt: skip
 
@@ -258,33 +291,46 @@ def _nvfp4_38b(layer: int, role: str) -> str:
 
 
 def _full(
-    c: ModelConfig, text: list[TensorSpec], complete: bool, extra: tuple[TensorSpec, ...] = ()
+    c: ModelConfig,
+    text: list[TensorSpec],
+    complete: bool,
+    vision: VisionGeometry | None,
+    extra: tuple[TensorSpec, ...] = (),
 ) -> tuple[ObjectSpec, ...]:
-    """The whole file (``complete``: what the published artifacts hold) or, for a development model converted
-    from a text checkpoint, the text tower and the MTP block alone."""
+    """The whole file (``complete``: what the published artifacts hold; its tower ``vision``, default the
+    family's) or, for a development model converted from a checkpoint, the text tower, the MTP block and (with
+    ``vision``: a vision-language checkpoint) the vision tower."""
     mtp = _mtp(c) if c.mtp_num_hidden_layers > 0 else []
     if not complete:
-        return (*text, *mtp)
-    return (*FRONTEND, *text, *_draft_head(c), *mtp, *_vision(c.hidden_size), *extra)
+        return (*text, *mtp, *(_vision(vision) if vision is not None else ()))
+    tower = _vision(vision if vision is not None else VisionGeometry(c.hidden_size))
+    return (*FRONTEND, *text, *_draft_head(c), *mtp, *tower, *extra)
 
 
-Builder = Callable[[ModelConfig, bool], tuple[ObjectSpec, ...]]
+Builder = Callable[[ModelConfig, bool, VisionGeometry | None], tuple[ObjectSpec, ...]]
 
 
 def dense_groupwise(vocab: str) -> Builder:
-    return lambda c, complete: _full(
-        c, _text(c, _groupwise_dense(vocab), fused=False, ab_fused=False), complete
-    )
+    def build(c: ModelConfig, complete: bool, vision: VisionGeometry | None = None) -> tuple[ObjectSpec, ...]:
+        return _full(c, _text(c, _groupwise_dense(vocab), fused=False, ab_fused=False), complete, vision)
+
+    return build
 
 
-def dense_nvfp4_27b(c: ModelConfig, complete: bool) -> tuple[ObjectSpec, ...]:
-    return _full(c, _text(c, _nvfp4_27b, fused=True, ab_fused=False), complete)
+def dense_nvfp4_27b(
+    c: ModelConfig, complete: bool, vision: VisionGeometry | None = None
+) -> tuple[ObjectSpec, ...]:
+    return _full(c, _text(c, _nvfp4_27b, fused=True, ab_fused=False), complete, vision)
 
 
-def dense_nvfp4_38b(c: ModelConfig, complete: bool) -> tuple[ObjectSpec, ...]:
-    return _full(c, _text(c, _nvfp4_38b, fused=True, ab_fused=True), complete)
+def dense_nvfp4_38b(
+    c: ModelConfig, complete: bool, vision: VisionGeometry | None = None
+) -> tuple[ObjectSpec, ...]:
+    return _full(c, _text(c, _nvfp4_38b, fused=True, ab_fused=True), complete, vision)
 
 
-def moe_groupwise(c: ModelConfig, complete: bool) -> tuple[ObjectSpec, ...]:
+def moe_groupwise(
+    c: ModelConfig, complete: bool, vision: VisionGeometry | None = None
+) -> tuple[ObjectSpec, ...]:
     text = _text(c, _groupwise_moe, fused=True, ab_fused=True)
-    return _full(c, text, complete, tuple(_dflash(c.hidden_size)) if complete else ())
+    return _full(c, text, complete, vision, tuple(_dflash(c.hidden_size)) if complete else ())

@@ -14,10 +14,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.artifact import formats
 from engine.artifact.formats import PAGE_ALIGN, RAW_BYTES, TENSOR_ALIGN, align_up
 from engine.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from engine.artifact.profiles.qwen3_5 import VisionGeometry
 
 Outputs = tuple[tuple[str, int], ...]  # a fused parent's logical row ranges: (role, rows), in row order
 
@@ -63,7 +67,7 @@ class WeightProfile:
 
     model_id: str
     weights_id: str
-    build: Callable[[ModelConfig, bool], tuple[ObjectSpec, ...]] = field(repr=False)
+    build: Callable[[ModelConfig, bool, VisionGeometry | None], tuple[ObjectSpec, ...]] = field(repr=False)
     published: ModelConfig | None = field(default=None, repr=False)
     resource_bytes: int | None = None
     notes: str = ""
@@ -72,14 +76,17 @@ class WeightProfile:
     def key(self) -> str:
         return f"{self.model_id}/{self.weights_id}"
 
-    def objects(self, config: ModelConfig | None = None) -> tuple[ObjectSpec, ...]:
+    def objects(
+        self, config: ModelConfig | None = None, vision: VisionGeometry | None = None
+    ) -> tuple[ObjectSpec, ...]:
         """The inventory at ``config`` (default: the published geometry). At the published geometry it is the
-        whole published file; at another (a development model converted from a text checkpoint) the text
-        tower and MTP block alone: no frontend resources, draft head, vision tower or DFlash drafter."""
+        whole published file (its vision tower ``vision``, default the family's); at another (a development
+        model converted from a checkpoint) the text tower and MTP block, plus the vision tower when ``vision``
+        is given: no frontend resources, draft head or DFlash drafter."""
         geometry = config if config is not None else self.published
         if geometry is None:
             raise ValueError(f"profile {self.key}: no published geometry; pass a ModelConfig")
-        return self.build(geometry, geometry == self.published)
+        return self.build(geometry, geometry == self.published, vision)
 
 
 @dataclass(frozen=True, slots=True)
