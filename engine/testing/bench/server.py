@@ -90,8 +90,10 @@ def server_command(args: argparse.Namespace, port: int) -> list[str]:
         cmd += ["--weights-id", args.weights_id]
     if args.no_cuda_graph:
         cmd.append("--no-cuda-graph")
-    if not args.overlap:
-        cmd.append("--no-overlap")  # else the server's default: overlap on with CUDA
+    overlap = (
+        args.overlap and torch.cuda.is_available()
+    )  # as the engine steps are timed (the server's default: off)
+    cmd.append("--overlap" if overlap else "--no-overlap")
     return cmd + shlex.split(args.server_args or "")
 
 
@@ -222,9 +224,7 @@ def engine_steps(args: argparse.Namespace, context: int, log: Callable[[str], No
     pages = max_c * -(-max_context // PAGE_SIZE) + 1
     graphs = not args.no_cuda_graph and torch.cuda.is_available()
     runner = make_runner(model, pages, max_c + 1, args.kv_dtype, graphs, max_context)
-    overlap = (
-        args.overlap and torch.cuda.is_available()
-    )  # as the server: overlap on with CUDA unless --no-overlap
+    overlap = args.overlap and torch.cuda.is_available()  # as the server started with --overlap
     steps = {}
     for c in args.concurrency:
         steps[c] = run_decode(runner, vocab, c, context, args.decode_warmup, args.decode_tokens, overlap)
