@@ -248,7 +248,7 @@ class EngineConfig:
     allow_remote_media: bool = False  # --allow-remote-media: fetch http(s) media URLs (api/media.py limits)
 
     # --overlap / --no-overlap: plan step N+1 while the device runs step N (engine/core.py says how and which
-    # rows fall back to the synchronous step). None = off: opt-in until an H200 run has validated it.
+    # rows fall back to the synchronous step). None = on with CUDA, off on the CPU.
     overlap: bool | None = None
 
     def __post_init__(self) -> None:

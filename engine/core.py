@@ -325,7 +325,9 @@ class EngineCore:
             )
         if limit is not None:
             check_pool_fits(config, num_pages * spec.page_bytes(config.cache.page_size), param.device)
-        overlap = bool(config.overlap)  # None = off until an H200 run has validated it (README)
+        # None: on with CUDA (validated on the H200: tests/engine/test_overlap_gpu.py), off on the CPU, where a
+        # launch computes at once and overlap would only add a step of latency
+        overlap = config.overlap if config.overlap is not None else param.device.type == "cuda"
         self.overlap = overlap and config.spec is None  # speculative steps are synchronous
         self.scheduler = Scheduler(
             config.scheduler,

@@ -108,8 +108,8 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(
         "--overlap",
         "overlap",
-        "plan the next step while the device runs this one (overlap scheduling; default: off, opt-in until "
-        "validated on a GPU); --no-overlap runs each step synchronously",
+        "plan the next step while the device runs this one (overlap scheduling; default: on with CUDA, off "
+        "on the CPU); --no-overlap runs each step synchronously",
         parse=None,
         given=True,
         negatable=True,

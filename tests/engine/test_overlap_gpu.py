@@ -41,7 +41,7 @@ def test_overlapped_graph_decode_gives_the_synchronous_tokens(arch: str) -> None
         sync = _core(arch, overlap=False)
         assert sync.overlap is False
         want = run(sync, items, params)[0]
-        core = _core(arch, overlap=True)
+        core = _core(arch)  # CUDA: overlap is on by default
         assert core.overlap is True and core.runner.graphs_captured
         assert run(core, items, params)[0] == want
         assert core.runner.num_overlapped_launches > 10 and core.runner.num_graph_steps > 10
