@@ -38,7 +38,7 @@ format: venv
 
 # GPU tests (marker `gpu`) run on the device machine with `make test-gpu`; the CPU suite deselects them.
 test: venv system lint
-	PATH="$(abspath $(BIN)):$(NINFER_TOOLS)/bin:$$PATH" $(BIN)/python -m pytest -m "not gpu" --durations=30 $(PYTEST_ARGS)
+	PATH="$(abspath $(BIN)):$(NINFER_TOOLS)/bin:$$PATH" $(BIN)/python -m pytest -m "not gpu" -n 2 --dist loadfile --durations=30 $(PYTEST_ARGS)
 
 test-gpu:
 	python3 -m pytest -m gpu tests $(PYTEST_ARGS)
