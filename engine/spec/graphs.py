@@ -33,6 +33,7 @@ import torch
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.spec.draft_head import proposal_logits
+from engine.transfer import upload
 
 logger = logging.getLogger(__name__)
 
@@ -151,12 +152,12 @@ class SpecInputs:
         qsl.append(t_cap)
         for i, r in enumerate(rows):  # page-table rows change only when a row's pages change
             if row_pages[i] != r.page_ids:
-                pages = torch.tensor(list(r.page_ids), dtype=torch.int32)
+                pages = upload(list(r.page_ids), self.page_table.device, torch.int32)
                 self.page_table[i, : pages.numel()].copy_(pages)
                 row_pages[i] = r.page_ids
         b = len(seq)
-        host = torch.tensor([*ids, *pos, *smap, *qsl, *seq, *states, *cont, *snaps], dtype=torch.int64)
-        dev = host.to(self.input_ids.device)
+        # one pinned, non-blocking copy: a pageable one would wait for the stream (the previous replay) to drain
+        dev = upload([*ids, *pos, *smap, *qsl, *seq, *states, *cont, *snaps], self.input_ids.device)
         parts = dev.split([t_cap, t_cap, t_cap, b + 1, b, b, b, k * size])
         self.input_ids[:t_cap].copy_(parts[0])
         self.positions[:t_cap].copy_(parts[1])
@@ -236,10 +237,16 @@ class SpecGraphs:
         return self._catch_up_fn(size) if kind == "catch_up" else self._draft_fn(size)
 
     def _run(
-        self, key: GraphKey, rows: Sequence[StaticRow], hidden: torch.Tensor | None
+        self,
+        key: GraphKey,
+        rows: Sequence[StaticRow],
+        hidden: torch.Tensor | None,
+        token_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
         kind, size, width = key
         self.inputs.fill(rows, size, width, self._row_pages)
+        if token_ids is not None:  # the rows' tokens already on the device (they replace the filled ones)
+            self.inputs.input_ids[: token_ids.shape[0]].copy_(token_ids)
         if hidden is not None:
             self.inputs.hidden_in[: hidden.shape[0]].copy_(hidden)
         self.runs[kind] += 1
@@ -262,11 +269,14 @@ class SpecGraphs:
         assert size is not None
         return self._run(("catch_up", size, 0), rows, hidden)[0][: hidden.shape[0]]
 
-    def draft(self, rows: Sequence[StaticRow], hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One chained MTP step: (MTP hidden [n, H], logits [n, V] fp32) for one token per row."""
+    def draft(
+        self, rows: Sequence[StaticRow], hidden: torch.Tensor, token_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chained MTP step: (MTP hidden [n, H], logits [n, V] fp32) for one token per row (`token_ids`
+        [n] on the device, when given, in place of the rows' host tokens)."""
         size = self.padded_size(len(rows))
         assert size is not None
-        out = self._run(("draft", size, 1), rows, hidden)
+        out = self._run(("draft", size, 1), rows, hidden, token_ids)
         return out[0][: len(rows)], out[1][: len(rows)]
 
     # ---- capture ------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ any MTP query reads it. Drafts stop at the row's page capacity (never a write ou
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,9 +34,11 @@ import torch
 from engine.model.forward import ModelCache, make_forward_batch
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
+from engine.sampling import processed_distribution
 from engine.spec.draft_head import proposal_logits
 from engine.spec.graphs import SpecGraphs, StaticRow
 from engine.spec.verify import GeneratorFor, draft_tokens
+from engine.transfer import upload
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,11 @@ class DraftRow:
 class Proposal:
     tokens: tuple[int, ...]
     probs: torch.Tensor | None  # [len(tokens), V] the drafter's processed q (None: greedy row)
+
+
+def _device_draftable(params: SamplingParams) -> bool:
+    """A row whose drafts are its drafter's argmax with nothing from the host in between (no penalties)."""
+    return params.temperature == 0.0 and not params.presence_penalty and not params.frequency_penalty
 
 
 class MtpDrafter:
@@ -138,16 +146,20 @@ class MtpDrafter:
         starts: Sequence[int],
         rows: Sequence[DraftRow],
         hidden: torch.Tensor,
+        token_ids: torch.Tensor
+        | None = None,  # [len(rows)] the fed tokens on the device (then `feed` is ignored)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One chained single-token MTP step: (MTP hidden, logits), a graph replay when one fits."""
         static = self._static(feed, starts, rows, 1)
         if static is not None:
             assert self.graphs is not None
-            return self.graphs.draft(static, hidden)
+            return self.graphs.draft(static, hidden, token_ids)
         batch = make_forward_batch(
             feed, starts, [r.page_ids for r in rows], [r.state_slot for r in rows], self.page_size,
             device=hidden.device,
         )  # fmt: skip
+        if token_ids is not None:
+            batch = dataclasses.replace(batch, input_ids=token_ids)
         out = self.model.forward_mtp(batch, hidden, self.cache)
         return out, proposal_logits(self.model, out)
 
@@ -173,6 +185,8 @@ class MtpDrafter:
             min(r.num_drafts, len(r.page_ids) * self.page_size - p) for r, p in zip(ids, pos, strict=True)
         ]
         hidden = last_hidden[index]
+        if all(_device_draftable(r.params) for r in ids):
+            return self._propose_on_device(rows, drafting, ids, pos, limit, hidden, out)
         tokens: list[list[int]] = [[] for _ in ids]
         probs: list[list[torch.Tensor]] = [[] for _ in ids]
         active = list(range(len(ids)))
@@ -199,4 +213,48 @@ class MtpDrafter:
         for a, (_, i) in enumerate(drafting):
             q_rows = torch.stack(probs[a]) if probs[a] and rows[i].params.temperature != 0.0 else None
             out[i] = Proposal(tuple(tokens[a]), q_rows)
+        return out
+
+    def _propose_on_device(
+        self,
+        rows: Sequence[DraftRow],
+        drafting: Sequence[tuple[int, int]],
+        ids: Sequence[DraftRow],
+        pos: Sequence[int],
+        limit: Sequence[int],
+        hidden: torch.Tensor,
+        out: list[Proposal],
+    ) -> list[Proposal]:
+        """`_propose` for rows that all draft greedily with nothing the host must see between drafts (no
+        penalties): each draft's argmax stays on the device and feeds the next chained step, and the drafts
+        reach the host in one copy at the end (instead of one wait per draft position)."""
+        device = hidden.device
+        active = list(range(len(ids)))
+        steps: list[tuple[list[int], torch.Tensor]] = []  # (active rows, their drafts [len(active)])
+        prev: torch.Tensor | None = None
+        for j in range(max(limit)):
+            if j > 0:
+                assert prev is not None
+                hidden, logits = self._chain(
+                    [[0] for _ in active], [pos[a] + j for a in active], [ids[a] for a in active], hidden, prev
+                )  # fmt: skip
+            else:
+                logits = proposal_logits(self.model, hidden)
+            new, _ = processed_distribution(logits, [ids[a].params for a in active])
+            steps.append((active, new))
+            keep = [k for k, a in enumerate(active) if limit[a] > j + 1]
+            if not keep:
+                break
+            if len(keep) < len(active):
+                index = upload(keep, device)
+                hidden, new = hidden.index_select(0, index), new.index_select(0, index)
+            active, prev = [active[k] for k in keep], new
+        flat = torch.cat([t for _, t in steps]).tolist()  # the one wait for the drafts
+        tokens: list[list[int]] = [[] for _ in ids]
+        it = iter(flat)
+        for step_rows, _ in steps:
+            for a in step_rows:
+                tokens[a].append(next(it))
+        for a, (_, i) in enumerate(drafting):
+            out[i] = Proposal(tuple(tokens[a]), None)
         return out

@@ -144,3 +144,17 @@ def test_lm_head_draft_graphs_on_the_gpu(tmp_path):
     assert run(engine, prompts, GREEDY)[0] == want
     assert drafts and set(drafts) <= shortlist
     assert spec.graphs is not None and spec.graphs.runs["draft"] > 0 and spec.graphs.num_replays > 0
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+def test_greedy_drafts_chained_on_the_device_equal_the_host_chain_with_graphs(arch, monkeypatch):
+    """On CUDA graphs: the device-fed chained drafts (engine/spec/mtp.py `_propose_on_device`) equal the host
+    chain's, draft by draft, at K=4 and C=3."""
+    from test_spec_graphs import recorded_proposals
+
+    prompts = [prompt(n, s) for s, n in enumerate(LENGTHS[:3])]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, presence_penalty=0.0)
+    make = lambda: core(arch, max_concurrency=3, spec="mtp", draft_tokens=4)  # noqa: E731
+    host, host_calls = recorded_proposals(make, prompts, params, False, False, monkeypatch)
+    device, device_calls = recorded_proposals(make, prompts, params, True, False, monkeypatch)
+    assert host_calls == 0 and device_calls > 0 and device == host

@@ -5,6 +5,9 @@ The replay itself is checked on the GPU (tests/engine/test_spec_gpu.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 from engine_harness import make_core, one_thread, prompt, run
@@ -126,3 +129,55 @@ def test_a_captured_key_replays_over_the_filled_buffers_and_returns_its_static_o
     assert len(keys) == len(set(keys)) == 8 * 3 + 8 + 8
     sizes = [graphs.inputs.num_tokens(size, width) for _, size, width in keys]
     assert sizes == sorted(sizes, reverse=True)
+
+
+def recorded_proposals(
+    make: Callable[[], Any],
+    prompts: list[list[int]],
+    params: SamplingParams,
+    on_device: bool,
+    eager: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[tuple[tuple[int, ...], ...]], int]:
+    """Every MTP proposal of a run of `make()`'s speculative engine, and how often the device chain ran
+    (`on_device=False` forces the host chain; `eager` drops the static buffers). Shared with test_spec_gpu.py."""
+    import engine.spec.mtp as mtp
+
+    calls, seen = [0], []
+    advance, on_device_fn = mtp.MtpDrafter.advance, mtp.MtpDrafter._propose_on_device
+
+    def record(self, rows, hidden):
+        out = advance(self, rows, hidden)
+        seen.append(tuple(p.tokens for p in out))
+        return out
+
+    def count(self, *args):
+        calls[0] += 1
+        return on_device_fn(self, *args)
+
+    with monkeypatch.context() as m:
+        m.setattr(mtp.MtpDrafter, "advance", record)
+        m.setattr(mtp.MtpDrafter, "_propose_on_device", count)
+        if not on_device:
+            m.setattr(mtp, "_device_draftable", lambda p: False)
+        core = make()
+        assert core.runner.spec is not None
+        if eager:
+            core.runner.spec.graphs = core.runner.spec.drafter.graphs = None
+        run(core, prompts, params)
+    return seen, calls[0]
+
+
+@pytest.mark.parametrize("path", ["static", "eager"])
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+def test_greedy_drafts_chained_on_the_device_equal_the_host_chain(arch, path, monkeypatch):
+    """Greedy rows without penalties keep each draft's argmax on the device and feed it to the next chained MTP
+    step (one copy of the drafts per round): the proposals equal those of the host chain, draft by draft."""
+    params = SamplingParams(temperature=0.0, max_tokens=10, presence_penalty=0.0)
+    prompts = [prompt(n, s) for s, n in enumerate((5, 17, 30))]
+    make = lambda: spec_core(arch, 3, max_concurrency=3)  # noqa: E731
+    host, host_calls = recorded_proposals(make, prompts, params, False, path == "eager", monkeypatch)
+    device, device_calls = recorded_proposals(make, prompts, params, True, path == "eager", monkeypatch)
+    assert host_calls == 0 and device_calls > 0
+    assert any(len(p) > 1 for step in device for p in step), "no chained draft was proposed"
+    assert device == host
