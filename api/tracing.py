@@ -264,19 +264,20 @@ class RequestSpan:
 
         if admitted is not None:
             child("ninfer.queue", start, admitted, {"ninfer.queue.seconds": outcome.queue or 0.0})
-        prefill_end = (
-            admitted + outcome.prefill if admitted is not None and outcome.prefill is not None else first
-        )
+        # Prefill ends where decode begins: at the first token as this server saw it (the engine's own prefill
+        # seconds, which leave out the hand-off from the engine thread, are an attribute; without a first token,
+        # e.g. a request that failed in prefill, they place the end).
+        prefill_end = first
+        if prefill_end is None and admitted is not None and outcome.prefill is not None:
+            prefill_end = admitted + outcome.prefill
         if prefill_end is not None:
-            child(
-                "ninfer.prefill",
-                admitted if admitted is not None else start,
-                prefill_end,
-                {
-                    "ninfer.prefill.computed_tokens": max(prompt - cached, 0),
-                    "ninfer.prefill.reused_tokens": cached,
-                    "ninfer.prefill.includes_queue": admitted is None,
-                },
-            )
+            prefill_attrs: dict[str, Any] = {
+                "ninfer.prefill.computed_tokens": max(prompt - cached, 0),
+                "ninfer.prefill.reused_tokens": cached,
+                "ninfer.prefill.includes_queue": admitted is None,
+            }
+            if outcome.prefill is not None:
+                prefill_attrs["ninfer.prefill.engine_seconds"] = outcome.prefill
+            child("ninfer.prefill", admitted if admitted is not None else start, prefill_end, prefill_attrs)
         if first is not None:
             child("ninfer.decode", first, end, {"ninfer.decode.output_tokens": outcome.completion_tokens})

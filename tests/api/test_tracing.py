@@ -111,12 +111,14 @@ def _check_phases(traced: Traced, span: ReadableSpan) -> None:
     for start, end in times:
         assert span.start_time - slack <= start <= end <= span.end_time + slack
     assert times[0][1] == times[1][0]  # admission: queue ends where prefill begins
-    assert abs(times[1][1] - times[2][0]) < slack  # the first token
+    assert times[1][1] == times[2][0]  # the first token: prefill ends where decode begins
     input_tokens = span.attributes["gen_ai.usage.input_tokens"]  # type: ignore[index]
     cached = span.attributes["gen_ai.usage.cache_read.input_tokens"]  # type: ignore[index]
     assert prefill.attributes is not None and decode.attributes is not None
     assert prefill.attributes["ninfer.prefill.computed_tokens"] == input_tokens - cached
     assert prefill.attributes["ninfer.prefill.reused_tokens"] == cached
+    engine_s = prefill.attributes["ninfer.prefill.engine_seconds"]
+    assert isinstance(engine_s, float) and 0 < engine_s * 1e9 <= times[1][1] - times[1][0] + slack
     assert decode.attributes["ninfer.decode.output_tokens"] == span.attributes["gen_ai.usage.output_tokens"]  # type: ignore[index]
 
 
