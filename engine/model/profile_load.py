@@ -84,6 +84,24 @@ def check_inventory(
     return specs
 
 
+def stored_payload(source: ProfileSource, name: str, device: torch.device) -> torch.Tensor:
+    """An object's payload bytes (uint8) on ``device`` (a synthetic source draws them there)."""
+    draw = getattr(source, "payload", None)
+    if draw is not None:
+        return cast(torch.Tensor, draw(name, device))
+    raw = torch.frombuffer(source.raw_bytes(name), dtype=torch.uint8)
+    return raw.to(device) if device.type != "cpu" else raw
+
+
+def stored_value(source: ProfileSource, spec: TensorSpec, device: torch.device) -> torch.Tensor:
+    """An object's represented value on ``device`` (quantized: float32 by the exact decoder)."""
+    if not spec.quantized:
+        return source.tensor(spec.name).to(device)
+    return dequantize(
+        view_planes(spec.format, stored_payload(source, spec.name, device), list(spec.shape[:2]))
+    )
+
+
 class _Loader:
     def __init__(
         self, source: ProfileSource, model: Qwen3_5ForCausalLM, device: torch.device, dtype: torch.dtype
@@ -97,11 +115,7 @@ class _Loader:
         return nn.Parameter(t.to(device=self.device, dtype=target), requires_grad=False)
 
     def payload(self, name: str) -> torch.Tensor:
-        draw = getattr(self.source, "payload", None)  # a synthetic source builds payloads on the device
-        if draw is not None:
-            return cast(torch.Tensor, draw(name, self.device))
-        raw = torch.frombuffer(self.source.raw_bytes(name), dtype=torch.uint8)
-        return raw.to(self.device) if self.device.type != "cpu" else raw
+        return stored_payload(self.source, name, self.device)
 
     def linear(self, spec: TensorSpec, layer: Linear | None = None) -> Linear:
         """The layer for a stored matrix: ``layer`` itself (a dense Linear the model built) made to hold it,
@@ -190,8 +204,7 @@ def _bind_moe(load: _Loader, moe: Any, leaf: str, spec: TensorSpec) -> None:
         moe.shared_expert_gate.weight = nn.Parameter(rows[-1:], requires_grad=False)
     elif leaf in ("routed_gate_up", "routed_down"):
         bank = moe.experts.gate_up_proj if leaf == "routed_gate_up" else moe.experts.down_proj
-        shape = (spec.shape[0], spec.shape[1])
-        weight = dequantize(view_planes(spec.format, load.payload(spec.name), shape)).to(load.dtype)
+        weight = stored_value(load.source, spec, load.device).to(load.dtype)
         setattr(moe.experts, leaf.replace("routed_", "") + "_proj", nn.Parameter(weight.view(bank.shape), requires_grad=False))  # fmt: skip
     elif leaf == "shared_gate_up":
         _parents(moe.shared_expert, "gate_up_proj", load.linear(spec))

@@ -27,10 +27,9 @@ from engine.media.image import ImageProcessorConfig
 from engine.media.prompt import MediaTokens
 from engine.model.config import ModelConfig
 from engine.model.vision import VisionConfig, VisionTower, build_vision_tower
-from kernels.quant import dequantize, view_planes
 
 if TYPE_CHECKING:
-    from engine.artifact.profiles import TensorSpec, WeightProfile
+    from engine.artifact.profiles import WeightProfile
     from engine.model.loader import TensorSource
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
@@ -69,15 +68,6 @@ def _published_config(artifact: TensorSource, profile: WeightProfile) -> dict[st
     }
 
 
-def _stored_value(artifact: TensorSource, spec: TensorSpec, device: torch.device) -> torch.Tensor:
-    """An object's represented value in float32 (quantized: the exact decoder on ``device``)."""
-    if not spec.quantized:
-        return artifact.tensor(spec.name).to(device=device, dtype=torch.float32)
-    raw = torch.frombuffer(artifact.raw_bytes(spec.name), dtype=torch.uint8)
-    payload = raw.to(device) if device.type != "cpu" else raw
-    return dequantize(view_planes(spec.format, payload, (spec.shape[0], spec.shape[1])))
-
-
 def build_profile_tower(
     artifact: TensorSource,
     profile: WeightProfile,
@@ -87,33 +77,24 @@ def build_profile_tower(
     dtype: torch.dtype,
 ) -> VisionTower:
     """The tower bound from the profile's ``vision/*`` objects at ``config``'s geometry (``text``: the text
-    model's geometry the profile is laid out at); ValueError naming the first object that is missing or whose
-    shape, format or layout is not the profile's."""
-    from engine.artifact.profiles import TensorSpec, VisionGeometry
+    model's geometry the profile is laid out at); ``check_inventory``'s ArtifactError (a ValueError) naming every
+    object that is missing, extra, or not the profile's shape, format or layout."""
+    from engine.artifact.profiles import VisionGeometry
     from engine.artifact.profiles.hf_source import vision_parameter
+    from engine.model.profile_load import check_inventory, stored_value
 
     dev = torch.device(device)
-    specs = [
-        s
-        for s in profile.objects(text, VisionGeometry.of(config))
-        if isinstance(s, TensorSpec) and s.name.startswith("vision/")
-    ]
-    stored = {t.name: t for t in artifact.directory.tensors}
+    # the whole file against the profile with this tower (ArtifactError, a ValueError, naming the objects)
+    specs = check_inventory(artifact.directory, profile, text, VisionGeometry.of(config))
     with torch.device("meta"):
         tower = VisionTower(config)
     wanted = tower.state_dict()
     state: dict[str, torch.Tensor] = {}
     for spec in specs:
-        entry = stored.get(spec.name)
-        if entry is None:
-            raise ValueError(f"--vision: {profile.key}: vision tower object {spec.name!r} is missing")
-        if (tuple(entry.shape), entry.format, entry.layout) != (spec.shape, spec.format, spec.layout):
-            raise ValueError(
-                f"--vision: {profile.key}: {spec.name!r} is {list(entry.shape)} {entry.format}/{entry.layout},"
-                f" the tower needs {list(spec.shape)} {spec.format}/{spec.layout}"
-            )
-        parameter = vision_parameter(spec.name)
-        state[parameter] = _stored_value(artifact, spec, dev).reshape(wanted[parameter].shape).to(dtype)
+        if spec.name.startswith("vision/"):
+            parameter = vision_parameter(spec.name)
+            value = stored_value(artifact, spec, dev)
+            state[parameter] = value.reshape(wanted[parameter].shape).to(dtype)
     tower.load_state_dict(state, strict=True, assign=True)
     return tower.requires_grad_(False).eval()
 

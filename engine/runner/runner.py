@@ -332,8 +332,8 @@ class ModelRunner:
 
     def _count_sampled(self, keys: Sequence[str | None], sampled: torch.Tensor) -> None:
         """Add the ids sampled ([B] on the device) to the penalized positions' device counts."""
-        if self.penalties is not None and any(k is not None for k in keys):
-            self.penalties.add(keys, sampled)
+        if self.penalties is not None:
+            self.penalties.add(keys, sampled)  # a no-op when no key is set
 
     def _graph_eligible(self, rows: Sequence[RowPlan]) -> bool:
         if self.graphs is None or not all(row.num_tokens == 1 and row.num_sample == 1 for row in rows):

@@ -34,7 +34,6 @@ import torch
 from engine.model.forward import ModelCache, make_forward_batch
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
-from engine.sampling import processed_distribution
 from engine.spec.draft_head import proposal_logits
 from engine.spec.graphs import SpecGraphs, StaticRow
 from engine.spec.verify import GeneratorFor, draft_tokens
@@ -240,7 +239,9 @@ class MtpDrafter:
                 )  # fmt: skip
             else:
                 logits = proposal_logits(self.model, hidden)
-            new, _ = processed_distribution(logits, [ids[a].params for a in active])
+            new = logits.argmax(
+                dim=-1
+            )  # greedy, no penalty, no grammar: processed_distribution's greedy tokens
             steps.append((active, new))
             keep = [k for k, a in enumerate(active) if limit[a] > j + 1]
             if not keep:

@@ -180,12 +180,12 @@ def test_a_missing_or_mis_sized_tower_object_is_refused_by_name(converted, tmp_p
     missing = _rewrite(path, tmp_path / "missing.ninfer", lambda n, v: None if n == dropped else (n, v))
     with pytest.raises(ArtifactError, match=f"'{dropped}' missing"):
         load_artifact(missing, device="cpu", dtype=torch.float32, with_vision=True)
-    with pytest.raises(ValueError, match=f"vision tower object '{dropped}' is missing"):
+    with pytest.raises(ValueError, match=f"'{dropped}' missing"):
         load_vision(read_artifact(missing), "cpu", torch.float32)
 
     bias = "vision/merger/fc2_bias"
     short = _rewrite(path, tmp_path / "short.ninfer", lambda n, v: (n, v[:-1] if n == bias else v))
-    with pytest.raises(ValueError, match=f"'{bias}' is \\[47\\] BF16.* the tower needs \\[48\\] BF16"):
+    with pytest.raises(ValueError, match=f"'{bias}' is \\[47\\] BF16.* the profile has \\[48\\] BF16"):
         load_vision(read_artifact(short), "cpu", torch.float32)
     with Artifact(path) as art:
         last = max(art.directory.tensors, key=lambda e: e.offset)
