@@ -273,7 +273,7 @@ class ModelRunner:
         logits = self._execute_graph(rows) if self._graph_eligible(rows) else self._execute_eager(rows)
         sampling = [row for row in rows if row.sample]
         sampled: list[list[int]] | None = []
-        if logits is not None and plan.overlappable:
+        if logits is not None and plan.overlappable and self._counts_on_device(sampling):
             launched.sampled = self._sample_on_device(logits, sampling)
             sampled = None
         elif logits is not None:
@@ -318,6 +318,11 @@ class ModelRunner:
         sampled = self.sampler.sample(logits, params, ids, counts)
         self._count_sampled(keys, sampled)
         return sampled
+
+    def _counts_on_device(self, rows: Sequence[RowPlan]) -> bool:
+        """Whether the rows' penalty counts (if any) are on the device: a speculative runner keeps them in the
+        host history, so its penalized plain steps (warm-up, the context limit's fallback) sample on the host."""
+        return self.penalties is not None or not penalized([row.sampling_params for row in rows])
 
     def _device_counts(
         self, request_ids: Sequence[str], params: Sequence[SamplingParams]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from engine_harness import make_core, one_thread, prompt, run, tiny_artifact
+from engine_harness import GREEDY, make_core, one_thread, prompt, run, tiny_artifact
 
 from engine.config import EngineConfig
 from engine.core import EngineCore, load_artifact
@@ -299,3 +299,15 @@ def test_round_statistics_per_request_and_in_engine_stats():
         assert s.rounds + s.fallback_steps >= 4
     plain = make_core("dense")
     assert plain.stats().spec_rounds == 0 and run(plain, [prompt(5, 0)], PARAMS)[1]["r0"].speculative is None
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+def test_speculative_engine_warms_up_with_overlap_on(arch: str) -> None:
+    """A speculative engine's warm-up runs plain steps with a penalized sampled row while overlap is on (the
+    CUDA default): its penalties come from the host history, not the device counts a plain engine keeps. On
+    the H200 this crashed every `--spec mtp` start (an assertion on the missing device counts)."""
+    cold = spec_core(arch, 2, max_concurrency=4)
+    warm = spec_core(arch, 2, max_concurrency=4, warmup=True, overlap=True, prefill_chunk=96)
+    assert warm.warmup is not None and warm.warmup.steps == 4
+    prompts = [prompt(n, seed) for seed, n in enumerate((7, 40, 3, 66))]
+    assert run(warm, prompts, GREEDY)[0] == run(cold, prompts, GREEDY)[0]
