@@ -35,8 +35,8 @@ def gemv_mode() -> str:
 
 
 def quant_gemv_mode() -> str:
-    """`NINFER_QUANT_GEMV`: `stored` (the default: the groupwise decode GEMV reads the file's byte order) or
-    `packed` (planes reordered once at load for the 16-byte-vector GEMV; opt-in until measured on an H200).
+    """`NINFER_QUANT_GEMV`: `packed` (the default: planes reordered once at load for the GEMV-layout kernels) or
+    `stored` (the groupwise decode GEMV reads the file's byte order).
     Read once when `kernels` is imported (`kernels._dispatch.QUANT_GEMV_MODE`)."""
     from kernels import _dispatch
 

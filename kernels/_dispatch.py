@@ -11,10 +11,10 @@ Triton GEMV for at most 8 rows on the weight shapes where it was measured faster
 ``kernels.linear.GEMV_FASTER``; ``F.linear`` for everything else) or ``on`` (the Triton GEMV for every linear
 of at most 8 rows wherever the kernels run Triton).
 
-``NINFER_QUANT_GEMV`` picks the layout the row-split (groupwise-int) decode GEMV reads on a GPU: ``stored`` (the
-default: the file's byte order, ``kernels.quant.triton_group``) or ``packed`` (the planes reordered once at load,
-``kernels.quant.repack``, for ``kernels.quant.triton_gemv``). ``packed`` stays opt-in until an H200 run has
-measured it (bench/kernels/quant.py) and its GPU tests have passed there.
+``NINFER_QUANT_GEMV`` picks the layout the row-split (groupwise-int) decode GEMV reads on a GPU: ``packed`` (the
+default: the planes reordered once at load, ``kernels.quant.repack``, for ``kernels.quant.gluon_gemv`` (one row)
+and ``kernels.quant.triton_gemv``; 2.2x the stored layout's decode on the H200) or ``stored`` (the file's byte
+order, ``kernels.quant.triton_group``).
 
 ``kernels`` may not import ``engine``, so this is the one place that reads these variables, once, at
 import; ``engine/env.py`` (every variable NInfer reads) reports the values parsed here.
@@ -60,7 +60,7 @@ def parse_quant_gemv_mode(value: str) -> str:
 
 KERNELS_MODE = parse_kernels_mode(os.environ.get("NINFER_KERNELS", "auto"))
 GEMV_MODE = parse_gemv_mode(os.environ.get("NINFER_GEMV", "off"))
-QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "stored"))
+QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "packed"))
 
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:

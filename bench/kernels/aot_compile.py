@@ -50,6 +50,9 @@ class KernelSource:
     args: tuple[str, ...]
     constexprs: tuple[str, ...]  # the args annotated tl.constexpr
     lineno: int
+    gluon: bool = (
+        False  # a @gluon.jit kernel (Triton's explicit-layout dialect), compiled from GluonASTSource
+    )
 
 
 def _is_triton_jit(decorator: ast.expr) -> bool:
@@ -86,7 +89,8 @@ def discover(kernels_dir: Path = KERNELS_DIR) -> list[KernelSource]:
                 continue
             args = tuple(a.arg for a in fn.args.args)
             constexprs = tuple(a.arg for a in fn.args.args if _is_constexpr(a.annotation))
-            kernels.append(KernelSource(module, fn.name, args, constexprs, fn.lineno))
+            gluon = any("gluon" in ast.unparse(d) for d in fn.decorator_list)
+            kernels.append(KernelSource(module, fn.name, args, constexprs, fn.lineno, gluon))
     return kernels
 
 
@@ -146,7 +150,10 @@ def _torch_free_module(path: Path, out_dir: Path) -> ModuleType:
     kernel package (kernels/attention/decode.py) brings its siblings' jit functions too: its kernels call the
     helpers they share (kernels/attention/int8.py's ``_dequantize_tile``)."""
     siblings = [] if path.parent.name == KERNELS_DIR.name else sorted(set(path.parent.glob("*.py")) - {path})
-    chunks = ["import triton\nimport triton.language as tl\n"]
+    chunks = [
+        "import triton\nimport triton.language as tl\n"
+        "from triton.experimental import gluon\nfrom triton.experimental.gluon import language as gl\n"
+    ]
     for file in (path, *siblings):
         source = file.read_text()
         lines = source.splitlines()
@@ -198,6 +205,7 @@ def compile_all(
     import triton
     import triton.backends.nvidia.compiler as nvidia
     from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
 
     kernels = discover(kernels_dir)
     unspecified = [k.name for k in kernels if k.name not in VARIANTS]
@@ -231,9 +239,8 @@ def compile_all(
                     }  # fmt: skip
                     start = time.perf_counter()
                     try:
-                        src = triton.compiler.ASTSource(
-                            fn=fn, signature=sig, constexprs=constexprs, attrs=attrs
-                        )
+                        source = GluonASTSource if kernel.gluon else triton.compiler.ASTSource
+                        src = source(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
                         compiled = triton.compile(
                             src,
                             target=GPUTarget(backend, int(arch), 32),

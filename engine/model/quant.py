@@ -2,7 +2,7 @@
 
 A quantized ``Linear`` stores one artifact object's payload (uint8, the bytes exactly as the file holds them,
 copied once to the device) as a buffer, and ``kernels.quant.view_planes`` views of its planes (``qweight``,
-no copy); on a GPU under ``NINFER_QUANT_GEMV=packed`` a row-split payload's code planes are first reordered in
+no copy); on a GPU under ``NINFER_QUANT_GEMV=packed`` (the default) a row-split payload's code planes are first reordered in
 place into the packed decode GEMV's layout (``view_planes(..., repack=True)``, ``kernels.quant.repack``). ``QuantMethod.apply`` is
 ``kernels.quant.quant_linear`` (the decode-in-register GEMV for at most 8 rows, the GEMM above that, on CUDA;
 the exact reference ``quant_linear_ref`` elsewhere). A fused parent is one
@@ -56,7 +56,7 @@ def make_quantized(
 ) -> None:
     """Turn ``layer`` into a quantized layer holding ``payload`` (uint8 1-D on its final device)."""
     layer.set_method(quant_method(fmt), {"payload": payload})
-    # packed: on a GPU the row-split planes are rewritten in place into the decode GEMV's layout (opt-in)
+    # packed (the default): on a GPU the row-split planes are rewritten in place into the decode GEMV's layout
     layer.qweight = view_planes(
         fmt,
         payload,

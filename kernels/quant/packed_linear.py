@@ -24,9 +24,16 @@ if HAS_TRITON:
     import triton
 
     from kernels.linear import REDUCE_BLOCK, _linear_reduce_kernel
+    from kernels.quant.gluon_gemv import HAS_GLUON
     from kernels.quant.triton_gemv import _quant_dequant_packed_kernel, _quant_gemv_packed_kernel
 
-MODES = {"dot": 0, "fma": 1}  # the kernel's MODE: tensor cores (T <= 8), CUDA cores (T = 1 only)
+    if HAS_GLUON:
+        from kernels.quant.gluon_gemv import _quant_gemv_pairs_kernel
+
+# the Triton kernel's MODE: tensor cores (T <= 8), CUDA cores (T = 1 only). The "pairs" tiles (T = 1, bf16 x,
+# Q4/Q5/Q6, K a multiple of 128) run the Gluon kernel (gluon_gemv.py); under the interpreter, which has no
+# Gluon, they run the "fma" mode.
+MODES = {"dot": 0, "fma": 1}
 
 
 class PackedTiles(NamedTuple):
@@ -62,7 +69,15 @@ GEMV_VARIANTS: dict[str, GemvVariant] = {
     "nosplit": GemvVariant(128, 1, 4, 1),
     "st3": GemvVariant(128, 1, 4, 0, "dot", 3),
     "fma": GemvVariant(64, 1, 4, 1024, "fma"),
+    "pairs": GemvVariant(128, 1, 4, 0, "pairs"),
+    "pairs_p1024": GemvVariant(128, 1, 4, 1024, "pairs"),
+    "pairs_n64": GemvVariant(64, 1, 4, 0, "pairs"),
+    "pairs_n64w2": GemvVariant(64, 1, 2, 0, "pairs"),
+    "pairs_n32w2": GemvVariant(32, 1, 2, 1024, "pairs"),
 }
+# one row of x (decode at C=1): the Gluon kernel (H200, 2026-12-04: bench/results/kernels_quant_pairs_h200_*)
+ONE_ROW_VARIANT = "pairs"
+PAIR_MODES = ("pairs",)  # the Gluon kernel's tiles (one bf16 row of x read as 32-bit lane pairs: pairs_ok)
 # (format, N, K) -> variant name, from measurements on the H200 (empty until the bench's --variants run)
 GEMV_TABLE: dict[tuple[str, int, int], str] = {}
 H200_SMS = 132
@@ -98,11 +113,16 @@ def _wave_split(units: int, step_units: int, tiles_n: int, slots: int) -> int:
     return best
 
 
-def packed_tiles(fmt: str, n: int, k: int, variant: str | None = None, sms: int = H200_SMS) -> PackedTiles:
+def packed_tiles(
+    fmt: str, n: int, k: int, variant: str | None = None, sms: int = H200_SMS, rows: int | None = None
+) -> PackedTiles:
     """The tiles of the GEMV-layout GEMV for a [n, k] weight of ``fmt`` on a GPU of ``sms`` SMs (``variant``: a
-    ``GEMV_VARIANTS`` name; default: ``GEMV_TABLE``'s entry for the shape, else ``"default"``). NOTE: never a
-    function of T (batch invariance)."""
+    ``GEMV_VARIANTS`` name; default: ``GEMV_TABLE``'s entry for the shape, else ``"default"``; one row of x
+    (``rows`` 1) takes ``ONE_ROW_VARIANT``, the Gluon one-row kernel). NOTE: batch invariance holds among 2..8
+    rows (the same tiles whatever T); one row runs another kernel, its output within rounding of the batched."""
     assert fmt in GROUP_FORMATS, f"{fmt}: the GEMV layout is for the row-split formats"
+    if variant is None and rows == 1:
+        variant = ONE_ROW_VARIANT
     v = GEMV_VARIANTS[variant or GEMV_TABLE.get((fmt, n, k), "default")]
     units = -(-k // UNIT)
     step = v.step_units if units % v.step_units == 0 else 1
@@ -112,7 +132,8 @@ def packed_tiles(fmt: str, n: int, k: int, variant: str | None = None, sms: int 
         split = _split(units, step, tiles_n, v.min_programs)
     else:
         split = _wave_split(units, step, tiles_n, sms * RESIDENT[GROUP_FORMATS[fmt].bits])
-    return PackedTiles(block_n, step, v.num_warps, split, v.mode, v.num_stages)
+    mode = "fma" if v.mode in PAIR_MODES and GROUP_FORMATS[fmt].bits == 8 else v.mode  # W8 has no pair words
+    return PackedTiles(block_n, step, v.num_warps, split, mode, v.num_stages)
 
 
 @functools.lru_cache(maxsize=16)
@@ -131,11 +152,26 @@ def _planes(qw: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
     return words, qw.high.view(torch.int16 if GROUP_FORMATS[qw.format].bits == 6 else torch.int32)
 
 
+def pairs_ok(x: torch.Tensor, qw: QuantWeight) -> bool:
+    """Whether the "pairs" mode can take this x and weight: one bf16 row whose 32-bit words are lane pairs, a
+    Q4/Q5/Q6 weight with K a multiple of 128 (no lane masks)."""
+    n, k = qw.shape
+    return (
+        x.dtype == torch.bfloat16 and x.shape[0] == 1 and x.stride(-1) == 1 and x.storage_offset() % 2 == 0
+        and k % UNIT == 0 and GROUP_FORMATS[qw.format].bits != 8
+    )  # fmt: skip
+
+
 def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch.Tensor) -> torch.Tensor:
     """``out = x @ W^T`` (x [T, K], T <= 8; out [T, N] in x's dtype) for a GEMV-layout weight."""
     rows = x.shape[0]
     n, k = qw.shape
     assert qw.gemv_layout, f"{qw.format} weight is in the stored layout: view_planes(..., repack=True)"
+    pairs = tiles.mode in PAIR_MODES and HAS_GLUON and not INTERPRET and pairs_ok(x, qw)
+    if (
+        tiles.mode in PAIR_MODES and not pairs
+    ):  # the interpreter (no Gluon), fp16 x, W8: the Triton CUDA-core mode
+        tiles = tiles._replace(mode="fma")
     assert tiles.mode == "dot" or rows == 1, f"GEMV mode {tiles.mode!r} takes one row of x, got {rows}"
     units = qw.k_pad // UNIT
     assert units % (tiles.split_k * tiles.step_units) == 0, f"{tiles}: {units} units split unevenly"
@@ -143,12 +179,21 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
     if tiles.split_k > 1:
         target = torch.empty(tiles.split_k, rows, n, dtype=torch.float32, device=x.device)
     words, high = _planes(qw)
-    _quant_gemv_packed_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](
-        x, words, high, qw.scales, target, n, rows, k, x.stride(0), words.stride(0), high.stride(0),
-        qw.scales.stride(0), BITS=GROUP_FORMATS[qw.format].bits, UNITS_SPLIT=units // tiles.split_k,
-        STEP_UNITS=tiles.step_units, BLOCK_N=tiles.block_n, MODE=MODES[tiles.mode], EVEN_K=k % UNIT == 0,
-        ASM=not INTERPRET, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )  # fmt: skip
+    if pairs:
+        if qw.high is not None and GROUP_FORMATS[qw.format].bits == 5:
+            high = qw.high.view(torch.uint8)  # the Gluon kernel reads Q5's high plane a byte a word
+        _quant_gemv_pairs_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](
+            x[0].view(torch.int32), words, high, qw.scales, target, n, words.stride(0), high.stride(0),
+            qw.scales.stride(0), BITS=GROUP_FORMATS[qw.format].bits, UNITS_SPLIT=units // tiles.split_k,
+            BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps, num_warps=tiles.num_warps,
+        )  # fmt: skip
+    else:
+        _quant_gemv_packed_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](
+            x, words, high, qw.scales, target, n, rows, k, x.stride(0), words.stride(0), high.stride(0),
+            qw.scales.stride(0), BITS=GROUP_FORMATS[qw.format].bits, UNITS_SPLIT=units // tiles.split_k,
+            STEP_UNITS=tiles.step_units, BLOCK_N=tiles.block_n, MODE=MODES[tiles.mode], EVEN_K=k % UNIT == 0,
+            ASM=not INTERPRET, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        )  # fmt: skip
     if tiles.split_k > 1:
         _linear_reduce_kernel[(triton.cdiv(n, REDUCE_BLOCK), rows)](
             target, out, n, SPLIT_K=tiles.split_k, BLOCK=REDUCE_BLOCK, num_warps=4

@@ -203,7 +203,7 @@ def quant_linear(
         assert rows <= GEMV_MAX_ROWS, f"{rows} rows: the GEMV takes 1..{GEMV_MAX_ROWS}"
         if qw.gemv_layout:
             assert tiles is None or isinstance(tiles, PackedTiles), f"{tiles}: a GEMV-layout weight"
-            tiles = tiles or packed_tiles(qw.format, n, k, sms=device_sms(x.device))
+            tiles = tiles or packed_tiles(qw.format, n, k, sms=device_sms(x.device), rows=rows)
             return gemv_packed(x, qw, tiles, out)
         assert tiles is None or isinstance(tiles, QuantTiles), f"{tiles}: a stored-layout weight"
         return _gemv(x, qw, tiles or gemv_tiles(qw.format, n, k), out)

@@ -61,6 +61,31 @@ def test_every_variant(fmt, device, assert_close):
     _check(f"{fmt} {split4}", quant_linear(x8, qw, route="gemv", tiles=split4), x8, qw, assert_close)
 
 
+@pytest.mark.parametrize("fmt", [Q4, Q5, Q6])
+def test_pairs_mode(fmt, device, assert_close):
+    """The "pairs" tiles (on a GPU the Gluon kernel of gluon_gemv.py; the interpreter has no Gluon and runs the
+    Triton CUDA-core mode): split and unsplit K, odd N, a row view of a fused parent, x a column slice."""
+    from kernels.quant.gluon_gemv import HAS_GLUON
+
+    assert HAS_GLUON or device == "cpu", "the GPU's Triton has no Gluon: the pairs tiles would not run it"
+    for n, k, variant in (
+        (37, 128, "pairs"),
+        (300, 1024, "pairs"),
+        (20, 2048, "pairs_p1024"),
+        (70, 512, "pairs_n32w2"),
+    ):
+        qw = _weight(fmt, n, k, device)
+        x = torch.randn(1, k + 8, device=device).bfloat16()[:, 4 : 4 + k]
+        tiles = packed_tiles(fmt, n, k, variant)
+        _check(f"{fmt} {n}x{k} {tiles}", quant_linear(x, qw, route="gemv", tiles=tiles), x, qw, assert_close)
+    part = _weight(fmt, 300, 640, device).rows(100, 150)
+    x = torch.randn(1, 640, device=device).bfloat16()
+    tiles = packed_tiles(fmt, 50, 640, "pairs")
+    _check(
+        f"{fmt} rows 100:150 {tiles}", quant_linear(x, part, route="gemv", tiles=tiles), x, part, assert_close
+    )
+
+
 @pytest.mark.parametrize("fmt", [Q4, Q6, W8])
 def test_fp16_activations(fmt, device, assert_close):
     n, k = 37, 258
@@ -87,8 +112,8 @@ def test_batch_invariance(fmt, device):
     assert packed_tiles(fmt, n, k).split_k > 1
     x = torch.randn(8, k, device=device).bfloat16()
     full = quant_linear(x, qw)
-    for i in range(8):
-        assert torch.equal(quant_linear(x[i : i + 1], qw)[0], full[i]), f"{fmt} row {i}: T=1 differs from T=8"
+    for i in range(7):  # 2..8 rows share their tiles; one row runs the one-row kernel (test_pairs_mode)
+        assert torch.equal(quant_linear(x[i : i + 2], qw)[0], full[i]), f"{fmt} row {i}: T=2 differs from T=8"
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import json
 import os
@@ -48,6 +49,7 @@ from engine.testing.geometry import SYNTHETIC_NAMES, TINY_GEOMETRY, needs_cuda
 from engine.testing.synthetic import GEOMETRIES, build_synthetic, synthetic_config
 from engine.testing.synthetic_quant import build_synthetic_quantized, synthetic_profile
 
+PROFILED_ROUNDS = 4  # speculative rounds under the profiler (--profile --spec-rounds)
 _DESCRIPTION = "speed at the real Qwen3.6-27B and 35B-A3B geometries, with random weights built on the GPU"
 
 
@@ -88,7 +90,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=True,
         help="decode with overlap scheduling: launch step N+1 before collecting step N (default on)",
     )
-    p.add_argument("--profile", action="store_true", help="kernel-time breakdown of decode (C=1) and prefill")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="kernel-time breakdown of decode (C=1) and prefill (and of 4 "
+        "speculative rounds at the lowest concurrency with --spec-rounds)",
+    )
     p.add_argument("--skip-prefill", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--spec-rounds", type=int, default=0, metavar="K",
@@ -337,6 +344,15 @@ def _bench_spec(
                "plain_step_ms": plain, "round_over_plain": {m: round(round_ms / v, 3) for m, v in plain.items()},
                f"projected_tpot_ms_at_{length}": round(round_ms / length, 3),
                f"projected_tok_s_at_{length}": round(c * length / got["round_s"], 1)}  # fmt: skip
+        if args.profile and c == min(args.concurrency):
+            rounds = functools.partial(
+                run_spec_rounds, runner, vocab, c, args.decode_context, 0, PROFILED_ROUNDS, k
+            )
+            prof = profile_kernels(rounds)
+            row["profile_rounds"] = {"rounds": PROFILED_ROUNDS, **prof,
+                                     "kernel_ms_per_round": round(prof["kernel_ms_total"] / PROFILED_ROUNDS, 3)}  # fmt: skip
+            _log(f"spec profile: {row['profile_rounds']['kernel_ms_per_round']} kernel ms a round, "
+                 f"{prof['by_category_ms']}")  # fmt: skip
         _log(f"spec {row}")
         rows.append(row)
     del runner

@@ -1,0 +1,145 @@
+"""The one-row decode GEMV of the row-split groupwise formats (Q4/Q5/Q6) on the GEMV layout, written in Gluon
+(Triton's explicit-layout dialect) so that nothing changes register layout inside the loop. Launcher:
+``packed_linear.gemv_packed`` (tile mode ``"pairs"``); reference: ``quant_linear_ref``.
+
+Why Gluon: the same arithmetic in plain Triton (``triton_gemv.py`` MODE 2) compiles to a shared-memory round trip
+and two barriers a group: Triton's layout passes give the [BLOCK_N, 1] scale loads and the final row sums a
+layout of their own and move the [BLOCK_N, 16] partial sums to it every group (seen in the sm_90 SASS: STSM,
+LDS and BAR in the loop). Here every tensor is in one blocked layout ``L`` (a thread: 4 consecutive 32-bit words
+of a row, one 16-byte load; 4 threads a row's 16 words; 8 rows a warp) or a slice of it: the scales are loaded
+per row in ``SliceLayout(1, L)`` (the 4 threads of a row read the same two bytes), x per word in
+``SliceLayout(0, L)``, and the row sums leave in ``SliceLayout(1, L)``.
+
+Per unit of 128 lanes (``kernels.quant.repack``: word ``i`` holds lanes ``32 s + 2i`` and ``32 s + 2i + 1`` of
+pair plane ``s`` in its two 16-bit halves), per pair plane: one shift and one LOP3 make the halves the bf16 bits
+of ``128 + u`` (the high bits of Q5/Q6 OR-ed in from a pre-spread word), one packed ``fma.rn.bf16x2`` makes them
+the codes themselves (exact), a shift and an and widen each half to fp32 in place, and two fp32 FMAs multiply
+them by x's lanes, read as the 32-bit word holding the same lane pair (no join into K order). The group's sum
+is scaled by one FMA a word. Grid ``(cdiv(N, BLOCK_N), SPLIT_K)``; split K writes fp32 partials
+``[SPLIT_K, 1, N]`` that ``kernels.linear._linear_reduce_kernel`` sums in split order.
+"""
+
+from __future__ import annotations
+
+from kernels._dispatch import HAS_TRITON
+
+HAS_GLUON = False
+if HAS_TRITON:
+    try:
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
+
+        HAS_GLUON = True
+    except ImportError:  # a Triton without Gluon: packed_linear keeps the Triton modes
+        pass
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows, unit, i,
+                    BITS: gl.constexpr):  # fmt: skip
+        # one unit of the program's rows, all in L: the code words [rows, 16], the high bits spread for _pairs_word
+        # [rows, 16] (the words again for Q4, unused), the two groups' fp32 scales [rows] (SliceLayout(1, L))
+        w = gl.load(codes_ptr + code_rows + (unit * 16 + i)[None, :])
+        g = w
+        if BITS == 5:  # byte i: bit j -> bit 4 of plane j; spread: bits 0..7 and a copy at 12..19
+            h = gl.load(high_ptr + high_rows + (unit * 16 + i)[None, :]).to(gl.int32) & 0xFF
+            g = h | (h << 12)
+        if BITS == 6:  # 16-bit word i: bits 2j, 2j+1 -> bits 4, 5 of plane j; byte 1 moved to bits 16..23
+            h = gl.load(high_ptr + high_rows + (unit * 16 + i)[None, :]).to(gl.int32) & 0xFFFF
+            g = (h & 0xFF) | ((h & 0xFF00) << 8)
+        s0 = gl.load(scales_ptr + scale_rows + unit * 2).to(gl.float32)
+        s1 = gl.load(scales_ptr + scale_rows + unit * 2 + 1).to(gl.float32)
+        return w, g, s0, s1
+
+    @gluon.jit
+    def _pairs_and_or(a, MASK: gl.constexpr, c):
+        # (a & MASK) | c as one LOP3
+        return gl.inline_asm_elementwise(
+            f"lop3.b32 $0, $1, {MASK}, $2, 0xEA;", "=r,r,r", [a, c], dtype=gl.int32, is_pure=True, pack=1
+        )
+
+    @gluon.jit
+    def _pairs_word(w, g, magic, s: gl.constexpr, BITS: gl.constexpr):
+        # pair plane s: lanes 32s + 2i (low half) and 32s + 2i + 1 (high half) of word i as bf16 bits of 128 + u
+        c = magic
+        if BITS == 5:
+            c = _pairs_and_or(g << (4 - s), 0x00100010, c)
+        if BITS == 6:
+            if s == 3:
+                c = _pairs_and_or(g >> 2, 0x00300030, c)
+            else:
+                c = _pairs_and_or(g << (4 - 2 * s), 0x00300030, c)
+        return _pairs_and_or(w >> (4 * s), 0x000F000F, c)
+
+    @gluon.jit
+    def _pairs_f32(t, one, neg):
+        # bf16 pairs of 128 + u -> the codes u - OFFSET of both halves as fp32, exact (one packed fma, then each
+        # half widened where it is)
+        c = gl.inline_asm_elementwise(
+            "fma.rn.bf16x2 $0, $1, $2, $3;", "=r,r,r,r", [t, one, neg], dtype=gl.int32, is_pure=True, pack=1
+        )
+        return (c << 16).to(gl.float32, bitcast=True), (c & -65536).to(gl.float32, bitcast=True)
+
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_pairs_kernel(
+        xw_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        BITS: gl.constexpr,
+        UNITS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+    ):
+        # xw_ptr: bf16 x (one row, K a multiple of 128) as int32 lane pairs; codes_ptr: int32 words (strides in
+        # words); high_ptr: uint8 (Q5) or int16 (Q6) (strides in elements; the words again for Q4); scales_ptr:
+        # fp16 [N, K_pad / 64]; out: [N] in bf16 (one split) or fp32 partials [SPLIT_K, N]
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
+        ROWS: gl.constexpr = gl.SliceLayout(1, L)
+        COLS: gl.constexpr = gl.SliceLayout(0, L)
+        OFFSET: gl.constexpr = 1 << (BITS - 1)
+        split = gl.program_id(1)
+        rows = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROWS)
+        rows_c = gl.minimum(rows, N - 1).to(gl.int64)  # clamped: no row mask on the loads
+        code_rows = (rows_c * codes_stride)[:, None]
+        high_rows = (rows_c * high_stride)[:, None]
+        scale_rows = rows_c * scales_stride
+        i = gl.arange(0, 16, layout=COLS)
+        magic = gl.full([BLOCK_N, 16], 0x43004300, gl.int32, layout=L)  # 128 in bf16, twice
+        one = gl.full([BLOCK_N, 16], 0x3F803F80, gl.int32, layout=L)  # 1.0 in bf16, twice
+        neg = gl.full(
+            [BLOCK_N, 16], (0xC300 | OFFSET) * 65537 - 4294967296, gl.int32, layout=L
+        )  # -(128 + OFFSET)
+        acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+        u0 = split * UNITS_SPLIT
+        w, g, s0, s1 = _pairs_load(
+            codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows, u0, i, BITS
+        )
+        for unit in range(u0, u0 + UNITS_SPLIT):
+            # the next unit's planes first (the last unit of the split loads itself again: no branch)
+            nxt = gl.minimum(unit + 1, u0 + UNITS_SPLIT - 1)
+            w_n, g_n, s0_n, s1_n = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
+                                               nxt, i, BITS)  # fmt: skip
+            for half in gl.static_range(2):
+                part = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+                for q in gl.static_range(2):
+                    lo, hi = _pairs_f32(_pairs_word(w, g, magic, 2 * half + q, BITS), one, neg)
+                    xw = gl.load(xw_ptr + (unit * 64 + 16 * (2 * half + q)) + i)
+                    xl = (xw << 16).to(gl.float32, bitcast=True)[None, :]
+                    xh = (xw & -65536).to(gl.float32, bitcast=True)[None, :]
+                    if q == 0:
+                        part = lo * xl
+                    else:
+                        part = gl.fma(lo, xl, part)
+                    part = gl.fma(hi, xh, part)
+                scale = s0 if half == 0 else s1
+                acc = gl.fma(part, scale[:, None], acc)
+            w, g, s0, s1 = w_n, g_n, s0_n, s1_n
+        total = gl.sum(acc, axis=1)
+        gl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
