@@ -86,7 +86,7 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 ("Q5 CUDA cores T=1", 5, 136, 8, "bf16", 1),
             )
         ],
-        # the Gluon one-row GEMV (packed_linear "pairs" tiles: 128 rows a program, 4 warps), x as int32 lane pairs
+        # the Gluon one-row GEMV (packed_linear "pairs" tiles, 4 warps), x as int32 lane pairs
         "_quant_gemv_pairs_kernel": [
             variant(
                 label,
@@ -97,13 +97,13 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                     "scales_ptr": "fp16",
                     "out_ptr": "fp32" if units_split < units else "bf16",
                 },
-                dict(BITS=bits, UNITS_SPLIT=units_split, BLOCK_N=128, NUM_WARPS=4),
+                dict(BITS=bits, UNITS_SPLIT=units_split, BLOCK_N=block_n, NUM_WARPS=4, STEP=step),
                 aligned=("codes_stride", "high_stride", "scales_stride"),
             )  # fmt: skip
-            for label, bits, units, units_split in (
-                ("27B Q4 7168x5120 split 8", 4, 40, 5),
-                ("27B Q5 5120x17408 split 8", 5, 136, 17),
-                ("27B Q6 head K=5120", 6, 40, 40),
+            for label, bits, units, units_split, block_n, step in (
+                ("27B Q4 7168x5120 split 8", 4, 40, 5, 128, 1),
+                ("27B Q5 5120x17408 split 8, two units a step", 5, 136, 34, 64, 2),
+                ("27B Q6 head K=5120", 6, 40, 40, 32, 1),
             )
         ],
         "_quant_dequant_packed_kernel": [

@@ -81,6 +81,27 @@ if HAS_GLUON:
         )
         return (c << 16).to(gl.float32, bitcast=True), (c & -65536).to(gl.float32, bitcast=True)
 
+    @gluon.jit
+    def _pairs_unit(acc, w, g, s0, s1, xw_ptr, unit, i, magic, one, neg, BITS: gl.constexpr, BLOCK_N: gl.constexpr,
+                    L: gl.constexpr):  # fmt: skip
+        # acc [BLOCK_N, 16] += one unit's products: per group (pair planes 0-1, 2-3) the fp32 sum of its codes
+        # times x's lanes, scaled once
+        for half in gl.static_range(2):
+            part = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+            for q in gl.static_range(2):
+                lo, hi = _pairs_f32(_pairs_word(w, g, magic, 2 * half + q, BITS), one, neg)
+                xw = gl.load(xw_ptr + (unit * 64 + 16 * (2 * half + q)) + i)
+                xl = (xw << 16).to(gl.float32, bitcast=True)[None, :]
+                xh = (xw & -65536).to(gl.float32, bitcast=True)[None, :]
+                if q == 0:
+                    part = lo * xl
+                else:
+                    part = gl.fma(lo, xl, part)
+                part = gl.fma(hi, xh, part)
+            scale = s0 if half == 0 else s1
+            acc = gl.fma(part, scale[:, None], acc)
+        return acc
+
     @gluon.jit(do_not_specialize=["N"])
     def _quant_gemv_pairs_kernel(
         xw_ptr,
@@ -96,6 +117,7 @@ if HAS_GLUON:
         UNITS_SPLIT: gl.constexpr,
         BLOCK_N: gl.constexpr,
         NUM_WARPS: gl.constexpr,
+        STEP: gl.constexpr,  # units a loop step (1, or 2: two units' loads issued together, two a row in flight)
     ):
         # xw_ptr: bf16 x (one row, K a multiple of 128) as int32 lane pairs; codes_ptr: int32 words (strides in
         # words); high_ptr: uint8 (Q5) or int16 (Q6) (strides in elements; the words again for Q4); scales_ptr:
@@ -118,28 +140,26 @@ if HAS_GLUON:
         )  # -(128 + OFFSET)
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
         u0 = split * UNITS_SPLIT
+        last = u0 + UNITS_SPLIT - 1
         w, g, s0, s1 = _pairs_load(
             codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows, u0, i, BITS
         )
-        for unit in range(u0, u0 + UNITS_SPLIT):
-            # the next unit's planes first (the last unit of the split loads itself again: no branch)
-            nxt = gl.minimum(unit + 1, u0 + UNITS_SPLIT - 1)
+        w2, g2, t0, t1 = w, g, s0, s1
+        if STEP == 2:
+            w2, g2, t0, t1 = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
+                                         gl.minimum(u0 + 1, last), i, BITS)  # fmt: skip
+        for unit in range(u0, u0 + UNITS_SPLIT, STEP):
+            # the next step's units first (past the split's end a unit loads the last one again: no branch)
             w_n, g_n, s0_n, s1_n = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
-                                               nxt, i, BITS)  # fmt: skip
-            for half in gl.static_range(2):
-                part = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
-                for q in gl.static_range(2):
-                    lo, hi = _pairs_f32(_pairs_word(w, g, magic, 2 * half + q, BITS), one, neg)
-                    xw = gl.load(xw_ptr + (unit * 64 + 16 * (2 * half + q)) + i)
-                    xl = (xw << 16).to(gl.float32, bitcast=True)[None, :]
-                    xh = (xw & -65536).to(gl.float32, bitcast=True)[None, :]
-                    if q == 0:
-                        part = lo * xl
-                    else:
-                        part = gl.fma(lo, xl, part)
-                    part = gl.fma(hi, xh, part)
-                scale = s0 if half == 0 else s1
-                acc = gl.fma(part, scale[:, None], acc)
+                                               gl.minimum(unit + STEP, last), i, BITS)  # fmt: skip
+            w2_n, g2_n, t0_n, t1_n = w_n, g_n, s0_n, s1_n
+            if STEP == 2:
+                w2_n, g2_n, t0_n, t1_n = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows,
+                                                     scale_rows, gl.minimum(unit + 3, last), i, BITS)  # fmt: skip
+            acc = _pairs_unit(acc, w, g, s0, s1, xw_ptr, unit, i, magic, one, neg, BITS, BLOCK_N, L)
+            if STEP == 2:
+                acc = _pairs_unit(acc, w2, g2, t0, t1, xw_ptr, unit + 1, i, magic, one, neg, BITS, BLOCK_N, L)
             w, g, s0, s1 = w_n, g_n, s0_n, s1_n
+            w2, g2, t0, t1 = w2_n, g2_n, t0_n, t1_n
         total = gl.sum(acc, axis=1)
         gl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)

@@ -69,11 +69,15 @@ GEMV_VARIANTS: dict[str, GemvVariant] = {
     "nosplit": GemvVariant(128, 1, 4, 1),
     "st3": GemvVariant(128, 1, 4, 0, "dot", 3),
     "fma": GemvVariant(64, 1, 4, 1024, "fma"),
+    # the Gluon one-row kernel: rows a thread = block_n / (8 * warps) (4, 2 or 1: fewer registers, more warps an SM;
+    # x's words shared by fewer rows), step_units 2: two units of a row in flight a thread
     "pairs": GemvVariant(128, 1, 4, 0, "pairs"),
-    "pairs_p1024": GemvVariant(128, 1, 4, 1024, "pairs"),
     "pairs_n64": GemvVariant(64, 1, 4, 0, "pairs"),
+    "pairs_n64s2": GemvVariant(64, 2, 4, 0, "pairs"),
     "pairs_n64w2": GemvVariant(64, 1, 2, 0, "pairs"),
+    "pairs_n32": GemvVariant(32, 1, 4, 0, "pairs"),
     "pairs_n32w2": GemvVariant(32, 1, 2, 1024, "pairs"),
+    "pairs_n32w2s2": GemvVariant(32, 2, 2, 0, "pairs"),
 }
 # one row of x (decode at C=1): the Gluon kernel (H200, 2026-12-04: bench/results/kernels_quant_pairs_h200_*)
 ONE_ROW_VARIANT = "pairs"
@@ -185,7 +189,7 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
         _quant_gemv_pairs_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](
             x[0].view(torch.int32), words, high, qw.scales, target, n, words.stride(0), high.stride(0),
             qw.scales.stride(0), BITS=GROUP_FORMATS[qw.format].bits, UNITS_SPLIT=units // tiles.split_k,
-            BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps, num_warps=tiles.num_warps,
+            BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, num_warps=tiles.num_warps,
         )  # fmt: skip
     else:
         _quant_gemv_packed_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](

@@ -71,7 +71,9 @@ def test_pairs_mode(fmt, device, assert_close):
     for n, k, variant in (
         (37, 128, "pairs"),
         (300, 1024, "pairs"),
-        (20, 2048, "pairs_p1024"),
+        (20, 2048, "pairs_n64s2"),
+        (300, 768, "pairs_n32"),
+        (50, 1024, "pairs_n32w2s2"),
         (70, 512, "pairs_n32w2"),
     ):
         qw = _weight(fmt, n, k, device)
