@@ -14,6 +14,8 @@ follows the flag, so the represented weight is the same.
 
 from __future__ import annotations
 
+import functools
+
 import struct
 from dataclasses import dataclass, replace
 
@@ -25,15 +27,23 @@ from kernels.quant.repack import repack_in_place, unpack_planes
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
-def e2m1_table() -> torch.Tensor:
-    """The 16 E2M1 words' values (float32): bit 3 the sign, words 0..7 the magnitudes above."""
+@functools.lru_cache(maxsize=8)
+def e2m1_table(device: torch.device | str = "cpu") -> torch.Tensor:
+    """The 16 E2M1 words' values (float32) on ``device``: bit 3 the sign, words 0..7 the magnitudes above. Cached a
+    device: a lookup inside a captured CUDA graph must not copy a table from the host."""
     mags = torch.tensor(E2M1_VALUES, dtype=torch.float32)
-    return torch.cat([mags, -mags])
+    return torch.cat([mags, -mags]).to(device)
 
 
-def e4m3_table() -> torch.Tensor:
-    """The 256 E4M3FN words' values (float32), decoded from the bits (bias 7, no infinities; 0x7f and 0xff are
-    NaN): exponent 0 is subnormal ``m * 2^-9``, else ``(1 + m/8) * 2^(e-7)``."""
+@functools.lru_cache(maxsize=8)
+def e4m3_table(device: torch.device | str = "cpu") -> torch.Tensor:
+    """The 256 E4M3FN words' values (float32) on ``device`` (cached, as ``e2m1_table``), decoded from the bits
+    (bias 7, no infinities; 0x7f and 0xff are NaN): exponent 0 is subnormal ``m * 2^-9``, else ``(1 + m/8) *
+    2^(e-7)``."""
+    return _e4m3_values().to(device)
+
+
+def _e4m3_values() -> torch.Tensor:
     words = torch.arange(256)
     sign = torch.where(words >= 128, -1.0, 1.0)
     exp = (words >> 3) & 15
@@ -191,10 +201,10 @@ def dequantize(qw: QuantWeight) -> torch.Tensor:
         scales = qw.scales.float().repeat_interleave(group, dim=1)
         return (group_codes(qw).float() * scales)[:, :k]
     if qw.format == NVFP4:
-        table = e2m1_table().to(device)
+        table = e2m1_table(device)
         codes = qw.codes.long()
         values = table[torch.stack([codes & 15, codes >> 4], dim=-1).reshape(n, k)]
-        scales = e4m3_table().to(device)[unswizzle_scales(qw.scales, n, k).long()]
-        return values * scales.repeat_interleave(NVFP4_BLOCK, dim=1) / torch.tensor(qw.divisor, device=device)
+        scales = e4m3_table(device)[unswizzle_scales(qw.scales, n, k).long()]
+        return values * scales.repeat_interleave(NVFP4_BLOCK, dim=1) / float(qw.divisor)  # a float32 scalar
     assert qw.format == FP8, qw.format
-    return e4m3_table().to(device)[qw.codes.long()] * qw.scales.float()[:, None]
+    return e4m3_table(device)[qw.codes.long()] * qw.scales.float()[:, None]

@@ -35,6 +35,19 @@ def test_tiny_quantized_decode_matches_its_twin_on_the_gpu(weights_id):
             torch.testing.assert_close(layer(h), twin_layer(h), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("weights_id", ["groupwise-int", "nvfp4", "nvfp4-mixed"])
+def test_quantized_decode_captures_cuda_graphs(weights_id):
+    """Every profile's decode step (its embedding lookup included: FP8 rows in the mixed profile) is captured as a
+    CUDA graph; an H200 run found the mixed profile's capture failing on a host-to-device table copy inside the
+    FP8 embedding's dequantization, so its decode ran eagerly at twice the step time."""
+    config = synthetic_config("tiny-dense")
+    model = build_synthetic_quantized(config, weights_id, device="cuda")
+    runner = make_runner(model, 64, 9, "bf16", True, 1024)
+    assert runner.graphs is not None, f"{weights_id}: no CUDA graphs captured"
+    assert run_decode(runner, config.vocab_size, 4, 16, 0, 2) > 0
+    assert runner.num_graph_steps > 0, f"{weights_id}: decode steps ran eagerly"
+
+
 def test_fit_report_proves_a_pool_under_a_cap():
     config = synthetic_config("tiny-dense")
     model = build_synthetic_quantized(config, "groupwise-int", device="cuda")
