@@ -106,6 +106,19 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 ("27B Q6 head K=5120", 6, 40, 40, 32, 1),
             )
         ],
+        # FP8 rows' Gluon one-row GEMV (quant_linear.fp8_rows_tiles: 64 rows a program, 4 warps, 64-lane steps)
+        "_quant_gemv_fp8_rows_kernel": [
+            variant(
+                label,
+                {"xw_ptr": "i32", "codes_ptr": "i32", "scales_ptr": "bf16", "out_ptr": out},
+                dict(STEPS_SPLIT=steps, BLOCK_N=64, NUM_WARPS=4),
+                aligned=("codes_stride",),
+            )  # fmt: skip
+            for label, steps, out in (
+                ("Qwen3.8 FP8 5120x6144 split 12", 8, "fp32"),
+                ("FP8 head K=5120", 80, "bf16"),
+            )
+        ],
         "_quant_dequant_packed_kernel": [
             variant(
                 f"Q{bits}" if bits < 8 else "W8",

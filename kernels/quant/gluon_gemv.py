@@ -17,6 +17,10 @@ the codes themselves (exact), a shift and an and widen each half to fp32 in plac
 them by x's lanes, read as the 32-bit word holding the same lane pair (no join into K order). The group's sum
 is scaled by one FMA a word. Grid ``(cdiv(N, BLOCK_N), SPLIT_K)``; split K writes fp32 partials
 ``[SPLIT_K, 1, N]`` that ``kernels.linear._linear_reduce_kernel`` sums in split order.
+
+``_quant_gemv_fp8_rows_kernel``: the same one-row GEMV for FP8 rows (``FP8_E4M3FN_ROW_BF16S``, stored layout):
+a thread's 16-byte load is 16 codes of a row, two hardware E4M3-pair conversions and four f16 widenings a word
+make them exact fp32, and the row's bf16 scale multiplies its sum once. Launcher: ``quant_linear._gemv``.
 """
 
 from __future__ import annotations
@@ -162,4 +166,69 @@ if HAS_GLUON:
             w, g, s0, s1 = w_n, g_n, s0_n, s1_n
             w2, g2, t0, t1 = w2_n, g2_n, t0_n, t1_n
         total = gl.sum(acc, axis=1)
+        gl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
+
+    @gluon.jit
+    def _fp8_word_f32(w):
+        # a word of 4 E4M3 codes (lanes 4i .. 4i + 3) -> their 4 values as fp32, exact (two hardware E4M3-pair
+        # to f16-pair conversions, then each f16 widened)
+        p0, p1 = gl.inline_asm_elementwise(
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.rn.f16x2.e4m3x2 $0, l; cvt.rn.f16x2.e4m3x2 $1, h; }",
+            "=r,=r,r", [w], dtype=(gl.int32, gl.int32), is_pure=True, pack=1,
+        )  # fmt: skip
+        a0, a1 = gl.inline_asm_elementwise(
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
+            "=r,=r,r", [p0], dtype=(gl.float32, gl.float32), is_pure=True, pack=1,
+        )  # fmt: skip
+        a2, a3 = gl.inline_asm_elementwise(
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
+            "=r,=r,r", [p1], dtype=(gl.float32, gl.float32), is_pure=True, pack=1,
+        )  # fmt: skip
+        return a0, a1, a2, a3
+
+    @gluon.jit
+    def _fp8_step(acc, w, xw_ptr, step, i):
+        # acc [BLOCK_N, 16] += one step's products: word i of a row holds lanes 64 step + 4i .. 4i + 3, whose x
+        # values are x's lane-pair words 32 step + 2i and 32 step + 2i + 1
+        a0, a1, a2, a3 = _fp8_word_f32(w)
+        xa = gl.load(xw_ptr + step * 32 + 2 * i)
+        xb = gl.load(xw_ptr + step * 32 + 2 * i + 1)
+        acc = gl.fma(a0, (xa << 16).to(gl.float32, bitcast=True)[None, :], acc)
+        acc = gl.fma(a1, (xa & -65536).to(gl.float32, bitcast=True)[None, :], acc)
+        acc = gl.fma(a2, (xb << 16).to(gl.float32, bitcast=True)[None, :], acc)
+        return gl.fma(a3, (xb & -65536).to(gl.float32, bitcast=True)[None, :], acc)
+
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_fp8_rows_kernel(
+        xw_ptr,
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        codes_stride,
+        STEPS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+    ):
+        # FP8 rows (E4M3 codes, one bf16 scale a row), one bf16 row of x (K a multiple of 64) as int32 lane pairs:
+        # grid (cdiv(N, BLOCK_N), SPLIT_K), a program walks STEPS_SPLIT steps of 64 lanes, the next step's words
+        # loaded before this one's are used; codes_ptr: int32 words (codes_stride in words); the row scale
+        # multiplies the fp32 sum at the end; out: [N] in bf16 (one split) or fp32 partials [SPLIT_K, N]
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
+        ROWS: gl.constexpr = gl.SliceLayout(1, L)
+        COLS: gl.constexpr = gl.SliceLayout(0, L)
+        split = gl.program_id(1)
+        rows = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROWS)
+        rows_c = gl.minimum(rows, N - 1).to(gl.int64)
+        i = gl.arange(0, 16, layout=COLS)
+        w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + i[None, :]
+        acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+        s0 = split * STEPS_SPLIT
+        last = s0 + STEPS_SPLIT - 1
+        w = gl.load(w_ptrs + s0 * 16)
+        for step in range(s0, s0 + STEPS_SPLIT):
+            w_n = gl.load(w_ptrs + gl.minimum(step + 1, last) * 16)
+            acc = _fp8_step(acc, w, xw_ptr, step, i)
+            w = w_n
+        total = gl.sum(acc, axis=1) * gl.load(scales_ptr + rows_c).to(gl.float32)
         gl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)

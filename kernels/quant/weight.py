@@ -15,7 +15,6 @@ follows the flag, so the represented weight is the same.
 from __future__ import annotations
 
 import functools
-
 import struct
 from dataclasses import dataclass, replace
 
