@@ -106,7 +106,7 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 ("27B Q6 head K=5120", 6, 40, 40, 32, 1),
             )
         ],
-        # FP8 rows' Gluon one-row GEMV (quant_linear.fp8_rows_tiles: 64 rows a program, 4 warps, 64-lane steps)
+        # FP8 rows' Gluon one-row GEMV (quant_linear.one_row_tiles: 64 rows a program, 4 warps, 64-lane steps)
         "_quant_gemv_fp8_rows_kernel": [
             variant(
                 label,
@@ -117,6 +117,20 @@ def variants(variant: Any) -> dict[str, list[Any]]:
             for label, steps, out in (
                 ("Qwen3.8 FP8 5120x6144 split 12", 8, "fp32"),
                 ("FP8 head K=5120", 80, "bf16"),
+            )
+        ],
+        # NVFP4's Gluon one-row GEMV (quant_linear.one_row_tiles: 64 rows a program, 4 warps, 128-lane steps)
+        "_quant_gemv_nvfp4_rows_kernel": [
+            variant(
+                label,
+                {"xw_ptr": "i32", "codes_ptr": "i32", "scales_ptr": "u8", "out_ptr": out},
+                dict(STEPS_SPLIT=steps, BLOCK_N=64, NUM_WARPS=4),
+                aligned=("codes_stride", "tile_stride"),
+                floats=("out_scale",),
+            )  # fmt: skip
+            for label, steps, out in (
+                ("27B NVFP4 34816x5120 split 2", 20, "fp32"),
+                ("NVFP4 K=5120", 40, "bf16"),
             )
         ],
         "_quant_dequant_packed_kernel": [

@@ -232,3 +232,74 @@ if HAS_GLUON:
             w = w_n
         total = gl.sum(acc, axis=1) * gl.load(scales_ptr + rows_c).to(gl.float32)
         gl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
+
+    @gluon.jit
+    def _nvfp4_pair_f32(w, w4, x_pair, c: gl.constexpr, part):
+        # byte c of each word: E2M1 codes of lanes 2c (low nibble) and 2c + 1 (high) -> binary16 bits of 2^-14
+        # times their values (sign to bit 15, exponent and mantissa bits to 11..9; E2M1's 0.5 becomes the
+        # subnormal 2^-15) in the two halves of one word, then each widened to fp32 (exact) and multiplied with
+        # x's lane pair (one 32-bit word of bf16 x). One byte permute puts the low nibble (byte c of w) in bits
+        # 0..3 and the high one (byte c of w4 = w >> 4) in bits 16..19; two shifts and two masks place them.
+        SEL: gl.constexpr = c | (c << 4) | ((4 + c) << 8) | ((4 + c) << 12)
+        t = gl.inline_asm_elementwise(
+            f"prmt.b32 $0, $1, $2, {SEL};", "=r,r,r", [w, w4], dtype=gl.int32, is_pure=True, pack=1
+        )
+        h = ((t << 9) & 0x0E000E00) | ((t << 12) & -2147450880)  # -2147450880: 0x80008000
+        lo, hi = gl.inline_asm_elementwise(
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
+            "=r,=r,r", [h], dtype=(gl.float32, gl.float32), is_pure=True, pack=1,
+        )  # fmt: skip
+        part = gl.fma(lo, (x_pair << 16).to(gl.float32, bitcast=True)[None, :], part)
+        return gl.fma(hi, (x_pair & -65536).to(gl.float32, bitcast=True)[None, :], part)
+
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_nvfp4_rows_kernel(
+        xw_ptr,
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        codes_stride,
+        tile_stride,
+        out_scale,
+        STEPS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+    ):
+        # NVFP4 (E2M1 codes two a byte, low nibble first; an E4M3 scale a block of 16 lanes in the swizzled
+        # 128x4 tiles; out_scale = 2^14 / the per-tensor divisor), one bf16 row of x (K a multiple of 128) as int32
+        # lane pairs. Grid (cdiv(N, BLOCK_N), SPLIT_K); a step is 128 lanes a row: 16 words, word i lanes 8i ..
+        # 8i + 7 of block i // 2. codes_ptr: int32 words (codes_stride in words); out as the other kernels.
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
+        ROWS: gl.constexpr = gl.SliceLayout(1, L)
+        COLS: gl.constexpr = gl.SliceLayout(0, L)
+        split = gl.program_id(1)
+        rows = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROWS)
+        rows_c = gl.minimum(rows, N - 1).to(gl.int64)
+        i = gl.arange(0, 16, layout=COLS)
+        w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + i[None, :]
+        inner = rows_c % 128
+        # scale byte of (row n, block b = 8 step + i // 2): the row's part + (b // 4) * 512 + b % 4
+        s_ptrs = (
+            scales_ptr
+            + (rows_c // 128 * tile_stride + (inner % 32) * 16 + (inner // 32) * 4)[:, None]
+            + ((i // 8) * 512 + (i // 2) % 4)[None, :]
+        )
+        acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+        s0 = split * STEPS_SPLIT
+        last = s0 + STEPS_SPLIT - 1
+        w = gl.load(w_ptrs + s0 * 16)
+        sc = gl.load(s_ptrs + s0 * 1024)
+        for step in range(s0, s0 + STEPS_SPLIT):
+            nxt = gl.minimum(step + 1, last)
+            w_n = gl.load(w_ptrs + nxt * 16)
+            sc_n = gl.load(s_ptrs + nxt * 1024)
+            part = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+            w4 = w >> 4
+            for c in gl.static_range(4):
+                part = _nvfp4_pair_f32(w, w4, gl.load(xw_ptr + step * 64 + 4 * i + c), c, part)
+            acc = gl.fma(part, sc.to(gl.float8e4nv, bitcast=True).to(gl.float32), acc)
+            w = w_n
+            sc = sc_n
+        total = gl.sum(acc, axis=1) * out_scale
+        gl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)

@@ -79,8 +79,15 @@ GEMV_VARIANTS: dict[str, GemvVariant] = {
     "pairs_n32w2": GemvVariant(32, 1, 2, 1024, "pairs"),
     "pairs_n32w2s2": GemvVariant(32, 2, 2, 0, "pairs"),
 }
-# one row of x (decode at C=1): the Gluon kernel (H200, 2026-12-04: bench/results/kernels_quant_pairs_h200_*)
-ONE_ROW_VARIANT = "pairs"
+# one row of x (decode at C=1): the Gluon kernel, its tiles per 27B shape as timed on the H200 (2026-12-04,
+# bench/results/h200_2026-12-04_session8/kernels_quant_pairs_variants.json), else ONE_ROW_VARIANT
+ONE_ROW_VARIANT = "pairs_n64s2"
+ONE_ROW_TABLE: dict[tuple[str, int, int], str] = {
+    ("Q4G64_F16S", 7168, 5120): "pairs_n64",  # attention query_key: 13.1 us (n64s2 13.4)
+    ("Q4G64_F16S", 4096, 5120): "pairs_n64",  # GDN query_key: 8.8 us (n64s2 9.5)
+    ("Q5G64_F16S", 5120, 6144): "pairs_n32w2",  # attention / GDN output: 13.8 us (n64s2 14.4)
+    ("Q5G64_F16S", 5120, 17408): "pairs_n32w2",  # MLP down: 29.8 us (n64s2 32.7)
+}
 PAIR_MODES = ("pairs",)  # the Gluon kernel's tiles (one bf16 row of x read as 32-bit lane pairs: pairs_ok)
 # (format, N, K) -> variant name, from measurements on the H200 (empty until the bench's --variants run)
 GEMV_TABLE: dict[tuple[str, int, int], str] = {}
@@ -126,7 +133,7 @@ def packed_tiles(
     rows (the same tiles whatever T); one row runs another kernel, its output within rounding of the batched."""
     assert fmt in GROUP_FORMATS, f"{fmt}: the GEMV layout is for the row-split formats"
     if variant is None and rows == 1:
-        variant = ONE_ROW_VARIANT
+        variant = ONE_ROW_TABLE.get((fmt, n, k), ONE_ROW_VARIANT)
     v = GEMV_VARIANTS[variant or GEMV_TABLE.get((fmt, n, k), "default")]
     units = -(-k // UNIT)
     step = v.step_units if units % v.step_units == 0 else 1

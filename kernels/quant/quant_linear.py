@@ -45,8 +45,9 @@ if HAS_TRITON:
     import triton
 
     from kernels.linear import REDUCE_BLOCK, _linear_reduce_kernel
+
     if HAS_GLUON:
-        from kernels.quant.gluon_gemv import _quant_gemv_fp8_rows_kernel
+        from kernels.quant.gluon_gemv import _quant_gemv_fp8_rows_kernel, _quant_gemv_nvfp4_rows_kernel
     from kernels.quant.triton_fp import (
         _quant_dequant_fp_kernel,
         _quant_gemm_fp8_kernel,
@@ -66,7 +67,6 @@ DEQUANT_CHUNK_BYTES = 64 << 20  # the "dequant" route's bf16 slab of weight rows
 # K is split while the row tiles alone give fewer programs than this: about 8 resident programs an SM of an
 # H200 (132 SMs), so that each SM has ~8 loop steps of weight bytes (4-16 KiB each) in flight at once
 MIN_PROGRAMS = 1024
-FP8_STEP = 64  # lanes a loop step of FP8 rows' one-row GEMV (a thread's 16-byte load: 16 codes of a row)
 MAX_SPLIT_K = 32
 MIN_SPLIT_STEPS = 1  # loop steps a split at least
 
@@ -88,7 +88,7 @@ class QuantTiles(NamedTuple):
     split_k: int  # GEMV: programs along K (fp32 partials + the reduce kernel when > 1); GEMM: 1
     num_stages: int
     block_t: int = 16  # GEMM: rows of x a program (the GEMV takes all T <= 8 as the dot's 16 columns)
-    mode: str = "dot"  # "rows": FP8 rows' Gluon one-row GEMV (fp8_rows_tiles; block_k its 64-lane step)
+    mode: str = "dot"  # "rows": the FP8 / NVFP4 Gluon one-row GEMV (one_row_tiles; block_k its step in lanes)
 
 
 def _pow2(n: int) -> int:
@@ -143,20 +143,24 @@ def gemv_tiles(
     return QuantTiles(block_n, block_k, num_warps, split, num_stages)
 
 
-def fp8_rows_ok(x: torch.Tensor, qw: QuantWeight) -> bool:
-    """Whether FP8 rows' Gluon one-row GEMV can take x and the weight: a GPU Triton with Gluon, one bf16 row of x
-    whose 32-bit words are lane pairs, K a multiple of the 64-lane step."""
+ONE_ROW_STEP = {FP8: 64, NVFP4: 128}  # lanes a loop step of the Gluon one-row GEMVs (16 bytes a thread a row)
+
+
+def one_row_ok(x: torch.Tensor, qw: QuantWeight) -> bool:
+    """Whether the Gluon one-row GEMV of FP8 rows or NVFP4 can take x and the weight: a GPU Triton with Gluon,
+    one bf16 row of x whose 32-bit words are lane pairs, K a multiple of the kernel's step."""
     return (
-        HAS_GLUON and not INTERPRET and qw.format == FP8 and x.dtype == torch.bfloat16 and x.shape[0] == 1
-        and x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and qw.shape[1] % FP8_STEP == 0
+        HAS_GLUON and not INTERPRET and qw.format in ONE_ROW_STEP and x.dtype == torch.bfloat16
+        and x.shape[0] == 1 and x.stride(-1) == 1 and x.storage_offset() % 2 == 0
+        and qw.shape[1] % ONE_ROW_STEP[qw.format] == 0
     )  # fmt: skip
 
 
-def fp8_rows_tiles(n: int, k: int) -> QuantTiles:
-    """The tiles of FP8 rows' one-row GEMV: 64 rows a program (2 a thread), 4 warps, K split for
+def one_row_tiles(fmt: str, n: int, k: int) -> QuantTiles:
+    """The tiles of the FP8 / NVFP4 one-row GEMV: 64 rows a program (2 a thread), 4 warps, K split for
     ``MIN_PROGRAMS``."""
-    tiles_n = -(-n // 64)
-    return QuantTiles(64, FP8_STEP, 4, gemv_split(k // FP8_STEP, tiles_n), 1, mode="rows")
+    step = ONE_ROW_STEP[fmt]
+    return QuantTiles(64, step, 4, gemv_split(k // step, -(-n // 64)), 1, mode="rows")
 
 
 def gemm_tiles(fmt: str, n: int, k: int, rows: int) -> QuantTiles:
@@ -227,8 +231,8 @@ def quant_linear(
             tiles = tiles or packed_tiles(qw.format, n, k, sms=device_sms(x.device), rows=rows)
             return gemv_packed(x, qw, tiles, out)
         assert tiles is None or isinstance(tiles, QuantTiles), f"{tiles}: a stored-layout weight"
-        if tiles is None and rows == 1 and fp8_rows_ok(x, qw):
-            tiles = fp8_rows_tiles(n, k)
+        if tiles is None and rows == 1 and one_row_ok(x, qw):
+            tiles = one_row_tiles(qw.format, n, k)
         return _gemv(x, qw, tiles or gemv_tiles(qw.format, n, k), out)
     if qw.gemv_layout:
         return _dequant_linear(x, qw)
@@ -257,20 +261,28 @@ def _gemv(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor
             qw.scales.stride(0), BITS=spec.bits, GROUP=spec.group_size, GROUPS_SPLIT=groups // tiles.split_k,
             GROUPS_STEP=per_step, **common,
         )  # fmt: skip
+    elif tiles.mode == "rows":
+        assert one_row_ok(x, qw), f"{tiles}: one bf16 row on a GPU with Gluon, K a whole number of steps"
+        steps = k // tiles.block_k
+        assert steps % tiles.split_k == 0, f"{tiles}: K={k} splits unevenly"
+        words = qw.codes.view(torch.int32)
+        if qw.format == FP8:
+            _quant_gemv_fp8_rows_kernel[grid](
+                x[0].view(torch.int32), words, qw.scales, target, n, words.stride(0),
+                STEPS_SPLIT=steps // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,
+                num_warps=tiles.num_warps,
+            )  # fmt: skip
+        else:
+            _quant_gemv_nvfp4_rows_kernel[grid](
+                x[0].view(torch.int32), words, qw.scales, target, n, words.stride(0), qw.scales.stride(0),
+                16384.0 / qw.divisor, STEPS_SPLIT=steps // tiles.split_k, BLOCK_N=tiles.block_n,
+                NUM_WARPS=tiles.num_warps, num_warps=tiles.num_warps,
+            )  # fmt: skip
     elif qw.format == NVFP4:
         assert k % (tiles.split_k * tiles.block_k) == 0, f"{tiles}: K={k} is no whole number of steps"
         _quant_gemv_nvfp4_kernel[grid](
             x, qw.codes, qw.scales, target, n, rows, x.stride(0), qw.codes.stride(0), qw.scales.stride(0),
             qw.divisor, K_SPLIT=k // tiles.split_k, BLOCK_K=tiles.block_k, **common,
-        )  # fmt: skip
-    elif tiles.mode == "rows":
-        assert fp8_rows_ok(x, qw), f"{tiles}: one bf16 row on a GPU with Gluon, K a multiple of {FP8_STEP}"
-        steps = k // FP8_STEP
-        assert steps % tiles.split_k == 0, f"{tiles}: K={k} splits unevenly"
-        _quant_gemv_fp8_rows_kernel[grid](
-            x[0].view(torch.int32), qw.codes.view(torch.int32), qw.scales, target, n,
-            qw.codes.stride(0) // 4, STEPS_SPLIT=steps // tiles.split_k, BLOCK_N=tiles.block_n,
-            NUM_WARPS=tiles.num_warps, num_warps=tiles.num_warps,
         )  # fmt: skip
     else:
         assert tiles.split_k == 1 or k % (tiles.split_k * tiles.block_k) == 0, (

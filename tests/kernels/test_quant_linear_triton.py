@@ -94,24 +94,26 @@ def test_gemv_batch_invariance(fmt, device):
     x = torch.randn(8, k, device=device).bfloat16()
     full = quant_linear(x, qw)
     for i in range(8):
-        # one bf16 row of FP8 rows runs the Gluon one-row GEMV on a GPU (test_fp8_one_row): compare 2-row slices
-        rows = 2 if fmt == FP8 else 1
+        # one bf16 row of FP8 rows / NVFP4 runs a Gluon one-row GEMV on a GPU (test_one_row_gemv): 2-row slices
+        rows = 2 if fmt in (FP8, NVFP4) else 1
         got = quant_linear(x[min(i, 8 - rows) : min(i, 8 - rows) + rows], qw)[i - min(i, 8 - rows)]
         assert torch.equal(got, full[i]), f"{fmt} row {i}: T={rows} differs from T=8"
 
 
-@pytest.mark.parametrize(("n", "k", "cut"), [(37, 320, None), (300, 1024, (100, 150)), (5120, 6144, None)])
-def test_fp8_one_row(n, k, cut, device, assert_close):
-    """One bf16 row of x on FP8 rows: on a GPU the Gluon one-row GEMV (kernels/quant/gluon_gemv.py; the
-    interpreter has no Gluon and runs the Triton GEMV): odd N, a row view of a fused parent, x a column slice,
-    the 27B attention output's shape (split K)."""
-    from kernels.quant.quant_linear import fp8_rows_ok
+@pytest.mark.parametrize("fmt", [FP8, NVFP4])
+@pytest.mark.parametrize(("n", "k", "cut"), [(37, 384, None), (384, 1024, (128, 256)), (5120, 6144, None)])
+def test_one_row_gemv(fmt, n, k, cut, device, assert_close):
+    """One bf16 row of x on FP8 rows and NVFP4: on a GPU the Gluon one-row GEMVs (kernels/quant/gluon_gemv.py;
+    the interpreter has no Gluon and runs the Triton GEMV): odd N, a row view of a fused parent (NVFP4's on a
+    128-row tile), x a column slice, the 27B attention output's shape (split K)."""
+    from kernels.quant.quant_linear import one_row_ok
 
-    qw = _weight(FP8, n, k, device)
+    n = -(-n // 128) * 128 if fmt == NVFP4 else n  # NVFP4's scale tiles: N a multiple of 128
+    qw = _weight(fmt, n, k, device)
     part = qw if cut is None else qw.rows(*cut)
     x = torch.randn(1, k + 8, device=device).bfloat16()[:, 4 : 4 + k]
-    assert fp8_rows_ok(x, part) == (device == "cuda"), "the one-row kernel runs on every GPU with Gluon"
-    _check(f"FP8 one row {part.shape}", quant_linear(x, part), x, part, "gemv", assert_close)
+    assert one_row_ok(x, part) == (device == "cuda"), "the one-row kernel runs on every GPU with Gluon"
+    _check(f"{fmt} one row {part.shape}", quant_linear(x, part), x, part, "gemv", assert_close)
 
 
 def test_fp8_scaled_mm_route(device, assert_close):
