@@ -214,6 +214,8 @@ def apply_memory_limit(config: EngineConfig, device: torch.device) -> int | None
     limit = config.gpu_memory_limit_bytes
     if limit is None or device.type != "cuda":
         return None
+    if device.index is None:  # torch's per-process fraction wants an index ("cuda" alone is refused)
+        device = torch.device("cuda", torch.cuda.current_device())
     total = torch.cuda.get_device_properties(device).total_memory
     torch.cuda.empty_cache()  # cached blocks freed by loading are not the weights
     used = torch.cuda.memory_reserved(device)
