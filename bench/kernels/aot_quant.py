@@ -119,6 +119,15 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 ("FP8 head K=5120", 80, "bf16"),
             )
         ],
+        # W8's Gluon one-row GEMV on the GEMV layout (packed_linear "pairs" tiles: 32 rows a program, 4 warps)
+        "_quant_gemv_w8_pairs_kernel": [
+            variant(
+                "35B-A3B W8 2048x4096 split 8",
+                {"x_ptr": "bf16", "codes_ptr": "i32", "scales_ptr": "fp16", "out_ptr": "fp32"},
+                dict(UNITS_SPLIT=4, BLOCK_N=32, NUM_WARPS=4),
+                aligned=("codes_stride", "scales_stride"),
+            )
+        ],
         # NVFP4's Gluon one-row GEMV (quant_linear.one_row_tiles: 64 rows a program, 4 warps, 128-lane steps)
         "_quant_gemv_nvfp4_rows_kernel": [
             variant(

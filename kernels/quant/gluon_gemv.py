@@ -303,3 +303,47 @@ if HAS_GLUON:
             sc = sc_n
         total = gl.sum(acc, axis=1) * out_scale
         gl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
+
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_w8_pairs_kernel(
+        x_ptr,
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        codes_stride,
+        scales_stride,
+        UNITS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+    ):
+        # W8 on the GEMV layout (32 words a unit; byte j of word i is u = code + 128 of lane 32j + i, group j of
+        # 32 lanes), one bf16 row of x: a thread holds 4 words of a row (8 threads a row). Each byte becomes the
+        # float32 2^23 + u by one mask-and-or; one fma with x and -(2^23 + 128) x (exact: 24 significant bits)
+        # gives code * x rounded once, a second adds it times the group's scale. Grid and out as the Q4/Q5/Q6
+        # kernel's; codes_ptr: int32 words (codes_stride in words), scales_ptr: fp16 [N, K_pad / 32].
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NUM_WARPS, 1], [1, 0])
+        ROWS: gl.constexpr = gl.SliceLayout(1, L)
+        COLS: gl.constexpr = gl.SliceLayout(0, L)
+        split = gl.program_id(1)
+        rows = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROWS)
+        rows_c = gl.minimum(rows, N - 1).to(gl.int64)
+        i = gl.arange(0, 32, layout=COLS)
+        w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + i[None, :]
+        s_ptrs = scales_ptr + rows_c * scales_stride
+        magic = gl.full([BLOCK_N, 32], 0x4B000000, gl.int32, layout=L)
+        acc = gl.zeros([BLOCK_N, 32], gl.float32, layout=L)
+        u0 = split * UNITS_SPLIT
+        last = u0 + UNITS_SPLIT - 1
+        w = gl.load(w_ptrs + u0 * 32)
+        for unit in range(u0, u0 + UNITS_SPLIT):
+            w_n = gl.load(w_ptrs + gl.minimum(unit + 1, last) * 32)
+            for j in gl.static_range(4):
+                f = _pairs_and_or(w >> (8 * j), 0xFF, magic).to(gl.float32, bitcast=True)
+                x = gl.load(x_ptr + unit * 128 + 32 * j + i).to(gl.float32)[None, :]
+                t = gl.fma(f, x, x * -8388736.0)  # (2^23 + u) x - (2^23 + 128) x = code x, rounded once
+                s = gl.load(s_ptrs + unit * 4 + j).to(gl.float32)
+                acc = gl.fma(t, s[:, None], acc)
+            w = w_n
+        total = gl.sum(acc, axis=1)
+        gl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)

@@ -28,7 +28,7 @@ if HAS_TRITON:
     from kernels.quant.triton_gemv import _quant_dequant_packed_kernel, _quant_gemv_packed_kernel
 
     if HAS_GLUON:
-        from kernels.quant.gluon_gemv import _quant_gemv_pairs_kernel
+        from kernels.quant.gluon_gemv import _quant_gemv_pairs_kernel, _quant_gemv_w8_pairs_kernel
 
 # the Triton kernel's MODE: tensor cores (T <= 8), CUDA cores (T = 1 only). The "pairs" tiles (T = 1, bf16 x,
 # Q4/Q5/Q6, K a multiple of 128) run the Gluon kernel (gluon_gemv.py); under the interpreter, which has no
@@ -143,8 +143,10 @@ def packed_tiles(
         split = _split(units, step, tiles_n, v.min_programs)
     else:
         split = _wave_split(units, step, tiles_n, sms * RESIDENT[GROUP_FORMATS[fmt].bits])
-    mode = "fma" if v.mode in PAIR_MODES and GROUP_FORMATS[fmt].bits == 8 else v.mode  # W8 has no pair words
-    return PackedTiles(block_n, step, v.num_warps, split, mode, v.num_stages)
+    step = (
+        1 if GROUP_FORMATS[fmt].bits == 8 and v.mode in PAIR_MODES else step
+    )  # W8's kernel: one unit a step
+    return PackedTiles(block_n, step, v.num_warps, split, v.mode, v.num_stages)
 
 
 @functools.lru_cache(maxsize=16)
@@ -164,12 +166,12 @@ def _planes(qw: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pairs_ok(x: torch.Tensor, qw: QuantWeight) -> bool:
-    """Whether the "pairs" mode can take this x and weight: one bf16 row whose 32-bit words are lane pairs, a
-    Q4/Q5/Q6 weight with K a multiple of 128 (no lane masks)."""
+    """Whether the "pairs" mode can take this x and weight: one bf16 row whose 32-bit words are lane pairs, K a
+    multiple of 128 (no lane masks); W8 runs its own Gluon kernel (bytes, not pair words)."""
     n, k = qw.shape
     return (
         x.dtype == torch.bfloat16 and x.shape[0] == 1 and x.stride(-1) == 1 and x.storage_offset() % 2 == 0
-        and k % UNIT == 0 and GROUP_FORMATS[qw.format].bits != 8
+        and k % UNIT == 0
     )  # fmt: skip
 
 
@@ -190,7 +192,13 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
     if tiles.split_k > 1:
         target = torch.empty(tiles.split_k, rows, n, dtype=torch.float32, device=x.device)
     words, high = _planes(qw)
-    if pairs:
+    if pairs and GROUP_FORMATS[qw.format].bits == 8:
+        _quant_gemv_w8_pairs_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](
+            x[0], words, qw.scales, target, n, words.stride(0), qw.scales.stride(0),
+            UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,
+            num_warps=tiles.num_warps,
+        )  # fmt: skip
+    elif pairs:
         if qw.high is not None and GROUP_FORMATS[qw.format].bits == 5:
             high = qw.high.view(torch.uint8)  # the Gluon kernel reads Q5's high plane a byte a word
         _quant_gemv_pairs_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](

@@ -61,7 +61,7 @@ def test_every_variant(fmt, device, assert_close):
     _check(f"{fmt} {split4}", quant_linear(x8, qw, route="gemv", tiles=split4), x8, qw, assert_close)
 
 
-@pytest.mark.parametrize("fmt", [Q4, Q5, Q6])
+@pytest.mark.parametrize("fmt", [Q4, Q5, Q6, W8])
 def test_pairs_mode(fmt, device, assert_close):
     """The "pairs" tiles (on a GPU the Gluon kernel of gluon_gemv.py; the interpreter has no Gluon and runs the
     Triton CUDA-core mode): split and unsplit K, odd N, a row view of a fused parent, x a column slice."""
