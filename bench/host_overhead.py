@@ -197,8 +197,8 @@ STUBS: dict[str, Any] = {
     "store_kv": lambda *args: None,
     "paged_attention_decode": lambda q, *args: _empty(q),
     "sigmoid_gate_mul": lambda x, gate: _empty(x),
-    "causal_conv1d_decode": lambda x, *args: _empty(x),
-    "gated_delta_rule_decode": lambda q, k, v, *args: _empty(v),
+    "causal_conv1d_decode": lambda x, *args, **kwargs: _empty(x),  # kwargs: out_slots (a verify)
+    "gated_delta_rule_decode": lambda q, k, v, *args, **kwargs: _empty(v),
     "silu_mul": lambda gate, up: _empty(gate),
     "moe_route": lambda logits, k: (
         _empty(logits, logits.shape[0], k).float(),

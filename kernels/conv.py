@@ -13,7 +13,8 @@ Three entry points share that rule:
 * ``causal_conv1d_varlen_ref``: a flat varlen batch whose states live in slots of a state pool
   (what the model calls); reads and writes the pool in place;
 * ``causal_conv1d_decode_ref``: the decode case of the varlen form (one token per sequence, states in
-  slots, slot -1 = a padding row), which the Triton launcher ``causal_conv1d_decode`` implements.
+  slots, slot -1 = a padding row; the new state written in place or, with ``out_slots``, to other slots: a
+  speculative verify's per-position snapshots), which the Triton launcher ``causal_conv1d_decode`` implements.
 
 The Triton launcher ``causal_conv1d_varlen`` implements the varlen form for prefill (no history
 concatenation, no host sync), and ``causal_conv1d_varlen_split`` the same with its output written as
@@ -134,12 +135,15 @@ def causal_conv1d_decode_ref(
     state_slots: torch.Tensor,
     has_initial_state: torch.Tensor,
     activation: str | None = "silu",
+    out_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode token for each of B sequences whose conv states live in a slot pool.
 
-    x: [B, C], weight: [C, K], conv_states: [num_slots, C, K - 1] (updated in place for every slot
-    used), state_slots: [B] (-1 = padding row: output zeros, no state touched), has_initial_state: [B]
-    bool (False = start from zeros) -> out [B, C] in x.dtype.
+    x: [B, C], weight: [C, K], conv_states: [num_slots, C, K - 1], state_slots: [B] int, where each row's
+    state is read (-1 = padding row: output zeros, no state read or written), has_initial_state: [B] bool
+    (False = start from zeros), out_slots: [B] int, where each row's shifted state is written (None:
+    ``state_slots``, in place; -1 writes nothing; a slot must not be another row's read slot)
+    -> out [B, C] in x.dtype.
     """
     out = torch.zeros_like(x)
     rows = (state_slots >= 0).nonzero().flatten()
@@ -149,7 +153,8 @@ def causal_conv1d_decode_ref(
     keep = has_initial_state[rows].bool()[:, None, None]
     initial = torch.where(keep, conv_states[slots], torch.zeros_like(conv_states[slots]))
     out[rows], new_state = causal_conv1d_update_ref(x[rows], initial, weight, activation)
-    conv_states[slots] = new_state.to(conv_states.dtype)
+    dst = slots if out_slots is None else out_slots[rows].long()
+    conv_states[dst[dst >= 0]] = new_state[dst >= 0].to(conv_states.dtype)
     return out
 
 
@@ -161,9 +166,12 @@ if HAS_TRITON:
         w_ptr,
         states_ptr,
         slots_ptr,
+        out_slots_ptr,
         keep_ptr,
         out_ptr,
         channels,
+        slots_stride,
+        out_slots_stride,
         x_stride,
         out_stride,
         KERNEL: tl.constexpr,
@@ -171,27 +179,32 @@ if HAS_TRITON:
         BLOCK_C: tl.constexpr,
     ):
         # grid (B, cdiv(C, BLOCK_C)): one program convolves BLOCK_C channels of one sequence's token and
-        # shifts those channels' conv state by one (each thread owns its channels: no races).
+        # writes those channels' conv state shifted by one from slot ``slots[row]`` to slot ``out_slots[row]``
+        # (the same slot in place: entry j - 1 is written after entry j is read; none when negative). Each
+        # thread owns its channels: no races.
         row = tl.program_id(0)
         offs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = offs < channels
-        slot = tl.load(slots_ptr + row).to(tl.int64)
+        slot = tl.load(slots_ptr + row * slots_stride).to(tl.int64)
         out_ptrs = out_ptr + row * out_stride + offs
         if slot < 0:
             tl.store(out_ptrs, tl.zeros([BLOCK_C], dtype=out_ptr.dtype.element_ty), mask=mask)
             return
+        out_slot = tl.load(out_slots_ptr + row * out_slots_stride).to(tl.int64)
+        write = mask & (out_slot >= 0)
         keep = tl.load(keep_ptr + row) != 0
         x = tl.load(x_ptr + row * x_stride + offs, mask=mask, other=0.0)
         acc = x.to(tl.float32) * tl.load(w_ptr + offs * KERNEL + (KERNEL - 1), mask=mask, other=0.0).to(
             tl.float32
         )
         state_ptrs = states_ptr + slot * channels * (KERNEL - 1) + offs * (KERNEL - 1)
+        out_state_ptrs = states_ptr + out_slot * channels * (KERNEL - 1) + offs * (KERNEL - 1)
         for j in tl.static_range(KERNEL - 1):
             s = tl.load(state_ptrs + j, mask=mask & keep, other=0.0).to(x_ptr.dtype.element_ty)
             acc += s.to(tl.float32) * tl.load(w_ptr + offs * KERNEL + j, mask=mask, other=0.0).to(tl.float32)
             if j > 0:
-                tl.store(state_ptrs + (j - 1), s.to(states_ptr.dtype.element_ty), mask=mask)
-        tl.store(state_ptrs + (KERNEL - 2), x.to(states_ptr.dtype.element_ty), mask=mask)
+                tl.store(out_state_ptrs + (j - 1), s.to(states_ptr.dtype.element_ty), mask=write)
+        tl.store(out_state_ptrs + (KERNEL - 2), x.to(states_ptr.dtype.element_ty), mask=write)
         if SILU:
             acc = acc * tl.sigmoid(acc)
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -204,10 +217,15 @@ def causal_conv1d_decode(
     state_slots: torch.Tensor,
     has_initial_state: torch.Tensor,
     activation: str | None = "silu",
+    out_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launcher for ``causal_conv1d_decode_ref`` (same contract; no host sync, CUDA-graph safe)."""
-    if not use_triton(x, weight, conv_states, state_slots, has_initial_state):
-        return causal_conv1d_decode_ref(x, weight, conv_states, state_slots, has_initial_state, activation)
+    """Launcher for ``causal_conv1d_decode_ref`` (same contract; no host sync, CUDA-graph safe).
+    state_slots and out_slots may be any 1-D views (a column of a slot table)."""
+    if not use_triton(x, weight, conv_states, state_slots, has_initial_state, out_slots):
+        return causal_conv1d_decode_ref(
+            x, weight, conv_states, state_slots, has_initial_state, activation, out_slots
+        )
+    out_slots = state_slots if out_slots is None else out_slots
     batch, channels = x.shape
     kernel = weight.shape[-1]
     assert activation in (None, "silu"), f"activation={activation!r}: only 'silu' or None are supported"
@@ -216,12 +234,15 @@ def causal_conv1d_decode(
         f"conv_states {tuple(conv_states.shape)} for C={channels}, K={kernel}"
     )
     assert x.stride(-1) == 1, "x must have unit stride along channels"
-    assert state_slots.shape == (batch,) and has_initial_state.shape == (batch,)
+    assert (
+        state_slots.shape == (batch,) and out_slots.shape == (batch,) and has_initial_state.shape == (batch,)
+    )
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     block_c = 256
     if batch:
         _causal_conv1d_decode_kernel[(batch, triton.cdiv(channels, block_c))](
-            x, weight, conv_states, state_slots, has_initial_state, out, channels, x.stride(0), out.stride(0),
+            x, weight, conv_states, state_slots, out_slots, has_initial_state, out, channels,
+            state_slots.stride(0), out_slots.stride(0), x.stride(0), out.stride(0),
             KERNEL=kernel, SILU=activation == "silu", BLOCK_C=block_c,
         )  # fmt: skip
     return out

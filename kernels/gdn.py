@@ -25,7 +25,8 @@ initial state and return the final state, so chunked prefill can hand off to rec
 Decode (``gated_delta_rule_decode_ref`` and its Triton launcher ``gated_delta_rule_decode``) is one
 recurrent step per sequence with the states in a slot pool, and takes the gate *inputs*: with the
 layer's ``A_log`` and ``dt_bias``, ``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``
-(``gdn_gate_ref``), so the whole step after the conv is one launch.
+(``gdn_gate_ref``), so the whole step after the conv is one launch. The new state goes back to the slot it
+was read from, or with ``out_slots`` to another slot (a speculative verify's per-position snapshots).
 
 Prefill on CUDA: ``chunk_gated_delta_rule`` runs fla-core's ``chunk_gated_delta_rule`` (the field's
 Triton kernels; optional dependency, same semantics) when it imports, else the reference.
@@ -238,12 +239,15 @@ def gated_delta_rule_decode_ref(
     has_initial_state: torch.Tensor,
     scale: float | None = None,
     use_qk_l2norm: bool = True,
+    out_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One recurrent step for each of B sequences, states in a slot pool, gates from their inputs.
 
     q, k: [B, Hk, Dk]; v: [B, Hv, Dv]; a, b: [B, Hv] (``gdn_gate_ref``); A_log, dt_bias: [Hv];
-    states: [num_slots, Hv, Dk, Dv] fp32, updated in place for every slot used; state_slots: [B]
-    (-1 = padding row: output zeros, no state touched); has_initial_state: [B] bool -> o [B, Hv, Dv].
+    states: [num_slots, Hv, Dk, Dv] fp32; state_slots: [B] int, where each row's state is read (-1 =
+    padding row: output zeros, no state read or written); has_initial_state: [B] bool; out_slots: [B] int,
+    where each row's updated state is written (None: ``state_slots``, in place; -1 writes nothing; a slot
+    must not be another row's read slot) -> o [B, Hv, Dv].
     """
     out = torch.zeros_like(v)
     rows = (state_slots >= 0).nonzero().flatten()
@@ -257,7 +261,8 @@ def gated_delta_rule_decode_ref(
         q[rows, None], k[rows, None], v[rows, None], g[:, None], beta[:, None], initial, scale, use_qk_l2norm
     )
     out[rows] = o[:, 0]
-    states[slots] = final.to(states.dtype)
+    dst = slots if out_slots is None else out_slots[rows].long()
+    states[dst[dst >= 0]] = final[dst >= 0].to(states.dtype)
     return out
 
 
@@ -274,8 +279,11 @@ if HAS_TRITON:
         dt_bias_ptr,
         states_ptr,
         slots_ptr,
+        out_slots_ptr,
         keep_ptr,
         out_ptr,
+        slots_stride,
+        out_slots_stride,
         q_stride,
         k_stride,
         v_stride,
@@ -292,7 +300,8 @@ if HAS_TRITON:
         USE_QK_L2NORM: tl.constexpr,
     ):
         # grid (B, Hv, cdiv(Dv, BLOCK_V)): one program owns the [Dk, BLOCK_V] columns of one value head's
-        # fp32 state: read once, decay, delta-rule update, write once; its output slice is S^T q.
+        # fp32 state: read once from slot ``slots[row]``, decay, delta-rule update, write once to slot
+        # ``out_slots[row]`` (the same slot in place; none when negative); its output slice is S^T q.
         row = tl.program_id(0)
         head = tl.program_id(1)
         offs_k = tl.arange(0, BLOCK_K)
@@ -300,10 +309,11 @@ if HAS_TRITON:
         k_mask = offs_k < K_DIM
         v_mask = offs_v < V_DIM
         out_ptrs = out_ptr + row * out_stride + head * V_DIM + offs_v
-        slot = tl.load(slots_ptr + row).to(tl.int64)
+        slot = tl.load(slots_ptr + row * slots_stride).to(tl.int64)
         if slot < 0:
             tl.store(out_ptrs, tl.zeros([BLOCK_V], dtype=out_ptr.dtype.element_ty), mask=v_mask)
             return
+        out_slot = tl.load(out_slots_ptr + row * out_slots_stride).to(tl.int64)
         key_head = head // HEAD_RATIO
         q = tl.load(q_ptr + row * q_stride + key_head * K_DIM + offs_k, mask=k_mask, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + row * k_stride + key_head * K_DIM + offs_k, mask=k_mask, other=0.0).to(tl.float32)
@@ -319,17 +329,14 @@ if HAS_TRITON:
         b_raw = tl.load(b_ptr + row * b_stride + head)
         beta = tl.sigmoid(b_raw.to(tl.float32)).to(b_raw.dtype).to(tl.float32)
         keep = tl.load(keep_ptr + row) != 0
-        state_ptrs = (
-            states_ptr
-            + (slot * NUM_V_HEADS + head) * (K_DIM * V_DIM)
-            + offs_k[:, None] * V_DIM
-            + offs_v[None, :]
-        )
+        head_offs = offs_k[:, None] * V_DIM + offs_v[None, :]
+        state_ptrs = states_ptr + (slot * NUM_V_HEADS + head) * (K_DIM * V_DIM) + head_offs
         mask = k_mask[:, None] & v_mask[None, :]
         state = tl.load(state_ptrs, mask=mask & keep, other=0.0) * decay
         delta = (v - tl.sum(state * k[:, None], axis=0)) * beta
         state = state + k[:, None] * delta[None, :]
-        tl.store(state_ptrs, state, mask=mask)
+        out_state_ptrs = states_ptr + (out_slot * NUM_V_HEADS + head) * (K_DIM * V_DIM) + head_offs
+        tl.store(out_state_ptrs, state, mask=mask & (out_slot >= 0))
         o = tl.sum(state * q[:, None], axis=0)
         tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=v_mask)
 
@@ -347,15 +354,19 @@ def gated_delta_rule_decode(
     has_initial_state: torch.Tensor,
     scale: float | None = None,
     use_qk_l2norm: bool = True,
+    out_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launcher for ``gated_delta_rule_decode_ref`` (same contract; no host sync, CUDA-graph safe).
 
     q, k, v, a, b may be strided views (e.g. slices of the conv output) as long as each row is a
-    unit-stride [heads, dim] block.
+    unit-stride [heads, dim] block; state_slots and out_slots any 1-D views (a column of a slot table).
     """
     tensors = (q, k, v, a, b, A_log, dt_bias, states, state_slots, has_initial_state)
-    if not use_triton(*tensors):
-        return gated_delta_rule_decode_ref(*tensors, scale=scale, use_qk_l2norm=use_qk_l2norm)
+    if not use_triton(*tensors, out_slots):
+        return gated_delta_rule_decode_ref(
+            *tensors, scale=scale, use_qk_l2norm=use_qk_l2norm, out_slots=out_slots
+        )
+    out_slots = state_slots if out_slots is None else out_slots
     batch, num_k_heads, k_dim = q.shape
     num_v_heads, v_dim = v.shape[1:]
     assert k.shape == q.shape and v.shape[0] == batch and num_v_heads % num_k_heads == 0, (
@@ -370,14 +381,16 @@ def gated_delta_rule_decode(
     assert A_log.shape == (num_v_heads,) and dt_bias.shape == (num_v_heads,)
     assert states.dtype == torch.float32 and states.is_contiguous(), "states: contiguous fp32 pool"
     assert states.shape[1:] == (num_v_heads, k_dim, v_dim), f"states {tuple(states.shape)}"
-    assert state_slots.shape == (batch,) and has_initial_state.shape == (batch,)
+    assert (
+        state_slots.shape == (batch,) and out_slots.shape == (batch,) and has_initial_state.shape == (batch,)
+    )
     out = torch.empty(batch, num_v_heads, v_dim, dtype=v.dtype, device=v.device)
     block_k = triton.next_power_of_2(k_dim)
     block_v = min(32, triton.next_power_of_2(v_dim))
     if batch:
         _gated_delta_rule_decode_kernel[(batch, num_v_heads, triton.cdiv(v_dim, block_v))](
-            q, k, v, a, b, A_log, dt_bias, states, state_slots, has_initial_state, out,
-            q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
+            q, k, v, a, b, A_log, dt_bias, states, state_slots, out_slots, has_initial_state, out,
+            state_slots.stride(0), out_slots.stride(0), q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
             scale if scale is not None else k_dim**-0.5,
             NUM_V_HEADS=num_v_heads, HEAD_RATIO=num_v_heads // num_k_heads, K_DIM=k_dim, V_DIM=v_dim,
             BLOCK_K=block_k, BLOCK_V=block_v, USE_QK_L2NORM=use_qk_l2norm, num_warps=4,

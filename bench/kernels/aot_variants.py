@@ -130,7 +130,13 @@ VARIANTS: dict[str, list[Variant]] = {
         Variant(
             "decode K=4 silu",
             dict(
-                x_ptr="bf16", w_ptr="bf16", states_ptr="bf16", slots_ptr="i64", keep_ptr="i1", out_ptr="bf16"
+                x_ptr="bf16",
+                w_ptr="bf16",
+                states_ptr="bf16",
+                slots_ptr="i64",
+                out_slots_ptr="i64",
+                keep_ptr="i1",
+                out_ptr="bf16",
             ),
             dict(KERNEL=4, SILU=True, BLOCK_C=256),
         ),
@@ -168,6 +174,7 @@ VARIANTS: dict[str, list[Variant]] = {
                 dt_bias_ptr="bf16",
                 states_ptr="fp32",
                 slots_ptr="i64",
+                out_slots_ptr="i64",
                 keep_ptr="i1",
                 out_ptr="bf16",
             ),

@@ -18,6 +18,10 @@ fp16 scale per `int8_group_size` values along head_dim.
     slot_extras[n]                  [num_slots, ...]  per-slot state a drafter adds (the MTP continuation
                                     hidden state, engine/spec/mtp.py): copied, checkpointed and host-parked
                                     with the GDN state of the same slot
+
+`allocate_cache` makes the GDN state lists views of one `[num_gdn_layers, num_slots, ...]` tensor per kind
+(`state_stacks`), so `copy_states` moves slots of every GDN layer in one gather and one scatter per kind (a
+speculative rollback) rather than two kernels per layer tensor.
 """
 
 from __future__ import annotations
@@ -77,6 +81,8 @@ class ModelCache:
     key_scale: list[torch.Tensor] | None = None  # int8 only, one per KV entry
     value_scale: list[torch.Tensor] | None = None
     slot_extras: list[torch.Tensor] = field(default_factory=list)  # per-slot drafter state (see above)
+    # conv_state / recurrent_state as the views of one stacked tensor each (module docstring); () = separate
+    state_stacks: tuple[torch.Tensor, ...] = ()
 
     @property
     def num_pages(self) -> int:
@@ -89,6 +95,16 @@ class ModelCache:
     @property
     def device(self) -> torch.device:
         return (self.conv_state or self.key_cache)[0].device
+
+    def copy_states(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Every GDN layer's conv and recurrent state of slots `src` into slots `dst` ([N] int64 on the
+        device; the dst slots distinct and none of them in src). No host sync."""
+        if self.state_stacks:
+            for stack in self.state_stacks:  # [num_gdn_layers, num_slots, ...]
+                stack.index_copy_(1, dst, stack.index_select(1, src))
+            return
+        for tensor in (*self.conv_state, *self.recurrent_state):
+            tensor.index_copy_(0, dst, tensor.index_select(0, src))
 
 
 def allocate_cache(
@@ -108,15 +124,19 @@ def allocate_cache(
         return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
 
     scale_shape = (*kv_shape[:3], spec.num_int8_groups)
+    n = spec.num_gdn_layers
+    conv = torch.zeros((n, num_state_slots, *spec.conv_shape), dtype=spec.dtype, device=device)
+    recurrent = torch.zeros((n, num_state_slots, *spec.recurrent_shape), dtype=torch.float32, device=device)
     return ModelCache(
         page_size=page_size,
         key_cache=zeros(kv_shape, kv_torch_dtype, spec.num_kv_layers),
         value_cache=zeros(kv_shape, kv_torch_dtype, spec.num_kv_layers),
-        conv_state=zeros((num_state_slots, *spec.conv_shape), spec.dtype, spec.num_gdn_layers),
-        recurrent_state=zeros((num_state_slots, *spec.recurrent_shape), torch.float32, spec.num_gdn_layers),
+        conv_state=[conv[i] for i in range(n)],
+        recurrent_state=[recurrent[i] for i in range(n)],
         kv_dtype=spec.kv_dtype,
         key_scale=zeros(scale_shape, torch.float16, spec.num_kv_layers) if int8 else None,
         value_scale=zeros(scale_shape, torch.float16, spec.num_kv_layers) if int8 else None,
+        state_stacks=(conv, recurrent),
     )
 
 

@@ -57,8 +57,9 @@ class ForwardBatch:
     has_initial_state_cpu: tuple[bool, ...] | None = None
     # Speculative verify (engine/spec): every sequence feeds exactly ``verify_width`` tokens, and the GDN
     # layers run them one position at a time (the decode ops, bit-identical to decoding them one per step),
-    # snapshotting each sequence's state after position j < width - 1 into slot ``snapshot_slots[b, j]``
-    # ([B, width - 1] int64), so the runner can roll back to the last accepted position. 0 = off.
+    # writing each sequence's state after position j < width - 1 into slot ``snapshot_slots[b, j]``
+    # ([B, width - 1] int64; -1 in a padding row, whose state slot is -1) and after the last position into
+    # its state slot, so the runner can roll back to the last accepted position. 0 = off.
     verify_width: int = 0
     snapshot_slots: torch.Tensor | None = None
     # Vision (engine/runner/media.py): the tower's rows [M, hidden] for the M placeholder tokens of this batch,

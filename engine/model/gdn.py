@@ -8,7 +8,8 @@ gated RMSNorm with ``z`` as the gate; out_proj. Conv and recurrent states live i
 
 Paths (chosen from shapes only; a speculative verify batch is flagged by ``batch.verify_width``):
 - verify (every sequence feeds ``verify_width`` tokens): position by position through the decode ops,
-  snapshotting each sequence's state after every position but the last (``_verify``; engine/spec).
+  each writing its state out of place into the snapshot slot of that position, the last one into the
+  working slot (``_verify``; engine/spec).
 - decode (``T == B``, one token per sequence): ``causal_conv1d_decode`` then
   ``gated_delta_rule_decode``, which computes the gates itself from ``a``/``b`` (no host sync; a
   state slot of -1 marks a padding row that touches no state: CUDA-graph padding).
@@ -135,25 +136,27 @@ class GatedDeltaNet(nn.Module):
         states: torch.Tensor,
         batch: ForwardBatch,
     ) -> torch.Tensor:
-        """A speculative verify batch: position j of every sequence through the decode ops, in order, and
-        each sequence's conv + recurrent state after position j < W - 1 copied to ``snapshot_slots[:, j]``
-        (a padding row, slot -1, copies nothing real: it reads and writes the snapshot slot itself)."""
-        width, slots = batch.verify_width, batch.state_slots
-        assert batch.snapshot_slots is not None and qkv.shape[0] == width * batch.num_sequences
+        """A speculative verify batch: position j of every sequence through the decode ops, in order, each
+        writing its state out of place: position j reads the state after position j - 1 (the working slot
+        for j = 0, else ``snapshot_slots[:, j - 1]``) and writes the state after position j to
+        ``snapshot_slots[:, j]`` (j < W - 1) or to the working slot (j = W - 1). So every snapshot holds its
+        position's state with no copy, and the working slot is read first and written last (the rollback
+        copies a snapshot over it). A padding row has slot -1 everywhere: it reads and writes no state."""
+        width, slots, snaps = batch.verify_width, batch.state_slots, batch.snapshot_slots
+        assert snaps is not None and qkv.shape[0] == width * batch.num_sequences
         core = qkv.new_empty(qkv.shape[0], self.num_v_heads, self.v_dim)
         cont = batch.has_initial_state
         for j in range(width):
-            mixed = causal_conv1d_decode(qkv[j::width], weight, conv_state, slots, cont)
+            src = slots if j == 0 else snaps[:, j - 1]
+            dst = snaps[:, j] if j < width - 1 else slots
+            mixed = causal_conv1d_decode(qkv[j::width], weight, conv_state, src, cont, out_slots=dst)
             query, key, value = self._heads(mixed)
             core[j::width] = gated_delta_rule_decode(
-                query, key, value, a[j::width], b[j::width], self.A_log, self.dt_bias, states, slots, cont,
+                query, key, value, a[j::width], b[j::width], self.A_log, self.dt_bias, states, src, cont,
+                out_slots=dst,
             )  # fmt: skip
-            cont = torch.ones_like(cont)
-            if j < width - 1:
-                dst = batch.snapshot_slots[:, j]
-                src = torch.where(slots >= 0, slots, dst)
-                conv_state.index_copy_(0, dst, conv_state.index_select(0, src))
-                states.index_copy_(0, dst, states.index_select(0, src))
+            if j == 0:
+                cont = torch.ones_like(cont)
         return core
 
     def fuse_projections(self) -> bool:

@@ -10,16 +10,17 @@ accepted / rolled-back counts and new drafts (`StepResult.draft_token_ids`).
 Forwards of one step: rows that sample every fed position ("decode-like": a verify row of width k + 1,
 or a plain decode row of width 1 near the context limit) run grouped by width, each group one uniform
 batch; prefill chunks run as one varlen batch. A verify group flags `ForwardBatch.verify_width`, so the
-GDN layers run its positions one at a time with the decode ops and snapshot the state after each. Uniform
-groups of up to 8 rows, the MTP catch-up and the chained draft steps run through static buffers, replayed as
-CUDA graphs on CUDA (engine/spec/graphs.py, `use_static_inputs`); what does not fit them runs eagerly.
+GDN layers run its positions one at a time with the decode ops, each writing its state into the snapshot
+slot of that position (the last position into the working slot). Uniform groups of up to 8 rows, the MTP
+catch-up and the chained draft steps run through static buffers, replayed as CUDA graphs on CUDA
+(engine/spec/graphs.py, `use_static_inputs`); what does not fit them runs eagerly.
 
 Rollback (per-position snapshots, not replay): lane l owns snapshot slots `base + l*K .. base + l*K + K-1`
-(slot `base + j` of a lane holds its conv + recurrent state after verify position j); a row that accepted
-a < k drafts copies snapshot a into its working slot. Chosen over replay because it needs no second pass
-through the layers and reuses the decode ops unchanged, so the rolled-back state is exactly the state
-of decoding the accepted tokens one per step; its cost is k state copies per GDN layer per row (to
-measure on the GPU against a fused replay kernel). Slot `base + lanes*K` is a sink for graph padding.
+(slot `base + j` of a lane holds its conv + recurrent state after verify position j, written there by the
+decode ops out of place: no copy); a row that accepted a < k drafts copies snapshot a into its working
+slot (`ModelCache.copy_states`: one gather + one scatter per state kind for every GDN layer and row). Chosen
+over replay because it needs no second pass through the layers and reuses the decode ops, so the
+rolled-back state is exactly the state of decoding the accepted tokens one per step.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from engine.spec.graphs import SpecGraphs, StaticRow
 from engine.spec.mtp import DraftRow, MtpDrafter
 from engine.spec.verify import GeneratorFor, Verdict, verify
 from engine.step import RowPlan
+from engine.transfer import upload
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +59,8 @@ def drafts_allowed(params: SamplingParams) -> bool:
 
 
 def num_spec_slots(num_lanes: int, num_draft_tokens: int) -> int:
-    """Extra state slots speculative decoding needs: K snapshots per lane plus one padding sink."""
-    return num_lanes * num_draft_tokens + 1
+    """Extra state slots speculative decoding needs: K snapshots per lane."""
+    return num_lanes * num_draft_tokens
 
 
 class SpecExecutor:
@@ -80,8 +82,9 @@ class SpecExecutor:
         self.model, self.cache = model, cache
         self.k = num_draft_tokens
         self.snapshot_base = snapshot_base
-        self.sink = snapshot_base + num_lanes * num_draft_tokens
-        assert self.sink < cache.num_state_slots, "allocate num_spec_slots() extra state slots"
+        assert snapshot_base + num_lanes * num_draft_tokens <= cache.num_state_slots, (
+            "allocate num_spec_slots() extra state slots"
+        )
         self.device = next(model.parameters()).device
         self.generator = generator
         self.drafter: MtpDrafter | DFlashDrafter
@@ -118,9 +121,7 @@ class SpecExecutor:
         (TODO(#21): its verify forward must also return the target features; its block forward has no graph)."""
         if isinstance(self.drafter, DFlashDrafter):
             return False
-        self.graphs = SpecGraphs(
-            self.model, self.cache, num_draft_tokens=self.k, max_pages=max_pages, sink_slot=self.sink
-        )  # fmt: skip
+        self.graphs = SpecGraphs(self.model, self.cache, num_draft_tokens=self.k, max_pages=max_pages)
         self.drafter.graphs = self.graphs
         return self.graphs.capture() if capture else False
 
@@ -250,7 +251,5 @@ class SpecExecutor:
                 dst.append(row.state_slot)
         if not src:
             return
-        s = torch.tensor(src, dtype=torch.int64, device=self.device)
-        d = torch.tensor(dst, dtype=torch.int64, device=self.device)
-        for tensor in (*self.cache.conv_state, *self.cache.recurrent_state):
-            tensor.index_copy_(0, d, tensor.index_select(0, s))
+        slots = upload([src, dst], self.device)  # [2, N]: one copy, no wait
+        self.cache.copy_states(slots[0], slots[1])

@@ -17,7 +17,7 @@ Graphs are keyed ``(kind, size, width)``, captured for sizes 1..8 and widths 1..
 and replayed over the same `SpecInputs`; the eager path (the CPU, a graph that failed to capture, a step that
 does not fit) runs the same function on the same buffers, so CPU tests exercise the fills and the padding.
 Padding rows: ``state_slots = -1`` (the decode ops touch no state), ``slot_mapping = -1`` (no KV stored),
-``snapshot_slots`` = the sink slot (the verify snapshot copies the sink onto itself), ``seq_lens`` = the row's
+``snapshot_slots = -1`` (the verify positions read and write no state), ``seq_lens`` = the row's
 width (it reads some earlier keys of its page-table row; the output is discarded).
 Owns: the buffers, the graphs, their pool and outputs. Must not touch: requests, the scheduler, sampling.
 """
@@ -69,11 +69,10 @@ class SpecInputs:
     snapshot_slots: torch.Tensor  # [B + 1, K]
     page_size: int
     row_tokens: int  # R = K + 2: the most tokens a row feeds (a catch-up row)
-    sink_slot: int
 
     @classmethod
     def allocate(cls, max_batch: int, num_draft_tokens: int, max_pages: int, page_size: int, hidden: int,
-                 dtype: torch.dtype, device: torch.device, sink_slot: int) -> SpecInputs:  # fmt: skip
+                 dtype: torch.dtype, device: torch.device) -> SpecInputs:  # fmt: skip
         r = num_draft_tokens + 2
         tokens = (max_batch + 1) * r
 
@@ -86,8 +85,8 @@ class SpecInputs:
             query_start_loc=ints(max_batch + 2, 0, torch.int32), seq_lens=ints(max_batch + 1, 1, torch.int32),
             page_table=torch.zeros(max_batch + 1, max_pages, dtype=torch.int32, device=device),
             state_slots=ints(max_batch + 1, -1), has_initial_state=ints(max_batch + 1, 0, torch.bool),
-            snapshot_slots=torch.full((max_batch + 1, num_draft_tokens), sink_slot, dtype=torch.int64, device=device),
-            page_size=page_size, row_tokens=r, sink_slot=sink_slot,
+            snapshot_slots=torch.full((max_batch + 1, num_draft_tokens), -1, dtype=torch.int64, device=device),
+            page_size=page_size, row_tokens=r,
         )  # fmt: skip
 
     @property
@@ -119,7 +118,7 @@ class SpecInputs:
         ids, pos, smap = [0] * t_cap, [0] * t_cap, [-1] * t_cap
         qsl, seq, states, cont = [], [], [], []
         k = self.snapshot_slots.shape[1]
-        snaps = [self.sink_slot] * (k * size)
+        snaps = [-1] * (k * size)
         off = 0
         for i, r in enumerate(rows):
             n = len(r.tokens)
@@ -175,7 +174,7 @@ class SpecGraphs:
     once on CUDA. `fits(...)` says whether a forward can take this path (else the caller's eager one)."""
 
     def __init__(self, model: Qwen3_5ForCausalLM, cache: ModelCache, *, num_draft_tokens: int, max_pages: int,
-                 sink_slot: int, sizes: Sequence[int] = SPEC_GRAPH_SIZES) -> None:  # fmt: skip
+                 sizes: Sequence[int] = SPEC_GRAPH_SIZES) -> None:  # fmt: skip
         param = next(model.parameters())
         self.model, self.cache, self.k = model, cache, num_draft_tokens
         self.device = param.device
@@ -183,7 +182,7 @@ class SpecGraphs:
         self.max_batch = self.sizes[-1]
         self.inputs = SpecInputs.allocate(
             self.max_batch, num_draft_tokens, max_pages, cache.page_size, model.config.hidden_size,
-            param.dtype, param.device, sink_slot,
+            param.dtype, param.device,
         )  # fmt: skip
         self._row_pages: list[Sequence[int] | None] = [None] * (self.max_batch + 1)
         self._graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}

@@ -154,8 +154,9 @@ def test_rollback_leaves_the_gdn_state_of_a_plain_run(arch, wrong):
 
 @pytest.mark.parametrize("accepted", [0, 1, 2, 3])
 def test_rollback_is_bit_exact_in_the_layer(accepted):
-    """A GDN layer's verify pass over W = 4 positions (two sequences), rolled back to position `accepted`,
-    leaves exactly the state of decoding positions 0..accepted one step at a time from the same inputs."""
+    """A GDN layer's verify pass over W = 4 positions (two sequences), rolled back to position `accepted`
+    (the runner's copy of that position's snapshot into the working slot, `ModelCache.copy_states`), leaves
+    exactly the state of decoding positions 0..accepted one step at a time from the same inputs."""
     from engine.model.forward import allocate_model_cache, make_forward_batch
     from kernels.conv import causal_conv1d_decode
     from kernels.gdn import gated_delta_rule_decode
@@ -180,8 +181,9 @@ def test_rollback_is_bit_exact_in_the_layer(accepted):
     weight = layer.conv1d.weight.squeeze(1)
     conv, rec = cache.conv_state[0], cache.recurrent_state[0]
     layer._verify(qkv, a, b, weight, conv, rec, batch)
-    got = [conv[slots].clone(), rec[slots].clone()] if accepted == width - 1 else [
-        conv[snaps[:, accepted]].clone(), rec[snaps[:, accepted]].clone()]  # fmt: skip
+    if accepted < width - 1:
+        cache.copy_states(snaps[:, accepted], torch.tensor(slots))
+    got = [conv[slots].clone(), rec[slots].clone()]
     conv_ref, rec_ref = start[0].clone(), start[1].clone()
     slot_t, cont = torch.tensor(slots), torch.ones(2, dtype=torch.bool)
     for j in range(accepted + 1):
@@ -191,6 +193,65 @@ def test_rollback_is_bit_exact_in_the_layer(accepted):
             q, k, v, a[j::width], b[j::width], layer.A_log, layer.dt_bias, rec_ref, slot_t, cont
         )
     assert torch.equal(got[0], conv_ref[slots]) and torch.equal(got[1], rec_ref[slots])
+
+
+def test_a_verify_padding_row_reads_and_writes_no_state():
+    """A padding row of a verify batch (state slot -1, snapshot slots -1: the static buffers' padding) outputs
+    zeros and touches no slot; the real row beside it gets what it gets alone (its working slot and its
+    snapshot slots written, nothing else)."""
+    from dataclasses import replace
+
+    from engine.model.forward import allocate_model_cache, make_forward_batch
+
+    model = _loaded_mtp("dense").model
+    config = model.config
+    layer = next(m.linear_attn for m in model.model.layers if m.layer_type == "linear_attention")
+    width = 3
+    gen = torch.Generator().manual_seed(1)
+    qkv = torch.randn(2 * width, config.conv_dim, generator=gen)
+    a = torch.randn(2 * width, config.linear_num_value_heads, generator=gen)
+    b = torch.randn(2 * width, config.linear_num_value_heads, generator=gen)
+    weight = layer.conv1d.weight.squeeze(1)
+
+    def verify(num_rows: int) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """(core, the stacks before, the stacks after) of a verify over the real row (+ a padding row)."""
+        cache = allocate_model_cache(config, 4, 16, num_state_slots=6)
+        for i, t in enumerate(cache.state_stacks):
+            t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(2 + i)))
+        before = [t.clone() for t in cache.state_stacks]
+        batch = make_forward_batch([[1] * width] * num_rows, [5] * num_rows, [[0, 1]] * num_rows,
+                                   [0, 1][:num_rows], 16)  # fmt: skip
+        batch = replace(batch, state_slots=torch.tensor([0, -1])[:num_rows], verify_width=width,
+                        snapshot_slots=torch.tensor([[2, 3], [-1, -1]])[:num_rows])  # fmt: skip
+        t = num_rows * width
+        core = layer._verify(
+            qkv[:t], a[:t], b[:t], weight, cache.conv_state[0], cache.recurrent_state[0], batch
+        )
+        return core, before, [t.clone() for t in cache.state_stacks]
+
+    core, before, after = verify(2)
+    alone, _, after_alone = verify(1)
+    assert torch.all(core[width:] == 0) and torch.equal(core[:width], alone)
+    for old, new, new_alone in zip(before, after, after_alone, strict=True):
+        assert torch.equal(new, new_alone)
+        assert torch.equal(new[:, [1, 4, 5]], old[:, [1, 4, 5]]), "a slot no real row names changed"
+        assert not torch.equal(new[0, [0, 2, 3]], old[0, [0, 2, 3]]), "the real row wrote its slots"
+
+
+def test_copy_states_moves_every_gdn_layer_through_the_stacks():
+    """The per-layer state tensors are views of one stack per kind: a copy of slots moves every layer's conv
+    and recurrent rows (the rollback), and only the destination slots change."""
+    from engine.model.forward import allocate_model_cache
+
+    config = _loaded_mtp("dense").model.config
+    cache = allocate_model_cache(config, 4, 16, num_state_slots=6)
+    assert len(cache.conv_state) > 1 and len(cache.state_stacks) == 2
+    for i, t in enumerate((*cache.conv_state, *cache.recurrent_state)):
+        t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(i)))
+    before = [t.clone() for t in (*cache.conv_state, *cache.recurrent_state)]
+    cache.copy_states(torch.tensor([4, 1]), torch.tensor([0, 5]))
+    for t, old in zip((*cache.conv_state, *cache.recurrent_state), before, strict=True):
+        assert torch.equal(t[[0, 5]], old[[4, 1]]) and torch.equal(t[1:5], old[1:5])
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])

@@ -24,7 +24,7 @@ def _one_thread():
 
 
 def _inputs(k: int = 2) -> SpecInputs:
-    return SpecInputs.allocate(4, k, 6, 4, 8, torch.float32, torch.device("cpu"), sink_slot=99)
+    return SpecInputs.allocate(4, k, 6, 4, 8, torch.float32, torch.device("cpu"))
 
 
 def test_a_verify_fill_writes_rows_and_pads_with_rows_that_store_nothing():
@@ -46,7 +46,8 @@ def test_a_verify_fill_writes_rows_and_pads_with_rows_that_store_nothing():
         False,
     ]
     assert batch.verify_width == 3 and batch.snapshot_slots is not None
-    assert batch.snapshot_slots.tolist() == [[10, 11], [12, 13], [99, 99]]
+    # a padding row's snapshot slots are -1, like its state slot: its verify positions touch no state
+    assert batch.snapshot_slots.tolist() == [[10, 11], [12, 13], [-1, -1]]
     assert batch.page_table[:2, :2].tolist() == [[3, 1], [2, 0]] and pages[:2] == [(3, 1), (2,)]
 
 
@@ -72,7 +73,7 @@ def test_fits_only_rows_a_captured_shape_holds():
 
     model = tiny_loaded("dense").model
     cache = allocate_cache(kv_spec(model.config, torch.float32, with_mtp=False), 8, 4, 2, "cpu")
-    graphs = SpecGraphs(model, cache, num_draft_tokens=2, max_pages=6, sink_slot=1)
+    graphs = SpecGraphs(model, cache, num_draft_tokens=2, max_pages=6)
     row = StaticRow((1, 2, 3), 0, (0,))
     assert graphs.fits([row] * 8, 3) and not graphs.fits([row] * 9, 3)  # sizes 1..8
     assert not graphs.fits([StaticRow((1,) * 4, 0, (0,))], 4)  # width > K + 1
@@ -109,7 +110,7 @@ def test_a_captured_key_replays_over_the_filled_buffers_and_returns_its_static_o
 
     model = tiny_loaded("dense").model
     cache = allocate_cache(kv_spec(model.config, torch.float32, with_mtp=False), 8, 4, 3, "cpu")
-    graphs = SpecGraphs(model, cache, num_draft_tokens=2, max_pages=6, sink_slot=2)
+    graphs = SpecGraphs(model, cache, num_draft_tokens=2, max_pages=6)
     seen: list[list[int]] = []
 
     class FakeGraph:

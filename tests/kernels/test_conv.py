@@ -5,7 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.conv import causal_conv1d_ref, causal_conv1d_update_ref, causal_conv1d_varlen_ref
+from kernels.conv import (
+    causal_conv1d_decode_ref,
+    causal_conv1d_ref,
+    causal_conv1d_update_ref,
+    causal_conv1d_varlen_ref,
+)
 
 
 def _naive_conv(x: torch.Tensor, w: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
@@ -68,3 +73,21 @@ def test_varlen_uses_and_updates_only_named_slots(assert_close):
         assert torch.equal(pool[slots[b]], state)
     for untouched in (2, 4):
         assert torch.equal(pool[untouched], before[untouched])
+
+
+def test_decode_out_of_place_writes_the_in_place_state_elsewhere():
+    """out_slots: each row reads its state at state_slots and writes the update at out_slots: the same output
+    and the same new state as in place, the source slot untouched; a negative slot (in or out) writes nothing."""
+    channels, kernel = 13, 4
+    x, weight = torch.randn(4, channels), torch.randn(channels, kernel)
+    pool = torch.randn(10, channels, kernel - 1)
+    slots, keep = torch.tensor([3, 0, -1, 5]), torch.tensor([True, False, True, True])
+    out_slots = torch.tensor([7, 2, 9, -1])  # row 2: padding (reads nothing, writes nowhere); row 3: no write
+    in_place = pool.clone()
+    expected = causal_conv1d_decode_ref(x, weight, in_place, slots, keep)
+    moved = pool.clone()
+    out = causal_conv1d_decode_ref(x, weight, moved, slots, keep, out_slots=out_slots)
+    assert torch.equal(out, expected) and torch.all(out[2] == 0)
+    assert torch.equal(moved[[7, 2]], in_place[[3, 0]])  # the in-place results, written to the out slots
+    untouched = [s for s in range(10) if s not in (7, 2)]  # the sources 3, 0 and 5, the padding row's 9
+    assert torch.equal(moved[untouched], pool[untouched])

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from kernels.gdn import (
     chunk_gated_delta_rule_ref,
+    gated_delta_rule_decode_ref,
     gated_delta_rule_varlen_ref,
     recurrent_gated_delta_rule_ref,
 )
@@ -95,3 +96,23 @@ def test_varlen_mixes_chunks_and_decode_tokens_and_respects_slots(assert_close):
         assert_close(f"out{b}", out[sl], eo[0])
         assert_close(f"state{b}", pool[slots[b]], es[0])
     assert torch.equal(pool[3], before[3]) and torch.equal(pool[5], before[5])
+
+
+def test_decode_out_of_place_writes_the_in_place_state_elsewhere():
+    """out_slots: each row reads its state at state_slots and writes the update at out_slots: the same output
+    and the same new state as in place, the source slot untouched; a negative slot (in or out) writes nothing."""
+    hk, hv, dk, dv = 2, 4, 8, 6
+    q, k = torch.randn(4, hk, dk), torch.randn(4, hk, dk)
+    v, a, b = torch.randn(4, hv, dv), torch.randn(4, hv), torch.randn(4, hv)
+    gates = (torch.randn(hv), torch.randn(hv))
+    pool = torch.randn(10, hv, dk, dv)
+    slots, keep = torch.tensor([3, 0, -1, 5]), torch.tensor([True, False, True, True])
+    out_slots = torch.tensor([7, 2, 9, -1])  # row 2: padding (reads nothing, writes nowhere); row 3: no write
+    in_place = pool.clone()
+    expected = gated_delta_rule_decode_ref(q, k, v, a, b, *gates, in_place, slots, keep)
+    moved = pool.clone()
+    out = gated_delta_rule_decode_ref(q, k, v, a, b, *gates, moved, slots, keep, out_slots=out_slots)
+    assert torch.equal(out, expected) and torch.all(out[2] == 0)
+    assert torch.equal(moved[[7, 2]], in_place[[3, 0]])  # the in-place results, written to the out slots
+    untouched = [s for s in range(10) if s not in (7, 2)]  # the sources 3, 0 and 5, the padding row's 9
+    assert torch.equal(moved[untouched], pool[untouched])

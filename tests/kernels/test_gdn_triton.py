@@ -17,14 +17,16 @@ from kernels.gdn import (
 pytestmark = pytest.mark.gpu
 
 
-def _decode_inputs(batch: int, hk: int, hv: int, dk: int, dv: int, device: str) -> tuple[torch.Tensor, ...]:
+def _decode_inputs(
+    batch: int, hk: int, hv: int, dk: int, dv: int, device: str, dtype: torch.dtype = torch.bfloat16
+) -> tuple[torch.Tensor, ...]:
     # q/k/v as views of one conv-output row, as the model produces them
-    mixed = torch.randn(batch, 2 * hk * dk + hv * dv, device=device, dtype=torch.bfloat16)
+    mixed = torch.randn(batch, 2 * hk * dk + hv * dv, device=device, dtype=dtype)
     q = mixed[:, : hk * dk].view(batch, hk, dk)
     k = mixed[:, hk * dk : 2 * hk * dk].view(batch, hk, dk)
     v = mixed[:, 2 * hk * dk :].view(batch, hv, dv)
-    a = torch.randn(batch, hv, device=device, dtype=torch.bfloat16)
-    b = torch.randn(batch, hv, device=device, dtype=torch.bfloat16)
+    a = torch.randn(batch, hv, device=device, dtype=dtype)
+    b = torch.randn(batch, hv, device=device, dtype=dtype)
     A_log = torch.randn(hv, device=device) * 0.5
     dt_bias = torch.randn(hv, device=device) * 0.5
     return q, k, v, a, b, A_log, dt_bias
@@ -49,6 +51,33 @@ def test_decode_step_matches_reference(batch, hk, hv, dk, dv, device, assert_clo
     out = gated_delta_rule_decode(*inputs, pool, slots, keep)
     assert_close("out", out, expected, 4e-3, 1.6e-2)
     assert_close("states", pool.nan_to_num(7.0), ref_pool.nan_to_num(7.0), 1e-5, 1e-6)
+
+
+@pytest.mark.parametrize(("batch", "hk", "hv", "dk", "dv"), [(4, 16, 48, 128, 128), (3, 2, 6, 60, 20)])
+def test_decode_step_out_of_place_matches_reference(batch, hk, hv, dk, dv, device, assert_close):
+    """out_slots (columns of a slot table, as the speculative verify passes them): the state read from
+    state_slots and written to out_slots; padding rows (-1) and a row whose out slot is -1 write nothing;
+    the source slots keep their state bit for bit. fp32 activations: the slots are under test, and Triton
+    3.6's interpreter truncates fp32 -> bf16 (the GPU rounds), which the bf16 tests' tolerances do not take."""
+    inputs = _decode_inputs(batch, hk, hv, dk, dv, device, torch.float32)
+    num_slots = 3 * batch + 2
+    pool = torch.randn(num_slots, hv, dk, dv, device=device) * 0.1
+    table = torch.randperm(num_slots, device=device)[: 3 * batch].view(batch, 3)  # [B, 3]: in, out, spare
+    slots, out_slots = table[:, 0], table[:, 1]
+    keep = torch.ones(batch, dtype=torch.bool, device=device)
+    keep[0] = False
+    table[1, :2] = -1  # a padding row: -1 in and out
+    table[2, 1] = -1  # a row that writes no state
+    before = pool.clone()
+    ref_pool = pool.clone()
+    expected = gated_delta_rule_decode_ref(*inputs, ref_pool, slots, keep, out_slots=out_slots)
+    out = gated_delta_rule_decode(*inputs, pool, slots, keep, out_slots=out_slots)
+    assert_close("out", out, expected, 4e-3, 1.6e-2)
+    assert_close("states", pool, ref_pool, 1e-5, 1e-6)
+    written = [s for s in out_slots.tolist() if s >= 0]
+    kept = [s for s in range(num_slots) if s not in written]
+    assert torch.equal(pool[kept], before[kept]), "only the out slots may change"
+    assert not torch.equal(pool[written], before[written])
 
 
 def test_decode_steps_chain_through_the_pool(device, assert_close):
