@@ -96,6 +96,16 @@ class ModelCache:
     def device(self) -> torch.device:
         return (self.conv_state or self.key_cache)[0].device
 
+    def copy_state_slot(self, src: int, dst: int) -> None:
+        """Every GDN layer's conv and recurrent state of slot `src` into slot `dst` (one copy a kind when the
+        layers' states are stacked)."""
+        if self.state_stacks:
+            for stack in self.state_stacks:  # [num_gdn_layers, num_slots, ...]
+                stack[:, dst].copy_(stack[:, src])
+            return
+        for tensor in (*self.conv_state, *self.recurrent_state):
+            tensor[dst].copy_(tensor[src])
+
     def copy_states(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Every GDN layer's conv and recurrent state of slots `src` into slots `dst` ([N] int64 on the
         device; the dst slots distinct and none of them in src). No host sync."""

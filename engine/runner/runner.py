@@ -430,7 +430,6 @@ class ModelRunner:
             self.spec.copy_page(src, dst)
 
     def _copy_state(self, src: int, dst: int) -> None:
-        for tensor in (*self.cache.conv_state, *self.cache.recurrent_state):
-            tensor[dst].copy_(tensor[src])
+        self.cache.copy_state_slot(src, dst)
         if self.spec is not None:
             self.spec.copy_slot(src, dst)
