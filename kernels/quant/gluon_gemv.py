@@ -64,6 +64,20 @@ if HAS_GLUON:
         )
 
     @gluon.jit
+    def _one_row_tile(N, BLOCK_N: gl.constexpr, COLUMNS: gl.constexpr, L: gl.constexpr):
+        # a program's rows (in SliceLayout(1, L)), the same clamped for the loads (no row mask) and the word
+        # columns of a step (SliceLayout(0, L))
+        rows = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, L))
+        return rows, gl.minimum(rows, N - 1).to(gl.int64), gl.arange(0, COLUMNS, layout=gl.SliceLayout(0, L))
+
+    @gluon.jit
+    def _store_rows(out_ptr, acc, scale, rows, N):
+        # the rows' sums (acc [BLOCK_N, C] summed over C, times scale) to out: [N] in x's dtype (one split) or the
+        # split's fp32 partials [SPLIT_K, N]
+        total = gl.sum(acc, axis=1) * scale
+        gl.store(out_ptr + gl.program_id(1) * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
+
+    @gluon.jit
     def _pairs_word(w, g, magic, s: gl.constexpr, BITS: gl.constexpr):
         # pair plane s: lanes 32s + 2i (low half) and 32s + 2i + 1 (high half) of word i as bf16 bits of 128 + u
         c = magic
@@ -127,16 +141,12 @@ if HAS_GLUON:
         # words); high_ptr: uint8 (Q5) or int16 (Q6) (strides in elements; the words again for Q4); scales_ptr:
         # fp16 [N, K_pad / 64]; out: [N] in bf16 (one split) or fp32 partials [SPLIT_K, N]
         L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
-        ROWS: gl.constexpr = gl.SliceLayout(1, L)
-        COLS: gl.constexpr = gl.SliceLayout(0, L)
         OFFSET: gl.constexpr = 1 << (BITS - 1)
         split = gl.program_id(1)
-        rows = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROWS)
-        rows_c = gl.minimum(rows, N - 1).to(gl.int64)  # clamped: no row mask on the loads
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
         code_rows = (rows_c * codes_stride)[:, None]
         high_rows = (rows_c * high_stride)[:, None]
         scale_rows = rows_c * scales_stride
-        i = gl.arange(0, 16, layout=COLS)
         magic = gl.full([BLOCK_N, 16], 0x43004300, gl.int32, layout=L)  # 128 in bf16, twice
         one = gl.full([BLOCK_N, 16], 0x3F803F80, gl.int32, layout=L)  # 1.0 in bf16, twice
         neg = gl.full(
@@ -165,8 +175,7 @@ if HAS_GLUON:
                 acc = _pairs_unit(acc, w2, g2, t0, t1, xw_ptr, unit + 1, i, magic, one, neg, BITS, BLOCK_N, L)
             w, g, s0, s1 = w_n, g_n, s0_n, s1_n
             w2, g2, t0, t1 = w2_n, g2_n, t0_n, t1_n
-        total = gl.sum(acc, axis=1)
-        gl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
+        _store_rows(out_ptr, acc, 1.0, rows, N)
 
     @gluon.jit
     def _fp8_word_f32(w):
@@ -215,12 +224,8 @@ if HAS_GLUON:
         # loaded before this one's are used; codes_ptr: int32 words (codes_stride in words); the row scale
         # multiplies the fp32 sum at the end; out: [N] in bf16 (one split) or fp32 partials [SPLIT_K, N]
         L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
-        ROWS: gl.constexpr = gl.SliceLayout(1, L)
-        COLS: gl.constexpr = gl.SliceLayout(0, L)
         split = gl.program_id(1)
-        rows = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROWS)
-        rows_c = gl.minimum(rows, N - 1).to(gl.int64)
-        i = gl.arange(0, 16, layout=COLS)
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
         w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + i[None, :]
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
         s0 = split * STEPS_SPLIT
@@ -230,8 +235,7 @@ if HAS_GLUON:
             w_n = gl.load(w_ptrs + gl.minimum(step + 1, last) * 16)
             acc = _fp8_step(acc, w, xw_ptr, step, i)
             w = w_n
-        total = gl.sum(acc, axis=1) * gl.load(scales_ptr + rows_c).to(gl.float32)
-        gl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
+        _store_rows(out_ptr, acc, gl.load(scales_ptr + rows_c).to(gl.float32), rows, N)
 
     @gluon.jit
     def _nvfp4_pair_f32(w, w4, x_pair, c: gl.constexpr, part):
@@ -271,12 +275,8 @@ if HAS_GLUON:
         # lane pairs. Grid (cdiv(N, BLOCK_N), SPLIT_K); a step is 128 lanes a row: 16 words, word i lanes 8i ..
         # 8i + 7 of block i // 2. codes_ptr: int32 words (codes_stride in words); out as the other kernels.
         L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
-        ROWS: gl.constexpr = gl.SliceLayout(1, L)
-        COLS: gl.constexpr = gl.SliceLayout(0, L)
         split = gl.program_id(1)
-        rows = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROWS)
-        rows_c = gl.minimum(rows, N - 1).to(gl.int64)
-        i = gl.arange(0, 16, layout=COLS)
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
         w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + i[None, :]
         inner = rows_c % 128
         # scale byte of (row n, block b = 8 step + i // 2): the row's part + (b // 4) * 512 + b % 4
@@ -301,8 +301,7 @@ if HAS_GLUON:
             acc = gl.fma(part, sc.to(gl.float8e4nv, bitcast=True).to(gl.float32), acc)
             w = w_n
             sc = sc_n
-        total = gl.sum(acc, axis=1) * out_scale
-        gl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
+        _store_rows(out_ptr, acc, out_scale, rows, N)
 
     @gluon.jit(do_not_specialize=["N"])
     def _quant_gemv_w8_pairs_kernel(
@@ -323,12 +322,8 @@ if HAS_GLUON:
         # gives code * x rounded once, a second adds it times the group's scale. Grid and out as the Q4/Q5/Q6
         # kernel's; codes_ptr: int32 words (codes_stride in words), scales_ptr: fp16 [N, K_pad / 32].
         L: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NUM_WARPS, 1], [1, 0])
-        ROWS: gl.constexpr = gl.SliceLayout(1, L)
-        COLS: gl.constexpr = gl.SliceLayout(0, L)
         split = gl.program_id(1)
-        rows = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROWS)
-        rows_c = gl.minimum(rows, N - 1).to(gl.int64)
-        i = gl.arange(0, 32, layout=COLS)
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 32, L)
         w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + i[None, :]
         s_ptrs = scales_ptr + rows_c * scales_stride
         magic = gl.full([BLOCK_N, 32], 0x4B000000, gl.int32, layout=L)
@@ -345,5 +340,4 @@ if HAS_GLUON:
                 s = gl.load(s_ptrs + unit * 4 + j).to(gl.float32)
                 acc = gl.fma(t, s[:, None], acc)
             w = w_n
-        total = gl.sum(acc, axis=1)
-        gl.store(out_ptr + split * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
+        _store_rows(out_ptr, acc, 1.0, rows, N)

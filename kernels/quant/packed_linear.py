@@ -133,7 +133,9 @@ def packed_tiles(
     rows (the same tiles whatever T); one row runs another kernel, its output within rounding of the batched."""
     assert fmt in GROUP_FORMATS, f"{fmt}: the GEMV layout is for the row-split formats"
     if variant is None and rows == 1:
-        variant = ONE_ROW_TABLE.get((fmt, n, k), ONE_ROW_VARIANT)
+        # W8's Gluon kernel has not yet run on a GPU: W8 keeps the Triton CUDA-core mode until it has
+        default = "fma" if GROUP_FORMATS[fmt].bits == 8 else ONE_ROW_VARIANT
+        variant = ONE_ROW_TABLE.get((fmt, n, k), default)
     v = GEMV_VARIANTS[variant or GEMV_TABLE.get((fmt, n, k), "default")]
     units = -(-k // UNIT)
     step = v.step_units if units % v.step_units == 0 else 1
