@@ -77,12 +77,12 @@ class ModelCache:
     value_cache: list[torch.Tensor]
     conv_state: list[torch.Tensor]
     recurrent_state: list[torch.Tensor]
+    # conv_state / recurrent_state are the per-layer views of these two stacks [num_gdn_layers, num_slots, ...]
+    state_stacks: tuple[torch.Tensor, torch.Tensor]
     kv_dtype: KVDtype = "bf16"
     key_scale: list[torch.Tensor] | None = None  # int8 only, one per KV entry
     value_scale: list[torch.Tensor] | None = None
     slot_extras: list[torch.Tensor] = field(default_factory=list)  # per-slot drafter state (see above)
-    # conv_state / recurrent_state as the views of one stacked tensor each (module docstring); () = separate
-    state_stacks: tuple[torch.Tensor, ...] = ()
 
     @property
     def num_pages(self) -> int:
@@ -97,24 +97,15 @@ class ModelCache:
         return (self.conv_state or self.key_cache)[0].device
 
     def copy_state_slot(self, src: int, dst: int) -> None:
-        """Every GDN layer's conv and recurrent state of slot `src` into slot `dst` (one copy a kind when the
-        layers' states are stacked)."""
-        if self.state_stacks:
-            for stack in self.state_stacks:  # [num_gdn_layers, num_slots, ...]
-                stack[:, dst].copy_(stack[:, src])
-            return
-        for tensor in (*self.conv_state, *self.recurrent_state):
-            tensor[dst].copy_(tensor[src])
+        """Every GDN layer's conv and recurrent state of slot `src` into slot `dst`: one copy a kind."""
+        for stack in self.state_stacks:
+            stack[:, dst].copy_(stack[:, src])
 
     def copy_states(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Every GDN layer's conv and recurrent state of slots `src` into slots `dst` ([N] int64 on the
         device; the dst slots distinct and none of them in src). No host sync."""
-        if self.state_stacks:
-            for stack in self.state_stacks:  # [num_gdn_layers, num_slots, ...]
-                stack.index_copy_(1, dst, stack.index_select(1, src))
-            return
-        for tensor in (*self.conv_state, *self.recurrent_state):
-            tensor.index_copy_(0, dst, tensor.index_select(0, src))
+        for stack in self.state_stacks:
+            stack.index_copy_(1, dst, stack.index_select(1, src))
 
 
 def allocate_cache(

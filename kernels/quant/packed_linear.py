@@ -124,6 +124,9 @@ def _wave_split(units: int, step_units: int, tiles_n: int, slots: int) -> int:
     return best
 
 
+@functools.lru_cache(
+    maxsize=1024
+)  # called by every GEMV launch (eager steps): a pure function of its arguments
 def packed_tiles(
     fmt: str, n: int, k: int, variant: str | None = None, sms: int = H200_SMS, rows: int | None = None
 ) -> PackedTiles:

@@ -156,6 +156,7 @@ def one_row_ok(x: torch.Tensor, qw: QuantWeight) -> bool:
     )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=1024)  # called by every one-row launch (eager steps)
 def one_row_tiles(fmt: str, n: int, k: int) -> QuantTiles:
     """The tiles of the FP8 / NVFP4 one-row GEMV: 64 rows a program (2 a thread), 4 warps, K split for
     ``MIN_PROGRAMS``."""
