@@ -11,6 +11,7 @@ everything else takes ``"default"``. No autotuning on the decode path. The bench
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 import torch
@@ -82,6 +83,9 @@ GEMV_VARIANTS: dict[str, GemvVariant] = {
 # one row of x (decode at C=1): the Gluon kernel, its tiles per 27B shape as timed on the H200 (2026-12-04,
 # bench/results/h200_2026-12-04_session8/kernels_quant_pairs_variants.json), else ONE_ROW_VARIANT
 ONE_ROW_VARIANT = "pairs_n64s2"
+# W8's one-row tiles: the Triton CUDA-core mode until its Gluon kernel has run on a GPU
+# (NINFER_W8_ONE_ROW=pairs_n64s2 picks the Gluon kernel, for measuring it)
+W8_ONE_ROW_VARIANT = os.environ.get("NINFER_W8_ONE_ROW", "fma")
 ONE_ROW_TABLE: dict[tuple[str, int, int], str] = {
     ("Q4G64_F16S", 7168, 5120): "pairs_n64",  # attention query_key: 13.1 us (n64s2 13.4)
     ("Q4G64_F16S", 4096, 5120): "pairs_n64",  # GDN query_key: 8.8 us (n64s2 9.5)
@@ -136,8 +140,7 @@ def packed_tiles(
     rows (the same tiles whatever T); one row runs another kernel, its output within rounding of the batched."""
     assert fmt in GROUP_FORMATS, f"{fmt}: the GEMV layout is for the row-split formats"
     if variant is None and rows == 1:
-        # W8's Gluon kernel has not yet run on a GPU: W8 keeps the Triton CUDA-core mode until it has
-        default = "fma" if GROUP_FORMATS[fmt].bits == 8 else ONE_ROW_VARIANT
+        default = W8_ONE_ROW_VARIANT if GROUP_FORMATS[fmt].bits == 8 else ONE_ROW_VARIANT
         variant = ONE_ROW_TABLE.get((fmt, n, k), default)
     v = GEMV_VARIANTS[variant or GEMV_TABLE.get((fmt, n, k), "default")]
     units = -(-k // UNIT)
