@@ -6,13 +6,14 @@ GPU only (marker `gpu`): `pytest -m gpu tests/api/test_kv_auto_gpu.py`.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import torch
-from api_helpers import VENV_BIN, free_port, start_server, stop_server
+from api_helpers import free_port, start_server, stop_server
 
 from engine.runner.sizing import headroom_bytes
 
@@ -24,7 +25,8 @@ MAX_CONTEXT = 32768
 @pytest.mark.parametrize("geometry", ["qwen3.6-27b", "qwen3.6-35b-a3b"])
 def test_kv_capacity_auto_starts_and_fills_the_memory_it_reports(tmp_path: Path, geometry: str) -> None:
     port = free_port()
-    cmd = [str(VENV_BIN / "ninfer-serve"), "--synthetic", geometry, "--port", str(port),
+    # the module, not the console script: the GPU machine runs the checkout from PYTHONPATH, uninstalled
+    cmd = [sys.executable, "-m", "api.serve", "--synthetic", geometry, "--port", str(port),
            "--max-context", str(MAX_CONTEXT), "--max-concurrency", "8", "--kv-capacity", "auto",
            "--log-stats-interval-ms", "0"]  # fmt: skip
     url, process = start_server(cmd, tmp_path / "server.log", port, timeout=900.0)
