@@ -10,7 +10,20 @@ FP8 rows for Qwen3.8's mixed profile) and Qwen3.6-35B-A3B (W8 attention/GDN at K
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
+
+
+def _mma_group_asm(bits: int) -> str:
+    """kernels/quant/mma_asm.py's text for the MMA kernel's ASM (loaded by path: that module imports nothing)."""
+    path = Path(__file__).resolve().parents[2] / "kernels" / "quant" / "mma_asm.py"
+    spec = importlib.util.spec_from_file_location("ninfer_mma_asm", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.mma_group_asm(bits))
+
 
 _GROUP_PTRS = {"x_ptr": "bf16", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16"}
 _GROUP_ALIGNED = ("x_stride", "codes_stride", "high_stride", "scales_stride")
@@ -104,6 +117,33 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 ("27B Q4 7168x5120 split 8", 4, 40, 5, 128, 1),
                 ("27B Q5 5120x17408 split 8, two units a step", 5, 136, 34, 64, 2),
                 ("27B Q6 head K=5120", 6, 40, 40, 32, 1),
+            )
+        ],
+        # the tensor-core one-row GEMV on the same loads (packed_linear "mma" tiles: 64 or 128 rows, 4 warps)
+        "_quant_gemv_mma_kernel": [
+            variant(
+                label,
+                {
+                    "xw_ptr": "i32",
+                    "codes_ptr": "i32",
+                    "high_ptr": {5: "u8", 6: "i16"}.get(bits, "i32"),
+                    "scales_ptr": "fp16",
+                    "out_ptr": "fp32" if units_split < units else "bf16",
+                },
+                dict(
+                    BITS=bits,
+                    UNITS_SPLIT=units_split,
+                    BLOCK_N=block_n,
+                    NUM_WARPS=4,
+                    STEP=step,
+                    ASM=_mma_group_asm(bits),
+                ),
+                aligned=("codes_stride", "high_stride", "scales_stride"),
+            )  # fmt: skip
+            for label, bits, units, units_split, block_n, step in (
+                ("27B Q4 34816x5120 split 5", 4, 40, 8, 64, 1),
+                ("27B Q5 5120x17408 split 8", 5, 136, 17, 64, 1),
+                ("27B Q6 head K=5120", 6, 40, 40, 128, 2),
             )
         ],
         # FP8 rows' Gluon one-row GEMV (quant_linear.one_row_tiles: 64 rows a program, 4 warps, 64-lane steps)

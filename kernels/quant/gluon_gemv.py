@@ -26,6 +26,7 @@ make them exact fp32, and the row's bf16 scale multiplies its sum once. Launcher
 from __future__ import annotations
 
 from kernels._dispatch import HAS_TRITON
+from kernels.quant.mma_asm import mma_group_asm
 
 HAS_GLUON = False
 if HAS_TRITON:
@@ -36,6 +37,10 @@ if HAS_TRITON:
         HAS_GLUON = True
     except ImportError:  # a Triton without Gluon: packed_linear keeps the Triton modes
         pass
+
+
+# the launcher passes the format's text as the kernel's ASM (mma_asm.py)
+MMA_GROUP_ASM = {bits: mma_group_asm(bits) for bits in (4, 5, 6)}
 
 if HAS_GLUON:
 
@@ -176,6 +181,79 @@ if HAS_GLUON:
             w, g, s0, s1 = w_n, g_n, s0_n, s1_n
             w2, g2, t0, t1 = w2_n, g2_n, t0_n, t1_n
         _store_rows(out_ptr, acc, 1.0, rows, N)
+
+    @gluon.jit
+    def _mma_unit(acc, w, g, s0, s1, xw_ptr, unit, i, magic, BITS: gl.constexpr, ASM: gl.constexpr):
+        # acc [BLOCK_N, 16] (int32 bits of fp32) += one unit's products on the tensor cores: per group (pair
+        # planes 2h, 2h + 1), the pair words as bf16 128 + u, x's lane-pair words as they are (bf16), one
+        # mma_group_asm a group
+        for half in gl.static_range(2):
+            ta = _pairs_word(w, g, magic, 2 * half, BITS)
+            tb = _pairs_word(w, g, magic, 2 * half + 1, BITS)
+            xa = gl.load(xw_ptr + (unit * 64 + 32 * half) + i)[None, :]
+            xb = gl.load(xw_ptr + (unit * 64 + 32 * half + 16) + i)[None, :]
+            s = (s0 if half == 0 else s1).to(gl.int32, bitcast=True)[:, None]
+            acc = gl.inline_asm_elementwise(
+                ASM,
+                # 8 outputs, 48 inputs
+                "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+                [acc, ta, tb, xa, xb, s], dtype=gl.int32, is_pure=True, pack=8,
+            )  # fmt: skip
+        return acc
+
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_mma_kernel(
+        xw_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        BITS: gl.constexpr,
+        UNITS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+        STEP: gl.constexpr,  # units a loop step (1 or 2), as _quant_gemv_pairs_kernel's
+        ASM: gl.constexpr,  # MMA_GROUP_ASM[BITS]
+    ):
+        # _quant_gemv_pairs_kernel's loads and arguments, the products on the tensor cores (mma.sync m16n8k16,
+        # bf16, fp32 accumulate) instead of fp32 FMAs: a thread holds 2 rows x 4 words (L), so a quad of lanes
+        # holds two rows' 16 words, exactly the A fragment of one 16-row MMA tile (rows 2q, 2q + 1 of the
+        # warp's 16 as the fragment's rows q, q + 8); see mma_asm.mma_group_asm. Each lane of a quad ends with the
+        # rows' whole sums: the store scales the 4 copies' sum by 1/4 (exact).
+        L: gl.constexpr = gl.BlockedLayout([2, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
+        split = gl.program_id(1)
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
+        code_rows = (rows_c * codes_stride)[:, None]
+        high_rows = (rows_c * high_stride)[:, None]
+        scale_rows = rows_c * scales_stride
+        magic = gl.full([BLOCK_N, 16], 0x43004300, gl.int32, layout=L)  # 128 in bf16, twice
+        acc = gl.zeros([BLOCK_N, 16], gl.int32, layout=L)  # fp32 bits (0.0)
+        u0 = split * UNITS_SPLIT
+        last = u0 + UNITS_SPLIT - 1
+        w, g, s0, s1 = _pairs_load(
+            codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows, u0, i, BITS
+        )
+        w2, g2, t0, t1 = w, g, s0, s1
+        if STEP == 2:
+            w2, g2, t0, t1 = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
+                                         gl.minimum(u0 + 1, last), i, BITS)  # fmt: skip
+        for unit in range(u0, u0 + UNITS_SPLIT, STEP):
+            w_n, g_n, s0_n, s1_n = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
+                                               gl.minimum(unit + STEP, last), i, BITS)  # fmt: skip
+            w2_n, g2_n, t0_n, t1_n = w_n, g_n, s0_n, s1_n
+            if STEP == 2:
+                w2_n, g2_n, t0_n, t1_n = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows,
+                                                     scale_rows, gl.minimum(unit + 3, last), i, BITS)  # fmt: skip
+            acc = _mma_unit(acc, w, g, s0, s1, xw_ptr, unit, i, magic, BITS, ASM)
+            if STEP == 2:
+                acc = _mma_unit(acc, w2, g2, t0, t1, xw_ptr, unit + 1, i, magic, BITS, ASM)
+            w, g, s0, s1 = w_n, g_n, s0_n, s1_n
+            w2, g2, t0, t1 = w2_n, g2_n, t0_n, t1_n
+        _store_rows(out_ptr, acc.to(gl.float32, bitcast=True), 0.25, rows, N)
 
     @gluon.jit
     def _fp8_word_f32(w):

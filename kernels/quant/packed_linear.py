@@ -29,7 +29,12 @@ if HAS_TRITON:
     from kernels.quant.triton_gemv import _quant_dequant_packed_kernel, _quant_gemv_packed_kernel
 
     if HAS_GLUON:
-        from kernels.quant.gluon_gemv import _quant_gemv_pairs_kernel, _quant_gemv_w8_pairs_kernel
+        from kernels.quant.gluon_gemv import (
+            MMA_GROUP_ASM,
+            _quant_gemv_mma_kernel,
+            _quant_gemv_pairs_kernel,
+            _quant_gemv_w8_pairs_kernel,
+        )
 
 # the Triton kernel's MODE: tensor cores (T <= 8), CUDA cores (T = 1 only). The "pairs" tiles (T = 1, bf16 x,
 # Q4/Q5/Q6, K a multiple of 128) run the Gluon kernel (gluon_gemv.py); under the interpreter, which has no
@@ -79,10 +84,21 @@ GEMV_VARIANTS: dict[str, GemvVariant] = {
     "pairs_n32": GemvVariant(32, 1, 4, 0, "pairs"),
     "pairs_n32w2": GemvVariant(32, 1, 2, 1024, "pairs"),
     "pairs_n32w2s2": GemvVariant(32, 2, 2, 0, "pairs"),
+    # the same loads, the products on the tensor cores (gluon_gemv._quant_gemv_mma_kernel: 16 rows a warp, a
+    # thread 2 rows x 4 words; block_n a multiple of 16 x warps)
+    "mma_n64": GemvVariant(64, 1, 4, 0, "mma"),
+    "mma_n64s2": GemvVariant(64, 2, 4, 0, "mma"),
+    "mma_n128": GemvVariant(128, 1, 4, 0, "mma"),
+    "mma_n128s2": GemvVariant(128, 2, 4, 0, "mma"),
+    "mma_n32w2": GemvVariant(32, 1, 2, 0, "mma"),
+    "mma_n32w2s2": GemvVariant(32, 2, 2, 0, "mma"),
+    "mma_n128w8": GemvVariant(128, 1, 8, 0, "mma"),
 }
 # one row of x (decode at C=1): the Gluon kernel, its tiles per 27B shape as timed on the H200 (2026-12-04,
 # bench/results/h200_2026-12-04_session8/kernels_quant_pairs_variants.json), else ONE_ROW_VARIANT
 ONE_ROW_VARIANT = "pairs_n64s2"
+# NINFER_ONE_ROW=NAME: every Q4/Q5/Q6 one-row GEMV takes that variant (table included), for measuring one
+ONE_ROW_FORCED = os.environ.get("NINFER_ONE_ROW")
 # W8's one-row tiles: the Triton CUDA-core mode until its Gluon kernel has run on a GPU
 # (NINFER_W8_ONE_ROW=pairs_n64s2 picks the Gluon kernel, for measuring it)
 W8_ONE_ROW_VARIANT = os.environ.get("NINFER_W8_ONE_ROW", "fma")
@@ -92,7 +108,10 @@ ONE_ROW_TABLE: dict[tuple[str, int, int], str] = {
     ("Q5G64_F16S", 5120, 6144): "pairs_n32w2",  # attention / GDN output: 13.8 us (n64s2 14.4)
     ("Q5G64_F16S", 5120, 17408): "pairs_n32w2",  # MLP down: 29.8 us (n64s2 32.7)
 }
-PAIR_MODES = ("pairs",)  # the Gluon kernel's tiles (one bf16 row of x read as 32-bit lane pairs: pairs_ok)
+PAIR_MODES = (
+    "pairs",
+    "mma",
+)  # the Gluon kernels' tiles (one bf16 row of x read as 32-bit lane pairs: pairs_ok)
 # (format, N, K) -> variant name, from measurements on the H200 (empty until the bench's --variants run)
 GEMV_TABLE: dict[tuple[str, int, int], str] = {}
 H200_SMS = 132
@@ -142,10 +161,15 @@ def packed_tiles(
     if variant is None and rows == 1:
         default = W8_ONE_ROW_VARIANT if GROUP_FORMATS[fmt].bits == 8 else ONE_ROW_VARIANT
         variant = ONE_ROW_TABLE.get((fmt, n, k), default)
+        if ONE_ROW_FORCED and GROUP_FORMATS[fmt].bits != 8:
+            variant = ONE_ROW_FORCED
     v = GEMV_VARIANTS[variant or GEMV_TABLE.get((fmt, n, k), "default")]
     units = -(-k // UNIT)
     step = v.step_units if units % v.step_units == 0 else 1
-    block_n = max(16, min(v.block_n, 1 << max(0, n - 1).bit_length()))
+    # (the MMA kernel's layout is 16 rows a warp: no smaller tile)
+    block_n = max(
+        16 * v.num_warps if v.mode == "mma" else 16, min(v.block_n, 1 << max(0, n - 1).bit_length())
+    )
     tiles_n = -(-n // block_n)
     if v.min_programs:
         split = _split(units, step, tiles_n, v.min_programs)
@@ -209,10 +233,14 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
     elif pairs:
         if qw.high is not None and GROUP_FORMATS[qw.format].bits == 5:
             high = qw.high.view(torch.uint8)  # the Gluon kernel reads Q5's high plane a byte a word
-        _quant_gemv_pairs_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](
+        bits = GROUP_FORMATS[qw.format].bits
+        kernel, extra = _quant_gemv_pairs_kernel, {}
+        if tiles.mode == "mma":
+            kernel, extra = _quant_gemv_mma_kernel, {"ASM": MMA_GROUP_ASM[bits]}
+        kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](
             x[0].view(torch.int32), words, high, qw.scales, target, n, words.stride(0), high.stride(0),
-            qw.scales.stride(0), BITS=GROUP_FORMATS[qw.format].bits, UNITS_SPLIT=units // tiles.split_k,
-            BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, num_warps=tiles.num_warps,
+            qw.scales.stride(0), BITS=bits, UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n,
+            NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, num_warps=tiles.num_warps, **extra,
         )  # fmt: skip
     else:
         _quant_gemv_packed_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](

@@ -88,6 +88,37 @@ def test_pairs_mode(fmt, device, assert_close):
     )
 
 
+@pytest.mark.parametrize("fmt", [Q4, Q5, Q6])
+def test_mma_mode(fmt, device, assert_close):
+    """The "mma" tiles (on a GPU the tensor-core Gluon kernel, _quant_gemv_mma_kernel; the interpreter runs the
+    Triton CUDA-core mode): split and unsplit K, two-unit steps, N below one tile and not a multiple of it (the
+    clamped rows), several tiles a thread, a row view of a fused parent, x a column slice."""
+    from kernels.quant.gluon_gemv import HAS_GLUON
+
+    assert HAS_GLUON or device == "cpu", "the GPU's Triton has no Gluon: the mma tiles would not run it"
+    for n, k, variant in (
+        (37, 128, "mma_n64"),
+        (300, 1024, "mma_n64"),
+        (20, 2048, "mma_n64s2"),
+        (300, 768, "mma_n128"),
+        (200, 1024, "mma_n128s2"),
+        (50, 1024, "mma_n32w2s2"),
+        (70, 512, "mma_n32w2"),
+        (130, 640, "mma_n128w8"),
+    ):
+        qw = _weight(fmt, n, k, device)
+        x = torch.randn(1, k + 8, device=device).bfloat16()[:, 4 : 4 + k]
+        tiles = packed_tiles(fmt, n, k, variant)
+        assert tiles.mode == "mma" and tiles.block_n % (16 * tiles.num_warps) == 0, tiles
+        _check(f"{fmt} {n}x{k} {tiles}", quant_linear(x, qw, route="gemv", tiles=tiles), x, qw, assert_close)
+    part = _weight(fmt, 300, 640, device).rows(100, 150)
+    x = torch.randn(1, 640, device=device).bfloat16() * 30  # large activations: the fp32 accumulation holds
+    tiles = packed_tiles(fmt, 50, 640, "mma_n64")
+    _check(
+        f"{fmt} rows 100:150 {tiles}", quant_linear(x, part, route="gemv", tiles=tiles), x, part, assert_close
+    )
+
+
 @pytest.mark.parametrize("fmt", [Q4, Q6, W8])
 def test_fp16_activations(fmt, device, assert_close):
     n, k = 37, 258

@@ -20,9 +20,11 @@ def test_splits_are_whole_steps(fmt, n, k, variant):
     tiles = packed_tiles(fmt, n, k, variant)
     units = k // 128
     assert units % (tiles.split_k * tiles.step_units) == 0, tiles
-    assert tiles.block_n >= 16 and tiles.mode in ("dot", "fma", "pairs")
-    if fmt == W8 and tiles.mode == "pairs":  # W8's Gluon kernel walks one unit a step
+    assert tiles.block_n >= 16 and tiles.mode in ("dot", "fma", "pairs", "mma")
+    if fmt == W8 and tiles.mode in ("pairs", "mma"):  # W8's Gluon kernel walks one unit a step
         assert tiles.step_units == 1
+    if tiles.mode == "mma":  # the MMA kernel's layout: 16 rows a warp
+        assert tiles.block_n % (16 * tiles.num_warps) == 0
 
 
 @pytest.mark.parametrize(("fmt", "n", "k"), SHAPES)
