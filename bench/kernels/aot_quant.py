@@ -131,6 +131,7 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                     "out_ptr": "fp32" if units_split < units else "bf16",
                 },
                 dict(
+                    T=rows,
                     BITS=bits,
                     UNITS_SPLIT=units_split,
                     BLOCK_N=block_n,
@@ -138,12 +139,12 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                     STEP=step,
                     ASM=_mma_group_asm(bits),
                 ),
-                aligned=("codes_stride", "high_stride", "scales_stride"),
+                aligned=("xw_stride", "codes_stride", "high_stride", "scales_stride"),
             )  # fmt: skip
-            for label, bits, units, units_split, block_n, step in (
-                ("27B Q4 34816x5120 split 5", 4, 40, 8, 64, 1),
-                ("27B Q5 5120x17408 split 8", 5, 136, 17, 64, 1),
-                ("27B Q6 head K=5120", 6, 40, 40, 128, 2),
+            for label, rows, bits, units, units_split, block_n, step in (
+                ("27B Q4 34816x5120 split 5, one row", 1, 4, 40, 8, 64, 1),
+                ("27B Q5 5120x17408 split 8, 8 rows", 8, 5, 136, 17, 64, 1),
+                ("27B Q6 head K=5120, 4 rows", 4, 6, 40, 40, 128, 2),
             )
         ],
         # FP8 rows' Gluon one-row GEMV (quant_linear.one_row_tiles: 64 rows a program, 4 warps, 64-lane steps)

@@ -183,15 +183,15 @@ if HAS_GLUON:
         _store_rows(out_ptr, acc, 1.0, rows, N)
 
     @gluon.jit
-    def _mma_unit(acc, w, g, s0, s1, xw_ptr, unit, i, magic, BITS: gl.constexpr, ASM: gl.constexpr):
+    def _mma_unit(acc, w, g, s0, s1, x_ptrs, x_mask, unit, magic, BITS: gl.constexpr, ASM: gl.constexpr):
         # acc [BLOCK_N, 16] (int32 bits of fp32) += one unit's products on the tensor cores: per group (pair
-        # planes 2h, 2h + 1), the pair words as bf16 128 + u, x's lane-pair words as they are (bf16), one
-        # mma_group_asm a group
+        # planes 2h, 2h + 1), the pair words as bf16 128 + u, x's lane-pair words as they are (bf16: each
+        # thread loads its quad's row of x, zeros past the last), one mma_group_asm a group
         for half in gl.static_range(2):
             ta = _pairs_word(w, g, magic, 2 * half, BITS)
             tb = _pairs_word(w, g, magic, 2 * half + 1, BITS)
-            xa = gl.load(xw_ptr + (unit * 64 + 32 * half) + i)[None, :]
-            xb = gl.load(xw_ptr + (unit * 64 + 32 * half + 16) + i)[None, :]
+            xa = gl.load(x_ptrs + (unit * 64 + 32 * half), mask=x_mask, other=0)
+            xb = gl.load(x_ptrs + (unit * 64 + 32 * half + 16), mask=x_mask, other=0)
             s = (s0 if half == 0 else s1).to(gl.int32, bitcast=True)[:, None]
             acc = gl.inline_asm_elementwise(
                 ASM,
@@ -209,9 +209,11 @@ if HAS_GLUON:
         scales_ptr,
         out_ptr,
         N,
+        xw_stride,
         codes_stride,
         high_stride,
         scales_stride,
+        T: gl.constexpr,  # rows of x, 1..8
         BITS: gl.constexpr,
         UNITS_SPLIT: gl.constexpr,
         BLOCK_N: gl.constexpr,
@@ -219,17 +221,23 @@ if HAS_GLUON:
         STEP: gl.constexpr,  # units a loop step (1 or 2), as _quant_gemv_pairs_kernel's
         ASM: gl.constexpr,  # MMA_GROUP_ASM[BITS]
     ):
-        # _quant_gemv_pairs_kernel's loads and arguments, the products on the tensor cores (mma.sync m16n8k16,
-        # bf16, fp32 accumulate) instead of fp32 FMAs: a thread holds 2 rows x 4 words (L), so a quad of lanes
-        # holds two rows' 16 words, exactly the A fragment of one 16-row MMA tile (rows 2q, 2q + 1 of the
-        # warp's 16 as the fragment's rows q, q + 8); see mma_asm.mma_group_asm. Each lane of a quad ends with the
-        # rows' whole sums: the store scales the 4 copies' sum by 1/4 (exact).
+        # _quant_gemv_pairs_kernel's weight loads, the products on the tensor cores (mma.sync m16n8k16, bf16,
+        # fp32 accumulate) for 1..8 rows of x: a thread holds 2 weight rows x 4 words (L), so a quad of lanes
+        # holds two rows' 16 words, exactly the A fragment of one 16-row MMA tile (rows 2q, 2q + 1 of the warp's
+        # 16 as the fragment's rows q, q + 8), and quad q loads row q of x (the B fragment's column q; see
+        # mma_asm.mma_group_asm). Lane 4q + j ends with x rows 2j, 2j + 1 of its two weight rows in its elements
+        # (r, 0) and (r, 1). Each output is one C column: a row of x gives the same bits whatever T (batch
+        # invariant). xw_ptr: x [T, K] bf16 as int32 lane pairs (xw_stride in words); out: [T, N] in x's dtype (one
+        # split) or fp32 partials [SPLIT_K, T, N].
         L: gl.constexpr = gl.BlockedLayout([2, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
         split = gl.program_id(1)
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
         code_rows = (rows_c * codes_stride)[:, None]
         high_rows = (rows_c * high_stride)[:, None]
         scale_rows = rows_c * scales_stride
+        x_row = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, L)) % 16) // 2  # the quad's row of x
+        x_ptrs = xw_ptr + (gl.minimum(x_row, T - 1) * xw_stride)[:, None] + i[None, :]
+        x_mask = (x_row < T)[:, None] & (i >= 0)[None, :]
         magic = gl.full([BLOCK_N, 16], 0x43004300, gl.int32, layout=L)  # 128 in bf16, twice
         acc = gl.zeros([BLOCK_N, 16], gl.int32, layout=L)  # fp32 bits (0.0)
         u0 = split * UNITS_SPLIT
@@ -248,12 +256,16 @@ if HAS_GLUON:
             if STEP == 2:
                 w2_n, g2_n, t0_n, t1_n = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows,
                                                      scale_rows, gl.minimum(unit + 3, last), i, BITS)  # fmt: skip
-            acc = _mma_unit(acc, w, g, s0, s1, xw_ptr, unit, i, magic, BITS, ASM)
+            acc = _mma_unit(acc, w, g, s0, s1, x_ptrs, x_mask, unit, magic, BITS, ASM)
             if STEP == 2:
-                acc = _mma_unit(acc, w2, g2, t0, t1, xw_ptr, unit + 1, i, magic, BITS, ASM)
+                acc = _mma_unit(acc, w2, g2, t0, t1, x_ptrs, x_mask, unit + 1, magic, BITS, ASM)
             w, g, s0, s1 = w_n, g_n, s0_n, s1_n
             w2, g2, t0, t1 = w2_n, g2_n, t0_n, t1_n
-        _store_rows(out_ptr, acc.to(gl.float32, bitcast=True), 0.25, rows, N)
+        # element (r, c): weight row r, x row 2 (c // 4) + c % 4 when c % 4 < 2 (the rest are 0.0)
+        out_row = (i // 4) * 2 + i % 4
+        mask = (rows < N)[:, None] & ((i % 4 < 2) & (out_row < T))[None, :]
+        offs = (split * T + out_row)[None, :] * N + rows[:, None]
+        gl.store(out_ptr + offs, acc.to(gl.float32, bitcast=True).to(out_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
     def _fp8_word_f32(w):

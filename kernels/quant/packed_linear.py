@@ -97,8 +97,10 @@ GEMV_VARIANTS: dict[str, GemvVariant] = {
 # one row of x (decode at C=1): the Gluon kernel, its tiles per 27B shape as timed on the H200 (2026-12-04,
 # bench/results/h200_2026-12-04_session8/kernels_quant_pairs_variants.json), else ONE_ROW_VARIANT
 ONE_ROW_VARIANT = "pairs_n64s2"
-# NINFER_ONE_ROW=NAME: every Q4/Q5/Q6 one-row GEMV takes that variant (table included), for measuring one
+# NINFER_ONE_ROW=NAME / NINFER_FEW_ROWS=NAME: every Q4/Q5/Q6 GEMV of one row / of 2..8 rows takes that variant
+# (table included), for measuring one ("mma_*" variants take 1..8 rows)
 ONE_ROW_FORCED = os.environ.get("NINFER_ONE_ROW")
+FEW_ROWS_FORCED = os.environ.get("NINFER_FEW_ROWS")
 # W8's one-row tiles: the Triton CUDA-core mode until its Gluon kernel has run on a GPU
 # (NINFER_W8_ONE_ROW=pairs_n64s2 picks the Gluon kernel, for measuring it)
 W8_ONE_ROW_VARIANT = os.environ.get("NINFER_W8_ONE_ROW", "fma")
@@ -163,6 +165,8 @@ def packed_tiles(
         variant = ONE_ROW_TABLE.get((fmt, n, k), default)
         if ONE_ROW_FORCED and GROUP_FORMATS[fmt].bits != 8:
             variant = ONE_ROW_FORCED
+    elif variant is None and rows is not None and FEW_ROWS_FORCED and GROUP_FORMATS[fmt].bits != 8:
+        variant = FEW_ROWS_FORCED
     v = GEMV_VARIANTS[variant or GEMV_TABLE.get((fmt, n, k), "default")]
     units = -(-k // UNIT)
     step = v.step_units if units % v.step_units == 0 else 1
@@ -197,14 +201,27 @@ def _planes(qw: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
     return words, qw.high.view(torch.int16 if GROUP_FORMATS[qw.format].bits == 6 else torch.int32)
 
 
-def pairs_ok(x: torch.Tensor, qw: QuantWeight) -> bool:
-    """Whether the "pairs" mode can take this x and weight: one bf16 row whose 32-bit words are lane pairs, K a
-    multiple of 128 (no lane masks); W8 runs its own Gluon kernel (bytes, not pair words)."""
+def pairs_ok(x: torch.Tensor, qw: QuantWeight, max_rows: int = 1) -> bool:
+    """Whether the Gluon kernels can take this x and weight: up to ``max_rows`` bf16 rows (1 for "pairs", 8 for
+    "mma") whose 32-bit words are lane pairs, K a multiple of 128 (no lane masks). (W8 runs its own one-row
+    Gluon kernel: bytes, not pair words.)"""
     n, k = qw.shape
     return (
-        x.dtype == torch.bfloat16 and x.shape[0] == 1 and x.stride(-1) == 1 and x.storage_offset() % 2 == 0
-        and k % UNIT == 0
+        x.dtype == torch.bfloat16 and x.shape[0] <= max_rows and x.stride(-1) == 1 and x.storage_offset() % 2 == 0
+        and (x.shape[0] == 1 or x.stride(0) % 2 == 0) and k % UNIT == 0
     )  # fmt: skip
+
+
+def _gluon_mode(tiles: PackedTiles, x: torch.Tensor, qw: QuantWeight) -> str | None:
+    """The Gluon kernel these tiles run for x ("pairs", "mma", "w8"), or None: a Triton mode runs them."""
+    bits = GROUP_FORMATS[qw.format].bits
+    if tiles.mode not in PAIR_MODES or not HAS_GLUON or INTERPRET:
+        return None
+    if bits == 8:
+        return "w8" if pairs_ok(x, qw) else None
+    if tiles.mode == "mma":
+        return "mma" if pairs_ok(x, qw, 8) else None
+    return "pairs" if pairs_ok(x, qw) else None
 
 
 def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch.Tensor) -> torch.Tensor:
@@ -212,40 +229,48 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
     rows = x.shape[0]
     n, k = qw.shape
     assert qw.gemv_layout, f"{qw.format} weight is in the stored layout: view_planes(..., repack=True)"
-    pairs = tiles.mode in PAIR_MODES and HAS_GLUON and not INTERPRET and pairs_ok(x, qw)
-    if (
-        tiles.mode in PAIR_MODES and not pairs
-    ):  # the interpreter (no Gluon), fp16 x, W8: the Triton CUDA-core mode
-        tiles = tiles._replace(mode="fma")
-    assert tiles.mode == "dot" or rows == 1, f"GEMV mode {tiles.mode!r} takes one row of x, got {rows}"
+    gluon = _gluon_mode(tiles, x, qw)
+    if tiles.mode in PAIR_MODES and gluon is None:
+        # the interpreter (no Gluon), fp16 x, W8 with rows: the Triton modes
+        tiles = tiles._replace(mode="fma" if rows == 1 else "dot")
+    assert tiles.mode in ("dot", "mma") or rows == 1, (
+        f"GEMV mode {tiles.mode!r} takes one row of x, got {rows}"
+    )
     units = qw.k_pad // UNIT
     assert units % (tiles.split_k * tiles.step_units) == 0, f"{tiles}: {units} units split unevenly"
     target = out
     if tiles.split_k > 1:
         target = torch.empty(tiles.split_k, rows, n, dtype=torch.float32, device=x.device)
     words, high = _planes(qw)
-    if pairs and GROUP_FORMATS[qw.format].bits == 8:
-        _quant_gemv_w8_pairs_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](
+    bits = GROUP_FORMATS[qw.format].bits
+    grid = (triton.cdiv(n, tiles.block_n), tiles.split_k)
+    if gluon == "w8":
+        _quant_gemv_w8_pairs_kernel[grid](
             x[0], words, qw.scales, target, n, words.stride(0), qw.scales.stride(0),
             UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,
             num_warps=tiles.num_warps,
         )  # fmt: skip
-    elif pairs:
-        if qw.high is not None and GROUP_FORMATS[qw.format].bits == 5:
-            high = qw.high.view(torch.uint8)  # the Gluon kernel reads Q5's high plane a byte a word
-        bits = GROUP_FORMATS[qw.format].bits
-        kernel, extra = _quant_gemv_pairs_kernel, {}
-        if tiles.mode == "mma":
-            kernel, extra = _quant_gemv_mma_kernel, {"ASM": MMA_GROUP_ASM[bits]}
-        kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](
-            x[0].view(torch.int32), words, high, qw.scales, target, n, words.stride(0), high.stride(0),
-            qw.scales.stride(0), BITS=bits, UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n,
-            NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, num_warps=tiles.num_warps, **extra,
-        )  # fmt: skip
+    elif gluon is not None:
+        if qw.high is not None and bits == 5:
+            high = qw.high.view(torch.uint8)  # the Gluon kernels read Q5's high plane a byte a word
+        if gluon == "mma":
+            xw = x.view(torch.int32) if rows > 1 else x[0].view(torch.int32)[None, :]
+            _quant_gemv_mma_kernel[grid](
+                xw, words, high, qw.scales, target, n, xw.stride(0), words.stride(0), high.stride(0),
+                qw.scales.stride(0), T=rows, BITS=bits, UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n,
+                NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, ASM=MMA_GROUP_ASM[bits],
+                num_warps=tiles.num_warps,
+            )  # fmt: skip
+        else:
+            _quant_gemv_pairs_kernel[grid](
+                x[0].view(torch.int32), words, high, qw.scales, target, n, words.stride(0), high.stride(0),
+                qw.scales.stride(0), BITS=bits, UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n,
+                NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, num_warps=tiles.num_warps,
+            )  # fmt: skip
     else:
-        _quant_gemv_packed_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](
+        _quant_gemv_packed_kernel[grid](
             x, words, high, qw.scales, target, n, rows, k, x.stride(0), words.stride(0), high.stride(0),
-            qw.scales.stride(0), BITS=GROUP_FORMATS[qw.format].bits, UNITS_SPLIT=units // tiles.split_k,
+            qw.scales.stride(0), BITS=bits, UNITS_SPLIT=units // tiles.split_k,
             STEP_UNITS=tiles.step_units, BLOCK_N=tiles.block_n, MODE=MODES[tiles.mode], EVEN_K=k % UNIT == 0,
             ASM=not INTERPRET, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )  # fmt: skip

@@ -90,9 +90,10 @@ def test_pairs_mode(fmt, device, assert_close):
 
 @pytest.mark.parametrize("fmt", [Q4, Q5, Q6])
 def test_mma_mode(fmt, device, assert_close):
-    """The "mma" tiles (on a GPU the tensor-core Gluon kernel, _quant_gemv_mma_kernel; the interpreter runs the
-    Triton CUDA-core mode): split and unsplit K, two-unit steps, N below one tile and not a multiple of it (the
-    clamped rows), several tiles a thread, a row view of a fused parent, x a column slice."""
+    """The "mma" tiles (on a GPU the tensor-core Gluon kernel, _quant_gemv_mma_kernel, for 1..8 rows of x; the
+    interpreter runs the Triton modes): split and unsplit K, two-unit steps, N below one tile and not a multiple
+    of it (the clamped rows), several tiles a thread, a row view of a fused parent, x a column slice, 1, 3 and 8
+    rows, each row of a batch bitwise the row alone (on the GPU: one kernel for every T)."""
     from kernels.quant.gluon_gemv import HAS_GLUON
 
     assert HAS_GLUON or device == "cpu", "the GPU's Triton has no Gluon: the mma tiles would not run it"
@@ -107,10 +108,19 @@ def test_mma_mode(fmt, device, assert_close):
         (130, 640, "mma_n128w8"),
     ):
         qw = _weight(fmt, n, k, device)
-        x = torch.randn(1, k + 8, device=device).bfloat16()[:, 4 : 4 + k]
         tiles = packed_tiles(fmt, n, k, variant)
         assert tiles.mode == "mma" and tiles.block_n % (16 * tiles.num_warps) == 0, tiles
-        _check(f"{fmt} {n}x{k} {tiles}", quant_linear(x, qw, route="gemv", tiles=tiles), x, qw, assert_close)
+        x8 = torch.randn(8, k + 8, device=device).bfloat16()[:, 4 : 4 + k]
+        alone = [quant_linear(x8[t : t + 1], qw, route="gemv", tiles=tiles) for t in range(8)]
+        for rows in (1, 3, 8):
+            x = x8[:rows]
+            out = quant_linear(x, qw, route="gemv", tiles=tiles)
+            _check(f"{fmt} {n}x{k} T{rows} {tiles}", out, x, qw, assert_close)
+            if device != "cpu":  # the interpreter runs "fma" for one row, "dot" for several
+                for t in range(rows):
+                    assert torch.equal(out[t], alone[t][0]), (
+                        f"{fmt} {n}x{k} T{rows} row {t} differs from alone"
+                    )
     part = _weight(fmt, 300, 640, device).rows(100, 150)
     x = torch.randn(1, 640, device=device).bfloat16() * 30  # large activations: the fp32 accumulation holds
     tiles = packed_tiles(fmt, 50, 640, "mma_n64")
