@@ -97,6 +97,17 @@ GEMV_VARIANTS: dict[str, GemvVariant] = {
 # one row of x (decode at C=1): the Gluon kernel, its tiles per 27B shape as timed on the H200 (2026-12-04,
 # bench/results/h200_2026-12-04_session8/kernels_quant_pairs_variants.json), else ONE_ROW_VARIANT
 ONE_ROW_VARIANT = "pairs_n64s2"
+# 2..8 rows of x (decode at C=2..8, speculative verify): the tensor-core Gluon kernel, its tiles per 27B shape as
+# timed on the H200 at T=8 (2026-12-04, bench/results/h200_2026-12-04_session9/kernels_quant_mma_rows.json; 1.2-1.9x
+# the Triton tensor-core GEMV), else FEW_ROWS_VARIANT; W8 keeps the Triton GEMV ("default")
+FEW_ROWS_VARIANT = "mma_n128s2"
+FEW_ROWS_TABLE: dict[tuple[str, int, int], str] = {
+    ("Q4G64_F16S", 7168, 5120): "mma_n64s2",  # attention query_key: 13.0 us (n128s2 13.5, Triton dot 19.0)
+    ("Q5G64_F16S", 7168, 5120): "mma_n128",  # attention gate_value: 16.3 us (n128s2 16.9, dot 26.8)
+    ("Q5G64_F16S", 5120, 6144): "mma_n128",  # attention / GDN output: 14.4 us (n128s2 15.2, dot 21.8)
+    ("Q4G64_F16S", 4096, 5120): "mma_n64s2",  # GDN query_key: 9.8 us (n128s2 10.0, dot 13.7)
+    ("Q4G64_F16S", 34816, 5120): "mma_n32w2s2",  # MLP gate_up: 44.4 us (n128s2 49.1, dot 86.3)
+}
 # NINFER_ONE_ROW=NAME / NINFER_FEW_ROWS=NAME: every Q4/Q5/Q6 GEMV of one row / of 2..8 rows takes that variant
 # (table included), for measuring one ("mma_*" variants take 1..8 rows)
 ONE_ROW_FORCED = os.environ.get("NINFER_ONE_ROW")
@@ -157,16 +168,18 @@ def packed_tiles(
 ) -> PackedTiles:
     """The tiles of the GEMV-layout GEMV for a [n, k] weight of ``fmt`` on a GPU of ``sms`` SMs (``variant``: a
     ``GEMV_VARIANTS`` name; default: ``GEMV_TABLE``'s entry for the shape, else ``"default"``; one row of x
-    (``rows`` 1) takes ``ONE_ROW_VARIANT``, the Gluon one-row kernel). NOTE: batch invariance holds among 2..8
-    rows (the same tiles whatever T); one row runs another kernel, its output within rounding of the batched."""
+    (``rows`` 1) takes ``ONE_ROW_VARIANT``, the Gluon one-row kernel; 2..8 rows of Q4/Q5/Q6 ``FEW_ROWS_VARIANT``,
+    the tensor-core Gluon kernel). NOTE: batch invariance holds among 2..8 rows (the same tiles whatever T, and
+    the MMA kernel's output for a row of x is one column of its C); one row runs another kernel, its output
+    within rounding of the batched."""
     assert fmt in GROUP_FORMATS, f"{fmt}: the GEMV layout is for the row-split formats"
     if variant is None and rows == 1:
         default = W8_ONE_ROW_VARIANT if GROUP_FORMATS[fmt].bits == 8 else ONE_ROW_VARIANT
         variant = ONE_ROW_TABLE.get((fmt, n, k), default)
         if ONE_ROW_FORCED and GROUP_FORMATS[fmt].bits != 8:
             variant = ONE_ROW_FORCED
-    elif variant is None and rows is not None and FEW_ROWS_FORCED and GROUP_FORMATS[fmt].bits != 8:
-        variant = FEW_ROWS_FORCED
+    elif variant is None and rows is not None and rows > 1 and GROUP_FORMATS[fmt].bits != 8:
+        variant = FEW_ROWS_FORCED or FEW_ROWS_TABLE.get((fmt, n, k), FEW_ROWS_VARIANT)
     v = GEMV_VARIANTS[variant or GEMV_TABLE.get((fmt, n, k), "default")]
     units = -(-k // UNIT)
     step = v.step_units if units % v.step_units == 0 else 1
