@@ -98,7 +98,7 @@ GEMV_VARIANTS: dict[str, GemvVariant] = {
 # bench/results/h200_2026-12-04_session8/kernels_quant_pairs_variants.json), else ONE_ROW_VARIANT
 ONE_ROW_VARIANT = "pairs_n64s2"
 # 2..8 rows of x (decode at C=2..8, speculative verify): the tensor-core Gluon kernel, its tiles per 27B shape as
-# timed on the H200 at T=8 (2026-12-04, bench/results/h200_2026-12-04_session9/kernels_quant_mma_rows.json; 1.2-1.9x
+# timed on the H200 at T=8 (2026-12-04, bench/results/h200_2026-12-04_session9/kernels_quant_mma_rows.jsonl; 1.2-1.9x
 # the Triton tensor-core GEMV), else FEW_ROWS_VARIANT; W8 keeps the Triton GEMV ("default")
 FEW_ROWS_VARIANT = "mma_n128s2"
 FEW_ROWS_TABLE: dict[tuple[str, int, int], str] = {

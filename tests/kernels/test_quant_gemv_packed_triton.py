@@ -55,7 +55,7 @@ def test_every_variant(fmt, device, assert_close):
     x8 = torch.randn(8, k, device=device).bfloat16()
     for name in GEMV_VARIANTS:
         tiles = packed_tiles(fmt, n, k, name)
-        x = x8 if tiles.mode == "dot" else x8[:1]
+        x = x8 if tiles.mode in ("dot", "mma") else x8[:1]
         _check(f"{fmt} {name} {tiles}", quant_linear(x, qw, route="gemv", tiles=tiles), x, qw, assert_close)
     split4 = PackedTiles(16, 1, 4, 4, "dot")
     _check(f"{fmt} {split4}", quant_linear(x8, qw, route="gemv", tiles=split4), x8, qw, assert_close)
