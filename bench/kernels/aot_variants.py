@@ -337,6 +337,37 @@ VARIANTS: dict[str, list[Variant]] = {
             dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_E=256, RENORMALIZE=True),
         ),
     ],
+    # kernels/moe_router.py moe_router (the router GEMV + routing in one launch): gemv_tiles(256, 2048, bf16) = 32
+    # rows x 256 columns, 4 warps, 4 stages, K split in 8; BLOCK_T = GEMV_MAX_ROWS 8, BLOCK_E 256, BLOCK_TOPK 8
+    "_moe_router_kernel": [
+        Variant(
+            "35B-A3B router 256x2048 split 8 top_k=8",
+            dict(
+                x_ptr="bf16",
+                w_ptr="bf16",
+                part_ptr="fp32",
+                count_ptr="i32",
+                weights_ptr="fp32",
+                ids_ptr="i64",
+            ),
+            dict(
+                NUM_EXPERTS=256,
+                K_SPLIT=256,
+                SPLIT_K=8,
+                TOP_K=8,
+                BLOCK_TOPK=8,
+                BLOCK_T=8,
+                BLOCK_E=256,
+                BLOCK_N=32,
+                BLOCK_K=256,
+                NUM_STAGES=4,
+                RENORMALIZE=True,
+                IEEE=False,
+            ),
+            aligned=("x_stride",),
+            num_stages=4,
+        ),
+    ],
     # moe_experts (moe_tiles for bf16): BLOCK_N = 4, BLOCK_K = 2048, 8 warps; BLOCK_H = 4, BLOCK_I = 256, 4 warps;
     # routed experts only (SHARED_INTER 0) and with the shared expert (the model's path: I_s = 512)
     "_moe_gate_up_kernel": [
