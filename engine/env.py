@@ -50,3 +50,12 @@ def moe_router_mode() -> str:
     from kernels import _dispatch
 
     return _dispatch.MOE_ROUTER_MODE
+
+
+def splitk_reduce_mode() -> str:
+    """`NINFER_SPLITK_REDUCE`: `launch` (the default: a split-K GEMV's partials summed by one more launch) or `last`
+    (the last split of each row tile sums them, no reduce launch; bitwise the same outputs).
+    Read once when `kernels` is imported (`kernels._dispatch.SPLITK_REDUCE`)."""
+    from kernels import _dispatch
+
+    return _dispatch.SPLITK_REDUCE
