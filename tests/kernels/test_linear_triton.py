@@ -151,6 +151,24 @@ def test_last_split_reduces_bitwise_the_reduce_launch(n, k, tiles, rows, dtype, 
     assert torch.equal(alone[0], expected[-1]), "batch invariance"
 
 
+def test_last_split_reduces_launch_after_launch(device, monkeypatch):
+    """Many launches in a row, new inputs each (on the GPU, 200 at the 35B-A3B o_proj and router shapes, the
+    splits racing for their tickets): every output is the reduce launch's, every counter back at zero."""
+    shapes, launches = ([(2048, 4096), (256, 2048)], 200) if device == "cuda" else ([(200, 2048)], 3)
+    for n, k in shapes:
+        tiles = gemv_tiles(n, k, torch.bfloat16)
+        if device != "cuda":
+            tiles = GemvTiles(32, 256, 4, 2, 4)
+        w = _weights(n, k, torch.bfloat16, device)
+        for i in range(launches):
+            x = torch.randn(1 + i % 8, k, device=device).bfloat16()
+            monkeypatch.setattr(kernels._dispatch, "SPLITK_REDUCE", "launch")
+            expected = _launch_linear(x, w, tiles)
+            monkeypatch.setattr(kernels._dispatch, "SPLITK_REDUCE", "last")
+            assert torch.equal(_launch_linear(x, w, tiles), expected), f"{n}x{k} launch {i}"
+        assert not bool(ticket_counters(w.device).any()), "a counter was left non-zero"
+
+
 def test_more_than_eight_rows_is_f_linear(device):
     for rows in (9, 64):
         x = torch.randn(rows, 256, device=device).bfloat16()

@@ -109,6 +109,20 @@ def test_strided_rows_and_own_counter(device):
     assert counter.item() == 0 and router_counter(x.device).item() == 0
 
 
+def test_launch_after_launch_is_the_split_path(device, monkeypatch):
+    """Many launches in a row, new inputs each (on the GPU 200 at the 35B-A3B router, its 64 programs racing
+    for the tickets): each the split path's routing, bitwise; the counter back at zero."""
+    monkeypatch.setattr(kernels._dispatch, "GEMV_MODE", "on")
+    launches = 200 if device == "cuda" else 3
+    _, weight = _inputs(1, 256, 2048, torch.bfloat16, device)
+    for i in range(launches):
+        x = torch.randn(1 + i % 8, 2048, device=device).bfloat16()
+        weights, ids = moe_router(x, weight, 8)
+        split_weights, split_ids = moe_route(linear(x, weight), 8)
+        assert torch.equal(ids, split_ids) and torch.equal(weights, split_weights), f"launch {i}"
+    assert router_counter(weight.device).item() == 0
+
+
 def test_launches_in_a_row_and_graph_replay(device):
     """Launch after launch (and, on CUDA, a captured graph replayed over new inputs copied into the same
     tensors) the counter restarts at zero and every launch routes its own inputs."""
