@@ -41,3 +41,21 @@ def quant_gemv_mode() -> str:
     from kernels import _dispatch
 
     return _dispatch.QUANT_GEMV_MODE
+
+
+def moe_router_mode() -> str:
+    """`NINFER_MOE_ROUTER`: `split` (the default: a MoE block's router linear, then the routing kernel) or `fused`
+    (decode-sized batches on CUDA: the router GEMV and the routing in one launch, `kernels.moe_router`).
+    Read once when `kernels` is imported (`kernels._dispatch.MOE_ROUTER_MODE`)."""
+    from kernels import _dispatch
+
+    return _dispatch.MOE_ROUTER_MODE
+
+
+def splitk_reduce_mode() -> str:
+    """`NINFER_SPLITK_REDUCE`: `launch` (the default: a split-K GEMV's partials summed by one more launch) or `last`
+    (the last split of each row tile sums them, no reduce launch; bitwise the same outputs).
+    Read once when `kernels` is imported (`kernels._dispatch.SPLITK_REDUCE`)."""
+    from kernels import _dispatch
+
+    return _dispatch.SPLITK_REDUCE

@@ -16,6 +16,15 @@ default: the planes reordered once at load, ``kernels.quant.repack``, for ``kern
 and ``kernels.quant.triton_gemv``; 2.2x the stored layout's decode on the H200) or ``stored`` (the file's byte
 order, ``kernels.quant.triton_group``).
 
+``NINFER_MOE_ROUTER`` picks how a MoE block routes decode-sized batches (1..8 rows) where the kernels run Triton:
+``split`` (the default: the router linear, ``kernels.linear.linear``, then ``kernels.moe.moe_route``: two or three
+launches) or ``fused`` (``kernels.moe_router.moe_router``: the router GEMV and the routing in one launch; bitwise
+``split`` under ``NINFER_GEMV=on``).
+
+``NINFER_SPLITK_REDUCE`` picks how the Triton GEMV (``kernels.linear``) sums a split K's fp32 partials: ``launch``
+(the default: ``_linear_reduce_kernel``, one more launch) or ``last`` (the last split of each row tile to finish
+sums them in the same order: no reduce launch, bitwise the same outputs).
+
 ``kernels`` may not import ``engine``, so this is the one place that reads these variables, once, at
 import; ``engine/env.py`` (every variable NInfer reads) reports the values parsed here.
 """
@@ -58,9 +67,21 @@ def parse_quant_gemv_mode(value: str) -> str:
     return _parse("NINFER_QUANT_GEMV", value, ("stored", "packed"))
 
 
+def parse_moe_router_mode(value: str) -> str:
+    """``NINFER_MOE_ROUTER``'s value, normalised: ``split`` or ``fused``; ValueError for anything else."""
+    return _parse("NINFER_MOE_ROUTER", value, ("split", "fused"))
+
+
+def parse_splitk_reduce_mode(value: str) -> str:
+    """``NINFER_SPLITK_REDUCE``'s value, normalised: ``launch`` or ``last``; ValueError for anything else."""
+    return _parse("NINFER_SPLITK_REDUCE", value, ("launch", "last"))
+
+
 KERNELS_MODE = parse_kernels_mode(os.environ.get("NINFER_KERNELS", "auto"))
 GEMV_MODE = parse_gemv_mode(os.environ.get("NINFER_GEMV", "off"))
 QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "packed"))
+MOE_ROUTER_MODE = parse_moe_router_mode(os.environ.get("NINFER_MOE_ROUTER", "split"))
+SPLITK_REDUCE = parse_splitk_reduce_mode(os.environ.get("NINFER_SPLITK_REDUCE", "launch"))
 
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:

@@ -28,7 +28,10 @@ without holding them in registers, and the weight is read from HBM once for the 
 past N are clamped to N - 1 (unmasked loads; those outputs are not stored). With ``SPLIT_K == 1`` the
 program stores its outputs in x's dtype; with ``SPLIT_K > 1`` each split stores fp32 partials
 ``[SPLIT_K, T, N]`` and ``_linear_reduce_kernel`` (grid ``(cdiv(N, BLOCK), T)``) sums them in split order,
-then rounds once. No atomics.
+then rounds once. Under ``NINFER_SPLITK_REDUCE=last`` no reduce launch follows: each split takes a ticket
+from its row tile's counter (``ticket_counters``; an atomic add, acq_rel at GPU scope, after a CTA barrier) and
+the tile's last split to finish sums the tile's partials in the same split order and stores the rounded
+outputs (bitwise the reduce kernel's), then resets the counter. No atomics touch the data.
 
 Batch invariance: the tiles are ``gemv_tiles(N, K, dtype)``, never a function of T, and T is not a
 compile-time constant of the kernel: every T in 1..8 runs the same compiled code, in which T only masks
@@ -73,11 +76,15 @@ if HAS_TRITON:
         x_ptr,
         w_ptr,
         out_ptr,
+        count_ptr,
+        final_ptr,
         N,
         T,
         x_stride,
         w_stride,
         K_SPLIT: tl.constexpr,
+        SPLIT_K: tl.constexpr,
+        LAST_REDUCES: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
@@ -113,8 +120,22 @@ if HAS_TRITON:
                 acc = tl.dot(w, xt, acc, input_precision="ieee")
             else:
                 acc = tl.dot(w, xt, acc)
-        out_ptrs = out_ptr + split * (T * N) + ts[None, :] * N + rows[:, None]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & t_mask)
+        tile_ptrs = ts[None, :] * N + rows[:, None]  # [BLOCK_N, BLOCK_T]
+        out_mask = (rows < N)[:, None] & t_mask
+        tl.store(out_ptr + split * (T * N) + tile_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+        if LAST_REDUCES:
+            # the row tile's last split to finish sums the tile's SPLIT_K partials in split order (what
+            # _linear_reduce_kernel does) into final; tickets and their release/acquire: kernels/moe_router.py
+            tl.debug_barrier()
+            ticket = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if ticket == SPLIT_K - 1:
+                tl.store(count_ptr + tile, 0)  # the next launch starts from 0 (kernel boundaries order it)
+                tl.debug_barrier()
+                total = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):
+                    part = out_ptr + s * (T * N) + tile_ptrs
+                    total += tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")
+                tl.store(final_ptr + tile_ptrs, total.to(final_ptr.dtype.element_ty), mask=out_mask)
 
     @triton.jit
     def _linear_reduce_kernel(part_ptr, out_ptr, N, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
@@ -220,6 +241,21 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
     assert weight.is_contiguous(), f"weight {tuple(weight.shape)} strides {weight.stride()}: not contiguous"
 
 
+TICKET_COUNTERS = 4096  # row tiles a split launch can count in (split-K only runs below MIN_PROGRAMS tiles)
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def ticket_counters(device: torch.device) -> torch.Tensor:
+    """The device's ``TICKET_COUNTERS`` int32 counters for ``NINFER_SPLITK_REDUCE=last`` (one a row tile, zero
+    between launches), made once and kept (a CUDA graph holds their address). NOTE: made at the first GEMV
+    launch, before any graph capture (the engine's warm-up runs every layer eagerly first); launches sharing them
+    must not run concurrently (the engine runs a model's layers in order on one stream)."""
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        counters = _COUNTERS[device] = torch.zeros(TICKET_COUNTERS, dtype=torch.int32, device=device)
+    return counters
+
+
 def _launch_linear(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles) -> torch.Tensor:
     """The Triton GEMV with given tiles (the launcher's choice is ``gemv_tiles``; the bench sweeps others).
 
@@ -246,12 +282,15 @@ def _gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles) -> torch.Tens
     target = out
     if tiles.split_k > 1:
         target = torch.empty(tiles.split_k, rows, n, dtype=torch.float32, device=x.device)
-    _linear_gemv_kernel[(triton.cdiv(n, tiles.block_n), tiles.split_k)](
-        x, weight, target, n, rows, x.stride(0), weight.stride(0),
-        K_SPLIT=k // tiles.split_k, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages,
-        IEEE=x.dtype == torch.float32, num_warps=tiles.num_warps,
+    row_tiles = triton.cdiv(n, tiles.block_n)
+    last = tiles.split_k > 1 and _dispatch.SPLITK_REDUCE == "last" and row_tiles <= TICKET_COUNTERS
+    _linear_gemv_kernel[(row_tiles, tiles.split_k)](
+        x, weight, target, ticket_counters(x.device), out, n, rows, x.stride(0), weight.stride(0),
+        K_SPLIT=k // tiles.split_k, SPLIT_K=tiles.split_k, LAST_REDUCES=last, BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, IEEE=x.dtype == torch.float32,
+        num_warps=tiles.num_warps,
     )  # fmt: skip
-    if tiles.split_k > 1:
+    if tiles.split_k > 1 and not last:
         _linear_reduce_kernel[(triton.cdiv(n, REDUCE_BLOCK), rows)](
             target, out, n, SPLIT_K=tiles.split_k, BLOCK=REDUCE_BLOCK, num_warps=4
         )

@@ -78,19 +78,42 @@ VARIANTS: dict[str, list[Variant]] = {
     "_linear_gemv_kernel": [
         Variant(
             f"{what} K_SPLIT={k // split}{'' if aligned else ' strides not multiples of 16'}",
-            dict(x_ptr="bf16", w_ptr="bf16", out_ptr="fp32" if split > 1 else "bf16"),
-            dict(K_SPLIT=k // split, BLOCK_N=32, BLOCK_K=256, NUM_STAGES=4, IEEE=False),
+            dict(
+                x_ptr="bf16",
+                w_ptr="bf16",
+                out_ptr="fp32" if split > 1 else "bf16",
+                count_ptr="i32",
+                final_ptr="bf16",
+            ),  # fmt: skip
+            dict(
+                K_SPLIT=k // split,
+                SPLIT_K=split,
+                LAST_REDUCES=last,
+                BLOCK_N=32,
+                BLOCK_K=256,
+                NUM_STAGES=4,
+                IEEE=False,
+            ),  # fmt: skip
             aligned=("x_stride", "w_stride") if aligned else (),
             num_stages=4,
         )
-        for what, k, split, aligned in (
-            ("27B K=5120", 5120, 1, True),
-            ("27B K=6144", 6144, 1, True),
-            ("27B K=17408", 17408, 1, True),
-            ("35B-A3B K=2048", 2048, 1, True),
-            ("35B-A3B o_proj 2048x4096 split 2", 4096, 2, True),
-            ("35B-A3B router 256x2048 split 8", 2048, 8, True),
-            ("27B K=6144", 6144, 1, False),  # the fallback Triton compiles for odd strides (no async copies)
+        for what, k, split, aligned, last in (
+            ("27B K=5120", 5120, 1, True, False),
+            ("27B K=6144", 6144, 1, True, False),
+            ("27B K=17408", 17408, 1, True, False),
+            ("35B-A3B K=2048", 2048, 1, True, False),
+            ("35B-A3B o_proj 2048x4096 split 2", 4096, 2, True, False),
+            ("35B-A3B router 256x2048 split 8", 2048, 8, True, False),
+            # NINFER_SPLITK_REDUCE=last: the last split of a row tile sums the partials (no reduce launch)
+            ("35B-A3B o_proj 2048x4096 split 2 last reduces", 4096, 2, True, True),
+            ("35B-A3B router 256x2048 split 8 last reduces", 2048, 8, True, True),
+            (
+                "27B K=6144",
+                6144,
+                1,
+                False,
+                False,
+            ),  # the fallback Triton compiles for odd strides (no async copies)
         )
     ],
     # the split-K reduce: REDUCE_BLOCK 1024, SPLIT_K 2 (35B-A3B o_proj / out_proj) and 8 (its router)
@@ -335,6 +358,37 @@ VARIANTS: dict[str, list[Variant]] = {
             "E=256 top_k=8",
             dict(logits_ptr="bf16", weights_ptr="fp32", ids_ptr="i64"),
             dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_E=256, RENORMALIZE=True),
+        ),
+    ],
+    # kernels/moe_router.py moe_router (the router GEMV + routing in one launch): gemv_tiles(256, 2048, bf16) = 32
+    # rows x 256 columns, 4 warps, 4 stages, K split in 8; BLOCK_T = GEMV_MAX_ROWS 8, BLOCK_E 256, BLOCK_TOPK 8
+    "_moe_router_kernel": [
+        Variant(
+            "35B-A3B router 256x2048 split 8 top_k=8",
+            dict(
+                x_ptr="bf16",
+                w_ptr="bf16",
+                part_ptr="fp32",
+                count_ptr="i32",
+                weights_ptr="fp32",
+                ids_ptr="i64",
+            ),
+            dict(
+                NUM_EXPERTS=256,
+                K_SPLIT=256,
+                SPLIT_K=8,
+                TOP_K=8,
+                BLOCK_TOPK=8,
+                BLOCK_T=8,
+                BLOCK_E=256,
+                BLOCK_N=32,
+                BLOCK_K=256,
+                NUM_STAGES=4,
+                RENORMALIZE=True,
+                IEEE=False,
+            ),
+            aligned=("x_stride",),
+            num_stages=4,
         ),
     ],
     # moe_experts (moe_tiles for bf16): BLOCK_N = 4, BLOCK_K = 2048, 8 warps; BLOCK_H = 4, BLOCK_I = 256, 4 warps;

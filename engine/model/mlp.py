@@ -4,7 +4,9 @@ MoE (HF ``Qwen3_5MoeSparseMoeBlock``): ``gate`` is the router ([E, H]); experts 
 (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I]); the output is the routed sum
 plus ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``.
 
-Routing is ``kernels.moe.moe_route`` (one Triton kernel on CUDA, the reference elsewhere). Expert paths
+Routing is ``kernels.moe_router.moe_router`` (a dense router weight): under ``NINFER_MOE_ROUTER=fused``, for 1..8
+tokens on CUDA, the router GEMV and the softmax top-k in one Triton launch; otherwise the router linear then
+``kernels.moe.moe_route`` (one Triton kernel on CUDA, the reference elsewhere). Expert paths
 (chosen from shapes and device only, never from the routing, so choosing needs no host sync):
 
 * CUDA, at most ``FUSED_MAX_TOKENS`` tokens (decode, MTP verify, small batches, short prefill chunks):
@@ -32,9 +34,10 @@ from torch import nn
 
 from engine.model.config import ModelConfig
 from engine.model.fusion import concat_linears
-from engine.model.linear import Linear, bound_inputs
+from engine.model.linear import DenseMethod, Linear, bound_inputs
 from kernels.activation import silu_mul
 from kernels.moe import SharedExpert, moe_combine, moe_experts, moe_experts_ref, moe_route
+from kernels.moe_router import moe_router
 
 FUSED_MAX_TOKENS = 64  # CUDA: T at or below this takes the fused Triton experts
 GATHER_MAX_ROWS = 64  # CPU: T * top_k at or below this takes the gathered-weights path
@@ -111,8 +114,16 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert = MLP(hidden, config.shared_expert_intermediate_size)
         self.shared_expert_gate = Linear(hidden, 1, [("shared_gate", 1)])
 
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, top_k] fp32, expert_ids [T, top_k] int64): ``moe_router`` on a dense router weight (one
+        launch at decode under ``NINFER_MOE_ROUTER=fused``), the router layer then ``moe_route`` otherwise."""
+        gate = self.gate
+        if gate.weight is not None and isinstance(gate.method, DenseMethod):
+            return moe_router(x, gate.weight, self.top_k)
+        return moe_route(gate(x), self.top_k)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, expert_ids = moe_route(self.gate(x), self.top_k)
+        weights, expert_ids = self.route(x)
         experts = self.experts
         gate_up, down = experts.gate_up_proj, experts.down_proj
         fused = x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS

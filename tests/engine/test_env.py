@@ -13,7 +13,10 @@ def test_engine_env_reports_what_the_kernels_parsed(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(_dispatch, "KERNELS_MODE", "ref")
     monkeypatch.setattr(_dispatch, "GEMV_MODE", "on")
     monkeypatch.setattr(_dispatch, "QUANT_GEMV_MODE", "packed")
+    monkeypatch.setattr(_dispatch, "MOE_ROUTER_MODE", "fused")
     assert (env.kernels_mode(), env.gemv_mode(), env.quant_gemv_mode()) == ("ref", "on", "packed")
+    monkeypatch.setattr(_dispatch, "SPLITK_REDUCE", "last")
+    assert (env.moe_router_mode(), env.splitk_reduce_mode()) == ("fused", "last")
 
 
 def test_kernel_switches_are_normalised_or_refused_with_the_variable_named() -> None:
@@ -25,3 +28,9 @@ def test_kernel_switches_are_normalised_or_refused_with_the_variable_named() -> 
     assert _dispatch.parse_quant_gemv_mode(" Packed") == "packed"
     with pytest.raises(ValueError, match=r"^NINFER_QUANT_GEMV='on': expected 'stored', 'packed'$"):
         _dispatch.parse_quant_gemv_mode("on")
+    assert _dispatch.parse_moe_router_mode(" Fused") == "fused"
+    with pytest.raises(ValueError, match=r"^NINFER_MOE_ROUTER='on': expected 'split', 'fused'$"):
+        _dispatch.parse_moe_router_mode("on")
+    assert _dispatch.parse_splitk_reduce_mode("LAST ") == "last"
+    with pytest.raises(ValueError, match=r"^NINFER_SPLITK_REDUCE='off': expected 'launch', 'last'$"):
+        _dispatch.parse_splitk_reduce_mode("off")

@@ -36,6 +36,7 @@ KNOWN_KERNELS = {
     "_paged_attention_reduce_kernel",
     "_paged_prefill_attention_kernel",
     "_moe_route_kernel",
+    "_moe_router_kernel",
     "_moe_gate_up_kernel",
     "_moe_down_kernel",
     "_moe_combine_kernel",

@@ -4,12 +4,14 @@ TRITON_INTERPRET=1 for all but the largest real shapes)."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import kernels._dispatch
-from kernels.linear import GemvTiles, _launch_linear, gemv_tiles, linear, linear_ref
+from kernels.linear import GemvTiles, _launch_linear, gemv_tiles, linear, linear_ref, ticket_counters
 
 # NOTE: interpreter_fixes (conftest.py): Triton 3.6's interpreter multiplies bf16 dot operands as raw integers
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("interpreter_fixes")]
@@ -123,6 +125,50 @@ def test_batch_invariance(n, k, dtype, device):
         assert torch.equal(three[i], full[2 + i]), f"row {2 + i}: T=3 differs from T=8"
 
 
+# split-K launches: other tiles (N not a multiple of BLOCK_N: a partial last row tile), the 35B-A3B router's
+# default split in 8 ([256, 2048]) and [512, 2048]'s
+LAST_REDUCES = [(200, 2048, GemvTiles(32, 256, 4, 2, 4)), (37, 1024, GemvTiles(16, 128, 4, 4, 6)),
+                (256, 2048, None), (512, 2048, None)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("n", "k", "tiles"), LAST_REDUCES)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_last_split_reduces_bitwise_the_reduce_launch(n, k, tiles, rows, dtype, device, monkeypatch):
+    """NINFER_SPLITK_REDUCE=last: no reduce launch, the same bits as the reduce kernel's, every row tile's
+    counter back at zero."""
+    tiles = tiles or gemv_tiles(n, k, dtype)
+    assert tiles.split_k > 1
+    x = torch.randn(rows, k, device=device).to(dtype)
+    w = _weights(n, k, dtype, device)
+    expected = _launch_linear(x, w, tiles)
+    monkeypatch.setattr(kernels._dispatch, "SPLITK_REDUCE", "last")
+    module = importlib.import_module("kernels.linear")  # (kernels.linear is the function the package exports)
+    monkeypatch.setattr(module, "_linear_reduce_kernel", None)  # a reduce launch would fail
+    assert torch.equal(_launch_linear(x, w, tiles), expected)
+    assert not bool(ticket_counters(x.device).any()), "a counter was left non-zero"
+    alone = _launch_linear(x[-1:], w, tiles)
+    assert torch.equal(alone[0], expected[-1]), "batch invariance"
+
+
+def test_last_split_reduces_launch_after_launch(device, monkeypatch):
+    """Many launches in a row, new inputs each (on the GPU, 200 at the 35B-A3B o_proj and router shapes, the
+    splits racing for their tickets): every output is the reduce launch's, every counter back at zero."""
+    shapes, launches = ([(2048, 4096), (256, 2048)], 200) if device == "cuda" else ([(200, 2048)], 3)
+    for n, k in shapes:
+        tiles = gemv_tiles(n, k, torch.bfloat16)
+        if device != "cuda":
+            tiles = GemvTiles(32, 256, 4, 2, 4)
+        w = _weights(n, k, torch.bfloat16, device)
+        for i in range(launches):
+            x = torch.randn(1 + i % 8, k, device=device).bfloat16()
+            monkeypatch.setattr(kernels._dispatch, "SPLITK_REDUCE", "launch")
+            expected = _launch_linear(x, w, tiles)
+            monkeypatch.setattr(kernels._dispatch, "SPLITK_REDUCE", "last")
+            assert torch.equal(_launch_linear(x, w, tiles), expected), f"{n}x{k} launch {i}"
+        assert not bool(ticket_counters(w.device).any()), "a counter was left non-zero"
+
+
 def test_more_than_eight_rows_is_f_linear(device):
     for rows in (9, 64):
         x = torch.randn(rows, 256, device=device).bfloat16()
@@ -138,11 +184,13 @@ def test_empty_and_single_column(device, assert_close):
     _check("K=1", linear(x, w1), x, w1, assert_close)
 
 
-def test_cuda_graph_replay(device):
-    """The launch (split-K too: its fp32 partials come from the graph's pool) replays in a CUDA graph."""
+def test_cuda_graph_replay(device, monkeypatch):
+    """The launch (split-K too: its fp32 partials come from the graph's pool; with its reduce launch and with
+    the last split reducing) replays in a CUDA graph."""
     if device != "cuda":
         pytest.skip("CUDA graphs need a GPU")
-    for n, k in ((5120, 6144), (2048, 4096)):
+    for n, k, reduce in ((5120, 6144, "launch"), (2048, 4096, "launch"), (2048, 4096, "last")):
+        monkeypatch.setattr(kernels._dispatch, "SPLITK_REDUCE", reduce)
         x = torch.randn(8, k, device=device).bfloat16()
         w = _weights(n, k, torch.bfloat16, device)
         expected = linear(x, w)
@@ -156,4 +204,4 @@ def test_cuda_graph_replay(device):
         x.copy_(x.flip(0))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, expected.flip(0)), f"{n}x{k}: the replay differs"
+        assert torch.equal(out, expected.flip(0)), f"{n}x{k} {reduce}: the replay differs"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import kernels._dispatch
 import kernels.gdn
 from engine.core import load_artifact
 from engine.model import allocate_model_cache, make_forward_batch
@@ -57,6 +58,8 @@ def test_grouped_experts_match_the_reference(
     [
         ("dense", "reference", 2e-3),
         ("moe", "reference", 2e-3),
+        # NINFER_MOE_ROUTER=fused: the decode rows route in one launch (kernels/moe_router.py)
+        ("moe-fused-router", "reference", 2e-3),
         # fla-core's chunked kernels multiply fp32 inputs in TF32 (10-bit mantissa): ~1e-3 per GDN layer. Not
         # run for the MoE model: TF32 noise flips near-tie top-k routing choices, whose outputs then differ by
         # whole experts. fla's kernel itself is checked against the reference in tests/kernels/test_gdn_triton.py.
@@ -68,6 +71,9 @@ def test_cuda_chunked_prefill_and_decode_match_the_cpu_model(
 ) -> None:
     """Every other CUDA path (paged prefill attention, the conv and RoPE kernels, the decode kernels, the MoE)
     in fp32 against the CPU model; the chunked GDN runs either the torch reference on the GPU or fla-core."""
+    if arch == "moe-fused-router":
+        arch = "moe"
+        monkeypatch.setattr(kernels._dispatch, "MOE_ROUTER_MODE", "fused")
     if gdn == "reference":
         monkeypatch.setattr(kernels.gdn, "_fla_chunk", lambda: None)
     else:
