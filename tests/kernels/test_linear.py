@@ -85,15 +85,15 @@ def test_auto_takes_the_gemv_only_on_shapes_measured_faster(monkeypatch):
     monkeypatch.setattr(kernels._dispatch, "INTERPRET", False)
     module = importlib.import_module("kernels.linear")  # the attribute kernels.linear is the launcher
     monkeypatch.setattr(module, "use_triton", lambda *tensors: True)  # stands in for CUDA tensors
-    x = torch.empty(1, 5120, device="meta")
-    faster, slower = torch.empty(34816, 5120, device="meta"), torch.empty(14336, 5120, device="meta")
-    assert (34816, 5120) in GEMV_FASTER[(9, 0)] and (14336, 5120) not in GEMV_FASTER[(9, 0)]
+    x = torch.empty(1, 2048, device="meta")
+    faster, slower = torch.empty(12352, 2048, device="meta"), torch.empty(9216, 2048, device="meta")
+    assert (12352, 2048) in GEMV_FASTER[(9, 0)] and (9216, 2048) not in GEMV_FASTER[(9, 0)]
     for mode, capability, expected in (("auto", (9, 0), (True, False)), ("auto", (12, 0), (False, False)),
                                        ("on", (12, 0), (True, True)), ("off", (9, 0), (False, False))):  # fmt: skip
         monkeypatch.setattr(kernels._dispatch, "GEMV_MODE", mode)
         monkeypatch.setattr(module, "_capability", lambda device, c=capability: c)
         assert (use_gemv(x, faster), use_gemv(x, slower)) == expected, (mode, capability)
-    assert not use_gemv(torch.empty(GEMV_MAX_ROWS + 1, 5120, device="meta"), faster)  # prefill: F.linear
+    assert not use_gemv(torch.empty(GEMV_MAX_ROWS + 1, 2048, device="meta"), faster)  # prefill: F.linear
 
 
 def test_gemv_mode_parsing():
