@@ -112,8 +112,9 @@ FEW_ROWS_TABLE: dict[tuple[str, int, int], str] = {
 # (table included), for measuring one ("mma_*" variants take 1..8 rows)
 ONE_ROW_FORCED = os.environ.get("NINFER_ONE_ROW")
 FEW_ROWS_FORCED = os.environ.get("NINFER_FEW_ROWS")
-# W8's one-row tiles: the Triton CUDA-core mode until its Gluon kernel has run on a GPU
-# (NINFER_W8_ONE_ROW=pairs_n64s2 picks the Gluon kernel, for measuring it)
+# W8's one-row tiles: the Triton CUDA-core mode. Its Gluon kernel passes its GPU test but did not speed up the
+# 35B-A3B groupwise-int decode (C=1 4.07 vs 4.09 ms, bench/results/h200_2026-12-04_session9/decode_q35_int_w8_*.json);
+# NINFER_W8_ONE_ROW=pairs_n64s2 picks it)
 W8_ONE_ROW_VARIANT = os.environ.get("NINFER_W8_ONE_ROW", "fma")
 ONE_ROW_TABLE: dict[tuple[str, int, int], str] = {
     ("Q4G64_F16S", 7168, 5120): "pairs_n64",  # attention query_key: 13.1 us (n64s2 13.4)

@@ -6,7 +6,7 @@
 # After every stage $OUT/results.tgz holds $WORK (the device returns at most 8 files), so a call cut off at its
 # limit still returns the stages before it. Triton's cache lives in .tcache/ (carry it to reuse the last call's
 # compiles) or carry .carry/tcache.tgz (a call's $OUT/tcache.tgz, under 16 MB: it is unpacked into .tcache/).
-# Usage: scripts/device/stages.sh PLAN_FILE [--budget SECONDS (default 570)]
+# Usage: git rev-parse HEAD > .carry/commit; then on the device: scripts/device/stages.sh PLAN_FILE [--budget SECONDS (default 570)]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PLAN=${1:?usage: stages.sh PLAN_FILE [--budget SECONDS]}
@@ -16,6 +16,9 @@ OUT=${OUT:-$PWD/out} WORK=/tmp/ninfer-stages
 rm -rf "$WORK"; mkdir -p "$OUT" "$WORK" .tcache
 export OUT WORK PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.tcache
 [[ -f .carry/tcache.tgz ]] && tar -xzf .carry/tcache.tgz -C .tcache
+# the commit measured: .carry/commit, written here before the call (the device's copy of .git can answer
+# `git rev-parse HEAD` with an older commit); the benches record NINFER_COMMIT
+[[ -f .carry/commit ]] && export NINFER_COMMIT=$(cat .carry/commit)
 log() { echo "[stages $(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/stages.log"; }
 if compgen -G "build/wheels/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

@@ -29,8 +29,8 @@ def test_splits_are_whole_steps(fmt, n, k, variant):
 
 @pytest.mark.parametrize(("fmt", "n", "k"), SHAPES)
 def test_one_row_takes_the_one_row_kernel(fmt, n, k):
-    """Decode at C=1 runs the Gluon one-row kernel (Q4/Q5/Q6 on pair words; W8 the Triton CUDA-core mode until
-    its Gluon kernel has run on a GPU: the "pairs" variants reach it); 2..8 rows share one set of tiles (batch
+    """Decode at C=1 runs the Gluon one-row kernel (Q4/Q5/Q6 on pair words; W8 the Triton CUDA-core mode (its Gluon
+    kernel was no faster end to end): the "pairs" variants reach it); 2..8 rows share one set of tiles (batch
     invariance among them): the tensor-core Gluon kernel for Q4/Q5/Q6, the Triton GEMV for W8."""
     assert packed_tiles(fmt, n, k, rows=1).mode == ("fma" if fmt == W8 else "pairs")
     if fmt == W8:
