@@ -107,7 +107,7 @@ def bench(context: int, batch: int, layers: int, quick: bool) -> list[dict]:
         for label, knobs in [
             ("default", {}),
             ("candidate", _candidate(kv)),
-            ("candidate_f16", _candidate(kv, grouped=False)),
+            *([("candidate_f16", _candidate(kv, grouped=False))] if kv == "int8" else []),
             *(("sweep", k) for k in _sweep(kv, quick)),
         ]:
 
@@ -133,16 +133,20 @@ def bench(context: int, batch: int, layers: int, quick: bool) -> list[dict]:
     return rows
 
 
+def _rows_of(timed: list[dict], kv: str, config: str | None) -> list[dict]:
+    """``kv``'s rows of ``config`` (None: all); candidate_f16 differs from the candidate for int8 only, so bf16's
+    side of it is bf16's candidate."""
+    wanted = "candidate" if (kv, config) == ("bf16", "candidate_f16") else config
+    return [r for r in timed if r["kv"] == kv and (config is None or r["config"] == wanted)]
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for batch in sorted({r["batch"] for r in rows}):
         timed = [r for r in rows if r["batch"] == batch and "us_per_layer" in r]
 
         for config in ("default", "candidate", "candidate_f16", None):
-            have = {
-                kv: [r for r in timed if r["kv"] == kv and (config is None or r["config"] == config)]
-                for kv in ("bf16", "int8")
-            }
+            have = {kv: _rows_of(timed, kv, config) for kv in ("bf16", "int8")}
             if not all(have.values()):
                 continue  # a configuration that failed on one side: its rows say why
             b, i = (min(have[kv], key=lambda r: r["us_per_layer"]) for kv in ("bf16", "int8"))

@@ -20,14 +20,16 @@ each 64-value scale group of a head row is its own dot on the raw codes, convert
   rounds once to fp16 (2^-11 relative), where ``int8_f16`` rounds both p and the dequantised value. The limit:
   a later tile whose scales reach 65504x the first tile's would overflow the fp16 weights (values 65504x larger
   than the split's first 64 keys' within one split).
-- the int8 -> fp16 conversion on the GPU is inline PTX, four codes a 32-bit word (``_codes_to_f16``).
+- the int8 -> fp16 conversion on the GPU is inline PTX, four codes a 32-bit word (``_codes_to_f16``); K tiles reach
+  their dots from the pipeliner's shared int8 copy (8-byte loads along head_dim), V tiles are converted in
+  registers and reach theirs in fp16 through a transposing ldmatrix (see ``v_bias`` in the kernel).
 
-sm_90 SASS (bench/kernels/aot_compile.py's build at the 27B launch values, 64-key tiles, 4 warps), the loop per
-64 keys: 1581 instructions in 145 registers, against 1695 in 250 for decode.py's ``int8_f16`` kernel (and 509 a
-32-key tile, 1018 a 64-key span, in 123 for bf16 KV). The conversions fall from 5 instructions a code pair to 3,
-the 256 scale multiplies a thread and tile go, and the V tile no longer passes through shared memory as fp16
-after its dequantisation (it is loaded into the dot's operand layout from the int8 tile that the pipeliner
-copies in: 128 byte loads a thread, the largest remaining cost beside the conversions).
+sm_90 SASS (bench/kernels/aot_compile.py's build at the 27B launch values, 64-key tiles, 4 warps; static counts of
+the loop, ``cuobjdump -sass``), per 64 keys: 1231 instructions in 150 registers, against 1695 in 250 for decode.py's
+``int8_f16`` kernel and 1018 for bf16 KV (509 a 32-key tile, 123 registers). Conversions: 363 (PRMT 134, LOP3 69,
+HADD2 160) against 849 (PRMT 390, LOP3 203, HADD2 128, HMUL2 128); the per-group weights' and V's passes through
+shared memory cost 28 STS/STSM, 90 LDS and 24 LDSM a tile (int8_f16: 25, 65, 24; bf16's 32-key tile: 7, 20, 34);
+BAR 16 (12; 9). Not yet timed on a GPU.
 """
 
 from __future__ import annotations
@@ -39,25 +41,25 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _codes_to_f16(codes, ASM: tl.constexpr):
+    def _codes_to_f16(codes, bias, ASM: tl.constexpr):
         # int8 -> fp16, exactly, without the conversion unit: byte ^ 0x80 is code + 128, and 0x64 above it makes the
         # fp16 1024 + code + 128; minus 1152 is the code. ASM (on the GPU): four codes a 32-bit word, one xor, two
-        # byte permutes and two half2 subtractions (1.5 instructions a code); else (the interpreter, which runs
-        # no PTX) the same per element, which the compiler builds from 2.5 a code (_dequantize_tile_f16's trick).
+        # byte permutes and two half2 subtractions of ``bias`` (int32 0x64806480, fp16 1152 twice; a tensor, or
+        # the constant; see _group_values for why a tensor); else (the interpreter, which runs no PTX) the same per
+        # element, 2.5 instructions a code as the compiler builds it (_dequantize_tile_f16's trick).
         if ASM:
             return tl.inline_asm_elementwise(
                 """{
-                .reg .b32 t, hi, bias;
+                .reg .b32 t, hi;
                 xor.b32 t, $2, 0x80808080;
                 mov.b32 hi, 0x64646464;
-                mov.b32 bias, 0x64806480;
                 prmt.b32 $0, t, hi, 0x5140;
                 prmt.b32 $1, t, hi, 0x5342;
-                sub.f16x2 $0, $0, bias;
-                sub.f16x2 $1, $1, bias;
+                sub.f16x2 $0, $0, $3;
+                sub.f16x2 $1, $1, $3;
                 }""",
-                "=r,=r,r",
-                [codes],
+                "=r,=r,r,r,r,r,r",
+                [codes, tl.full(codes.shape, 0, tl.int32) + bias],
                 dtype=tl.float16,
                 is_pure=True,
                 pack=4,
@@ -75,6 +77,7 @@ if HAS_TRITON:
         GROUP_D: tl.constexpr,
         BLOCK_DG: tl.constexpr,
         ASM: tl.constexpr,
+        bias,
     ):
         # codes of one scale group (columns COL0 .. COL0 + GROUP_D) of the tile's rows -> fp16 [BLOCK_N, BLOCK_DG]
         offs = tl.arange(0, BLOCK_DG)
@@ -83,7 +86,7 @@ if HAS_TRITON:
             mask=t_mask[:, None] & (offs < GROUP_D)[None, :],
             other=0,
         )
-        return _codes_to_f16(codes, ASM)
+        return _codes_to_f16(codes, bias, ASM)
 
     @triton.jit
     def _group_scores(
@@ -101,7 +104,7 @@ if HAS_TRITON:
         ASM: tl.constexpr,
     ):
         # scores + k_scale[:, S] * (q_s @ codes_S^T), log2 domain: [BLOCK_G, BLOCK_N] fp32
-        codes = _group_codes(key_cache_ptr, kv_rows, t_mask, S * GROUP_D, GROUP_D, BLOCK_DG, ASM)
+        codes = _group_codes(key_cache_ptr, kv_rows, t_mask, S * GROUP_D, GROUP_D, BLOCK_DG, ASM, 0x64806480)
         k_scale = k_scale * scale_log2
         return scores + tl.dot(q_s, tl.trans(codes)) * k_scale[None, :]
 
@@ -116,6 +119,7 @@ if HAS_TRITON:
         scale_rows,
         t_mask,
         inv_norm,
+        v_bias,
         S: tl.constexpr,
         GROUP_D: tl.constexpr,
         BLOCK_DG: tl.constexpr,
@@ -124,7 +128,7 @@ if HAS_TRITON:
         # acc_s * alpha + (p * v_scale[:, S] * inv_norm) @ codes_S: [BLOCK_G, BLOCK_DG] fp32, the weights in fp16
         v_scale = v_scale * inv_norm
         w = (p * v_scale[None, :]).to(tl.float16)
-        codes = _group_codes(value_cache_ptr, kv_rows, t_mask, S * GROUP_D, GROUP_D, BLOCK_DG, ASM)
+        codes = _group_codes(value_cache_ptr, kv_rows, t_mask, S * GROUP_D, GROUP_D, BLOCK_DG, ASM, v_bias)
         return acc_s * alpha[:, None] + tl.dot(w, codes)
 
     @triton.jit
@@ -277,6 +281,12 @@ if HAS_TRITON:
         inv_norm1 = 1.0 / norm1
         inv_norm2 = 1.0 / norm2
         inv_norm3 = 1.0 / norm3
+        # 0x64806480 (fp16 1152 twice, _codes_to_f16's bias) as a run-time value the compiler cannot fold (seq_len
+        # >= 0): an operand from outside the V tile keeps Triton's pipeliner from copying the int8 V tile into shared
+        # memory for the P @ V dot, whose operand pairs keys across rows, which a shared int8 tile gives byte by
+        # byte (128 LDS.U8 a thread and tile at 27B). Loaded into registers instead, converted there, V reaches the
+        # dot in fp16 through shared memory and 16-bit transposing ldmatrix (sm_90 loop: 1442 -> 1231 instructions).
+        v_bias = 0x64806480 + tl.minimum(seq_len, 0)
         for tok0 in range(start, end, BLOCK_N):
             toks = tok0 + tl.arange(0, BLOCK_N)
             t_mask = toks < end
@@ -344,6 +354,7 @@ if HAS_TRITON:
                 scale_rows,
                 t_mask,
                 inv_norm0,
+                v_bias,
                 0,
                 GROUP_D,
                 BLOCK_DG,
@@ -351,17 +362,17 @@ if HAS_TRITON:
             )
             if NUM_SCALES > 1:
                 acc1 = _group_values(
-                    acc1, p, alpha, value_cache_ptr, vs1, kv_rows, scale_rows, t_mask, inv_norm1, 1, GROUP_D,
+                    acc1, p, alpha, value_cache_ptr, vs1, kv_rows, scale_rows, t_mask, inv_norm1, v_bias, 1, GROUP_D,
                     BLOCK_DG, ASM,
                 )  # fmt: skip
             if NUM_SCALES > 2:
                 acc2 = _group_values(
-                    acc2, p, alpha, value_cache_ptr, vs2, kv_rows, scale_rows, t_mask, inv_norm2, 2, GROUP_D,
+                    acc2, p, alpha, value_cache_ptr, vs2, kv_rows, scale_rows, t_mask, inv_norm2, v_bias, 2, GROUP_D,
                     BLOCK_DG, ASM,
                 )  # fmt: skip
             if NUM_SCALES > 3:
                 acc3 = _group_values(
-                    acc3, p, alpha, value_cache_ptr, vs3, kv_rows, scale_rows, t_mask, inv_norm3, 3, GROUP_D,
+                    acc3, p, alpha, value_cache_ptr, vs3, kv_rows, scale_rows, t_mask, inv_norm3, v_bias, 3, GROUP_D,
                     BLOCK_DG, ASM,
                 )  # fmt: skip
             m = m_new
