@@ -45,7 +45,7 @@ if HAS_TRITON:
         # int8 -> fp16, exactly, without the conversion unit: byte ^ 0x80 is code + 128, and 0x64 above it makes the
         # fp16 1024 + code + 128; minus 1152 is the code. ASM (on the GPU): four codes a 32-bit word, one xor, two
         # byte permutes and two half2 subtractions of ``bias`` (int32 0x64806480, fp16 1152 twice; a tensor, or
-        # the constant; see _group_values for why a tensor); else (the interpreter, which runs no PTX) the same per
+        # the constant; see ``v_bias`` in the kernel for why a tensor); else (the interpreter, which runs no PTX) the same per
         # element, 2.5 instructions a code as the compiler builds it (_dequantize_tile_f16's trick).
         if ASM:
             return tl.inline_asm_elementwise(
@@ -95,7 +95,6 @@ if HAS_TRITON:
         key_cache_ptr,
         k_scale,
         kv_rows,
-        scale_rows,
         t_mask,
         scale_log2,
         S: tl.constexpr,
@@ -103,7 +102,7 @@ if HAS_TRITON:
         BLOCK_DG: tl.constexpr,
         ASM: tl.constexpr,
     ):
-        # scores + k_scale[:, S] * (q_s @ codes_S^T), log2 domain: [BLOCK_G, BLOCK_N] fp32
+        # scores + k_scale * (q_s @ codes_S^T) * scale_log2 (k_scale: group S's [BLOCK_N] key scales), log2 domain: [BLOCK_G, BLOCK_N] fp32
         codes = _group_codes(key_cache_ptr, kv_rows, t_mask, S * GROUP_D, GROUP_D, BLOCK_DG, ASM, 0x64806480)
         k_scale = k_scale * scale_log2
         return scores + tl.dot(q_s, tl.trans(codes)) * k_scale[None, :]
@@ -116,7 +115,6 @@ if HAS_TRITON:
         value_cache_ptr,
         v_scale,
         kv_rows,
-        scale_rows,
         t_mask,
         inv_norm,
         v_bias,
@@ -125,7 +123,7 @@ if HAS_TRITON:
         BLOCK_DG: tl.constexpr,
         ASM: tl.constexpr,
     ):
-        # acc_s * alpha + (p * v_scale[:, S] * inv_norm) @ codes_S: [BLOCK_G, BLOCK_DG] fp32, the weights in fp16
+        # acc_s * alpha + (p * v_scale * inv_norm) @ codes_S (v_scale: group S's [BLOCK_N] value scales): [BLOCK_G, BLOCK_DG] fp32, the weights in fp16
         v_scale = v_scale * inv_norm
         w = (p * v_scale[None, :]).to(tl.float16)
         codes = _group_codes(value_cache_ptr, kv_rows, t_mask, S * GROUP_D, GROUP_D, BLOCK_DG, ASM, v_bias)
@@ -141,7 +139,7 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
     ):
         # the tile's scales of every group in one load ([BLOCK_N, BLOCK_SCALES] fp16: 8 bytes a row at 4 groups),
-        # split in registers into one fp32 [BLOCK_N] vector a group (the unused ones repeat group 0)
+        # split in registers into one fp32 [BLOCK_N] vector a group (past BLOCK_SCALES groups: copies, unused)
         offs_s = tl.arange(0, BLOCK_SCALES)
         scales = tl.load(
             scale_ptr + scale_rows[:, None] + offs_s[None, :],
@@ -308,32 +306,21 @@ if HAS_TRITON:
             )
             scores = tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32)
             scores = _group_scores(
-                scores,
-                q0,
-                key_cache_ptr,
-                ks0,
-                kv_rows,
-                scale_rows,
-                t_mask,
-                scale_log2,
-                0,
-                GROUP_D,
-                BLOCK_DG,
-                ASM,
+                scores, q0, key_cache_ptr, ks0, kv_rows, t_mask, scale_log2, 0, GROUP_D, BLOCK_DG, ASM
             )
             if NUM_SCALES > 1:
                 scores = _group_scores(
-                    scores, q1, key_cache_ptr, ks1, kv_rows, scale_rows, t_mask, scale_log2, 1, GROUP_D,
+                    scores, q1, key_cache_ptr, ks1, kv_rows, t_mask, scale_log2, 1, GROUP_D,
                     BLOCK_DG, ASM,
                 )  # fmt: skip
             if NUM_SCALES > 2:
                 scores = _group_scores(
-                    scores, q2, key_cache_ptr, ks2, kv_rows, scale_rows, t_mask, scale_log2, 2, GROUP_D,
+                    scores, q2, key_cache_ptr, ks2, kv_rows, t_mask, scale_log2, 2, GROUP_D,
                     BLOCK_DG, ASM,
                 )  # fmt: skip
             if NUM_SCALES > 3:
                 scores = _group_scores(
-                    scores, q3, key_cache_ptr, ks3, kv_rows, scale_rows, t_mask, scale_log2, 3, GROUP_D,
+                    scores, q3, key_cache_ptr, ks3, kv_rows, t_mask, scale_log2, 3, GROUP_D,
                     BLOCK_DG, ASM,
                 )  # fmt: skip
             scores = tl.where(t_mask[None, :], scores, float("-inf"))
@@ -351,7 +338,6 @@ if HAS_TRITON:
                 value_cache_ptr,
                 vs0,
                 kv_rows,
-                scale_rows,
                 t_mask,
                 inv_norm0,
                 v_bias,
@@ -362,17 +348,17 @@ if HAS_TRITON:
             )
             if NUM_SCALES > 1:
                 acc1 = _group_values(
-                    acc1, p, alpha, value_cache_ptr, vs1, kv_rows, scale_rows, t_mask, inv_norm1, v_bias, 1, GROUP_D,
+                    acc1, p, alpha, value_cache_ptr, vs1, kv_rows, t_mask, inv_norm1, v_bias, 1, GROUP_D,
                     BLOCK_DG, ASM,
                 )  # fmt: skip
             if NUM_SCALES > 2:
                 acc2 = _group_values(
-                    acc2, p, alpha, value_cache_ptr, vs2, kv_rows, scale_rows, t_mask, inv_norm2, v_bias, 2, GROUP_D,
+                    acc2, p, alpha, value_cache_ptr, vs2, kv_rows, t_mask, inv_norm2, v_bias, 2, GROUP_D,
                     BLOCK_DG, ASM,
                 )  # fmt: skip
             if NUM_SCALES > 3:
                 acc3 = _group_values(
-                    acc3, p, alpha, value_cache_ptr, vs3, kv_rows, scale_rows, t_mask, inv_norm3, v_bias, 3, GROUP_D,
+                    acc3, p, alpha, value_cache_ptr, vs3, kv_rows, t_mask, inv_norm3, v_bias, 3, GROUP_D,
                     BLOCK_DG, ASM,
                 )  # fmt: skip
             m = m_new
