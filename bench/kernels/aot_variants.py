@@ -304,6 +304,35 @@ VARIANTS: dict[str, list[Variant]] = {
             for f16 in (True, False)
         ),
     ],
+    # kernels/attention/decode_int8.py (paged_attention_decode's int8_grouped): 64-key tiles, 4 groups of 64
+    "_paged_attention_decode_int8_kernel": [
+        Variant(
+            "Hq=24 Hkv=4 D=256 page 64 int8 g64 grouped dots",
+            {
+                **_DECODE_PTRS,
+                "key_cache_ptr": "i8",
+                "value_cache_ptr": "i8",
+                "key_scale_ptr": "fp16",
+                "value_scale_ptr": "fp16",
+            },
+            dict(
+                NUM_Q_HEADS=24,
+                GROUP=6,
+                HEAD_DIM=256,
+                PAGE_SIZE=64,
+                NUM_SCALES=4,
+                SPLIT_UNIT=64,
+                MAX_SPLITS=_ATTN_SPLITS,
+                BLOCK_G=16,
+                BLOCK_N=64,
+                BLOCK_DG=64,
+                BLOCK_SCALES=4,
+                ASM=True,
+            ),
+            floats=("scale_log2",),
+            aligned=_DECODE_ALIGNED,
+        ),  # fmt: skip
+    ],
     # reduce: BLOCK_S = next_pow2(max_splits), BLOCK_D = min(64, next_pow2(head_dim))
     "_paged_attention_reduce_kernel": [
         Variant(

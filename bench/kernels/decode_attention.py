@@ -1,6 +1,9 @@
 """Decode attention over bf16 vs int8 KV at long context, Qwen3.6-27B geometry (24 query / 4 KV heads x 256, pages
 of 64), batch 1 and 4: the launcher's defaults (64 splits, 32-key tiles, int8 dequantised in fp32), the candidate new
-defaults (``kernels.attention.DECODE_NEW_DEFAULTS``: 128 splits; int8: 64-key tiles, fp16 dequantisation) and a sweep of the tuning knobs (``max_splits``, ``block_n``, ``num_warps``, ``int8_f16``).
+defaults (``kernels.attention.DECODE_NEW_DEFAULTS``: 128 splits; int8: 64-key tiles, ``int8_grouped``: one fp16 dot
+per scale group on the raw codes, kernels/attention/decode_int8.py), the previous candidate (``candidate_f16``: the
+same with the fp16 dequantisation, ``int8_f16``) and a sweep of the tuning knobs (``max_splits``, ``block_n``,
+``num_warps``, ``int8_f16``, ``int8_grouped``).
 
     python bench/kernels/decode_attention.py --json bench/results/decode_attention_h200_<date>.json \\
         [--context 100000] [--batch 1,4] [--layers 16] [--quick]
@@ -38,14 +41,17 @@ OLD = {
     "block_n": 32,
     "num_warps": 4,
     "int8_f16": False,
+    "int8_grouped": False,
 }  # the launcher's defaults (knob names)
 
 
-def _candidate(kv: str) -> dict:
-    """DECODE_NEW_DEFAULTS as launcher knobs for ``kv``."""
+def _candidate(kv: str, grouped: bool = True) -> dict:
+    """DECODE_NEW_DEFAULTS as launcher knobs for ``kv``; ``grouped=False``: the previous int8 candidate (the fp16
+    dequantisation instead of the grouped dots)."""
     knobs = {"max_splits": DECODE_NEW_DEFAULTS["max_splits"]}
     if kv == "int8":
         knobs |= {"block_n": DECODE_NEW_DEFAULTS["int8_block_n"], "int8_f16": DECODE_NEW_DEFAULTS["int8_f16"]}
+        knobs |= {"int8_grouped": DECODE_NEW_DEFAULTS["int8_grouped"] and grouped}
     return knobs
 
 
@@ -58,8 +64,13 @@ def _sweep(kv: str, quick: bool) -> list[dict]:
         for s, n, w in itertools.product((64, 128, 256), (32, 64), (4, 8))
     ]
     if kv == "int8":
-        rows = [{**r, "int8_f16": f} for r in rows for f in (True, False)]
-        rows += [{"max_splits": s, "block_n": 128, "num_warps": 8, "int8_f16": True} for s in (128, 256)]
+        modes = ({"int8_f16": True}, {"int8_f16": False}, {"int8_grouped": True})
+        rows = [{**r, **mode} for r in rows for mode in modes]
+        rows += [
+            {"max_splits": s, "block_n": 128, "num_warps": 8, **mode}
+            for s in (128, 256)
+            for mode in modes[::2]
+        ]
     return rows
 
 
@@ -96,6 +107,7 @@ def bench(context: int, batch: int, layers: int, quick: bool) -> list[dict]:
         for label, knobs in [
             ("default", {}),
             ("candidate", _candidate(kv)),
+            *([("candidate_f16", _candidate(kv, grouped=False))] if kv == "int8" else []),
             *(("sweep", k) for k in _sweep(kv, quick)),
         ]:
 
@@ -121,16 +133,20 @@ def bench(context: int, batch: int, layers: int, quick: bool) -> list[dict]:
     return rows
 
 
+def _rows_of(timed: list[dict], kv: str, config: str | None) -> list[dict]:
+    """``kv``'s rows of ``config`` (None: all); candidate_f16 differs from the candidate for int8 only, so bf16's
+    side of it is bf16's candidate."""
+    wanted = "candidate" if (kv, config) == ("bf16", "candidate_f16") else config
+    return [r for r in timed if r["kv"] == kv and (config is None or r["config"] == wanted)]
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for batch in sorted({r["batch"] for r in rows}):
         timed = [r for r in rows if r["batch"] == batch and "us_per_layer" in r]
 
-        for config in ("default", "candidate", None):
-            have = {
-                kv: [r for r in timed if r["kv"] == kv and (config is None or r["config"] == config)]
-                for kv in ("bf16", "int8")
-            }
+        for config in ("default", "candidate", "candidate_f16", None):
+            have = {kv: _rows_of(timed, kv, config) for kv in ("bf16", "int8")}
             if not all(have.values()):
                 continue  # a configuration that failed on one side: its rows say why
             b, i = (min(have[kv], key=lambda r: r["us_per_layer"]) for kv in ("bf16", "int8"))

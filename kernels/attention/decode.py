@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._dispatch import HAS_TRITON, use_triton
+from kernels._dispatch import HAS_TRITON, INTERPRET, use_triton
 from kernels.attention.int8 import _int8_scales
 from kernels.attention.ref import paged_attention_ref
 
@@ -13,6 +13,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from kernels.attention.decode_int8 import _paged_attention_decode_int8_kernel
     from kernels.attention.int8 import _dequantize_tile, _dequantize_tile_f16
 
 
@@ -42,9 +43,11 @@ def paged_attention_decode_ref(
 # NOTE: the defaults below are the ones last measured on an H200 (64 splits; int8 tiles as bf16's; the fp32
 # int8 dequantization). The issue-bound int8 rework (``int8_f16``, 64-key int8 tiles) and 128 splits are
 # CPU-tested (Triton interpreter, AOT) but not yet timed: bench/kernels/decode_attention.py compares them, and
-# they become the defaults once an H200 run shows them faster (NEW_DEFAULTS is what to switch to).
+# they become the defaults once an H200 run shows them faster (NEW_DEFAULTS is what to switch to). The H200 run of
+# 2026-12-04 timed that candidate at 1.39x bf16's time at 100k keys; ``int8_grouped`` (decode_int8.py: the scales
+# out of the tiles; CPU-tested, fewer sm_90 instructions and registers) replaces ``int8_f16`` in the candidate.
 DECODE_MAX_SPLITS = 64  # the most splits one sequence's keys are cut into (the reduce kernel's BLOCK_S)
-NEW_DEFAULTS = {"max_splits": 128, "int8_block_n": 64, "int8_f16": True}
+NEW_DEFAULTS = {"max_splits": 128, "int8_block_n": 64, "int8_f16": True, "int8_grouped": True}
 
 
 def decode_block_n(head_dim: int, kv_int8: bool = False) -> int:
@@ -267,6 +270,7 @@ def paged_attention_decode(
     block_n: int | None = None,
     num_warps: int = 4,
     int8_f16: bool | None = None,
+    int8_grouped: bool | None = None,
 ) -> torch.Tensor:
     """Launcher for ``paged_attention_decode_ref`` (same contract; split-K "flash decoding"), float or
     int8 KV (int8: pass the scales; tiles are dequantised in registers).
@@ -296,7 +300,10 @@ def paged_attention_decode(
     ``max_splits``, ``split_unit``, ``block_n`` (keys per tile, default ``decode_block_n``), ``num_warps`` and
     ``int8_f16`` (int8 KV with 16-bit queries: dequantise in fp16 without the conversion unit and run fp16
     dots, in NEW_DEFAULTS; False, the default for now: the fp32 dequantisation of the prefill kernel, I2F conversions at a quarter of
-    the issue rate). bench/kernels/decode_attention.py sweeps them on the GPU.
+    the issue rate) and ``int8_grouped`` (int8 KV, head_dim <= 256: decode_int8.py's kernel, one fp16 dot per
+    64-value scale group on the raw codes with the scales applied to the dots' results, no dequantised tile;
+    it overrides ``int8_f16``; default off until timed on an H200, NEW_DEFAULTS). bench/kernels/decode_attention.py
+    sweeps them on the GPU.
 
     The grid is sized from shapes only (``min(max_splits, cdiv(capacity, split_unit))`` splits), so the
     launch needs no host sync and can be captured in a CUDA graph; programs past a sequence's last
@@ -322,6 +329,10 @@ def paged_attention_decode(
     if int8_f16 is None:
         int8_f16 = False  # NEW_DEFAULTS: query.dtype in (torch.bfloat16, torch.float16), once measured
     int8_f16 = kv_int8 and int8_f16
+    if int8_grouped is None:
+        int8_grouped = False  # NEW_DEFAULTS: query.dtype in (torch.bfloat16, torch.float16), once measured
+    int8_grouped = kv_int8 and int8_grouped
+    assert not int8_grouped or num_scales <= 4, f"int8_grouped: head_dim {head_dim} over 4 scale groups"
     capacity = page_table.shape[1] * page_size
     part_splits = max(1, min(max_splits, triton.cdiv(capacity, split_unit)))
     part_out = torch.empty(
@@ -336,15 +347,31 @@ def paged_attention_decode(
     else:
         scale_args = (key_cache, value_cache, 0, 0, 0)  # placeholders: KV_INT8 is off
     block_d, group = triton.next_power_of_2(head_dim), num_q_heads // num_kv_heads
-    _paged_attention_decode_kernel[(batch, num_kv_heads, part_splits)](
+    grid = (batch, num_kv_heads, part_splits)
+    args = (
         query, key_cache, value_cache, scale_args[0], scale_args[1], page_table, seq_lens, part_out, part_lse,
         query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         *scale_args[2:], page_table.stride(0), part_splits, scale * 1.4426950408889634,
-        NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
-        KV_INT8=kv_int8, INT8_F16=int8_f16, NUM_SCALES=num_scales, BLOCK_SCALES=triton.next_power_of_2(num_scales),
-        SPLIT_UNIT=split_unit, MAX_SPLITS=max_splits, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps,
     )  # fmt: skip
+    shared = dict(
+        NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, NUM_SCALES=num_scales,
+        SPLIT_UNIT=split_unit, MAX_SPLITS=max_splits, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n, num_warps=num_warps,
+    )  # fmt: skip
+    if int8_grouped:
+        block_dg = max(16, triton.next_power_of_2(head_dim // num_scales))
+        _paged_attention_decode_int8_kernel[grid](
+            *args,
+            **shared,
+            BLOCK_DG=block_dg,
+            BLOCK_SCALES=triton.next_power_of_2(num_scales),
+            ASM=not INTERPRET,
+        )
+    else:
+        _paged_attention_decode_kernel[grid](
+            *args, **shared, KV_INT8=kv_int8, INT8_F16=int8_f16, BLOCK_SCALES=triton.next_power_of_2(num_scales),
+            BLOCK_D=block_d,
+        )  # fmt: skip
     reduce_block_d = min(64, block_d)
     _paged_attention_reduce_kernel[(batch, num_q_heads, triton.cdiv(head_dim, reduce_block_d))](
         part_out, part_lse, seq_lens, out, out.stride(0), out.stride(1), part_splits,

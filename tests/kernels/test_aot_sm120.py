@@ -33,6 +33,7 @@ KNOWN_KERNELS = {
     "_gated_delta_rule_decode_kernel",
     "_store_kv_kernel",
     "_paged_attention_decode_kernel",
+    "_paged_attention_decode_int8_kernel",
     "_paged_attention_reduce_kernel",
     "_paged_prefill_attention_kernel",
     "_moe_route_kernel",

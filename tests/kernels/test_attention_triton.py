@@ -5,6 +5,8 @@ and decode rows."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -227,6 +229,83 @@ def test_int8_f16_clamps_queries_to_the_fp16_range(device, assert_close):
     assert_close("out", out, paged_attention_decode_ref(*args), 1e-2, 2e-2)
 
 
+# int8_grouped (decode_int8.py: one fp16 dot per 64-value scale group on the raw codes, scales applied to the
+# dots' results): 4 groups (27B, batch 1 and several, 64- and 32-key tiles), 3, 2, one group of 64 and one under
+# 64 (32 and 40, padded), GQA groups of 1 to 8, partial pages, an empty sequence. fp32 queries keep the output
+# unrounded, so the test sees the kernel's own error: held to 1e-3 rms and to at most 1.1x the int8_f16 path's
+# on the same batch (measured 1.4e-4..4.0e-4, 0.57x..0.94x; fp16 queries alike); with bf16 queries the output's
+# rounding dominates (~4e-3 rms on both paths).
+_GROUPED_CASES = [  # (seq_lens, q_heads, kv_heads, head_dim, page_size, max_pages, max_splits, block_n)
+    ([1, 200, 700, 64], 24, 4, 256, 64, 11, 8, 64),  # 27B geometry, batch 4; 700 keys: 8 splits of 128
+    ([300], 24, 4, 256, 64, 5, 3, 64),  # 27B, batch 1, 3 splits of 128 (the last partial)
+    ([129, 0, 5], 16, 2, 256, 64, 3, DECODE_MAX_SPLITS, 32),  # 35B-A3B ratio, 32-key tiles; no keys: zeros
+    ([90, 33], 6, 3, 192, 16, 6, DECODE_MAX_SPLITS, 16),  # 3 groups
+    ([95, 17, 1], 8, 1, 128, 16, 7, 4, 16),  # 2 groups, GQA 8
+    ([77, 1, 16], 4, 2, 64, 16, 5, DECODE_MAX_SPLITS, 16),  # one group of 64
+    ([77, 1, 16], 4, 4, 32, 16, 5, DECODE_MAX_SPLITS, 16),  # one group of 32 (MHA)
+    ([40, 9], 6, 2, 40, 16, 3, 2, 16),  # one group of 40, padded to 64
+]
+
+
+@pytest.mark.parametrize(
+    ("seq_lens", "q_heads", "kv_heads", "head_dim", "page_size", "max_pages", "max_splits", "block_n"),
+    _GROUPED_CASES,
+    ids=[f"d{c[3]}-g{c[1] // c[2]}-b{len(c[0])}-n{c[7]}" for c in _GROUPED_CASES],
+)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"]
+)
+def test_paged_decode_int8_grouped_matches_reference(
+    seq_lens: list[int], q_heads: int, kv_heads: int, head_dim: int, page_size: int, max_pages: int,
+    max_splits: int, block_n: int, dtype: torch.dtype, device: str, assert_close: Callable[..., None],
+) -> None:  # fmt: skip
+    key_cache, value_cache, page_table, lens, key_scale, value_scale = _cache_and_table(
+        seq_lens, kv_heads, head_dim, page_size, max_pages, device, int8=True
+    )
+    query = torch.randn(len(seq_lens), q_heads, head_dim, device=device, dtype=dtype) * 2
+    args = (query, key_cache, value_cache, page_table, lens, head_dim**-0.5, key_scale, value_scale)
+    expected = paged_attention_decode_ref(*args)
+    out = paged_attention_decode(*args, max_splits=max_splits, block_n=block_n, int8_grouped=True)
+    f16 = paged_attention_decode(*args, max_splits=max_splits, block_n=block_n, int8_f16=True)
+    assert torch.equal(out[lens == 0], torch.zeros_like(out[lens == 0]))
+    err, err_f16 = (_rel_rms(x, expected) for x in (out, f16))
+    if dtype == torch.float32:  # the kernel's own error: the exact K side, fp16 weights (measured 0.6-0.95x)
+        assert err <= 1.1 * err_f16 and err <= 1e-3, f"int8_grouped {err:.3e}, int8_f16 {err_f16:.3e}"
+    else:  # the output's rounding (bf16: ~4e-3 on both paths here) dominates: the same up to its noise
+        assert err <= err_f16 + 1e-3, f"int8_grouped {err:.3e}, int8_f16 {err_f16:.3e}"
+    assert_close("out", out, expected, 6e-3, 1e-3)
+
+
+def _rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    err = (actual.double() - expected.double()).pow(2).mean().sqrt()
+    return (err / expected.double().pow(2).mean().sqrt()).item()
+
+
+@pytest.mark.parametrize("value_magnitude", [1e-4, 1.0, 3e3], ids=["tiny", "unit", "large"])
+def test_int8_grouped_weights_keep_their_precision_at_any_value_scale(
+    value_magnitude: float, device: str
+) -> None:
+    # p times a value scale straight to fp16 would fall into fp16's subnormals for small values (absmax ~4e-4:
+    # scales near 2^-18; without the normalisation this case measured 2.8e-2 rms): the weights are divided by
+    # the split's first tile's largest scale, so the error is the same at every magnitude (the reference scales exactly
+    # with the values), large values (scales ~100) included.
+    q_heads, kv_heads, head_dim, page_size = 6, 2, 128, 16
+    key_cache, value_cache, page_table, lens, key_scale, value_scale = _cache_and_table(
+        [95, 40], kv_heads, head_dim, page_size, 7, device
+    )
+    (key_cache, key_scale), (value_cache, value_scale) = (
+        quantize_kv_int8_ref(c.float() * mag, head_dim // 64)
+        for c, mag in ((key_cache, 1.0), (value_cache, value_magnitude))
+    )
+    query = torch.randn(2, q_heads, head_dim, device=device, dtype=torch.float32) * 2
+    args = (query, key_cache, value_cache, page_table, lens, head_dim**-0.5, key_scale, value_scale)
+    out = paged_attention_decode(*args, int8_grouped=True, max_splits=2, block_n=16)
+    err = _rel_rms(out, paged_attention_decode_ref(*args))
+    assert torch.isfinite(out).all() and err <= 1e-3, (
+        f"rel rms {err:.3e} at value magnitude {value_magnitude}"
+    )
+
+
 def test_split_rule_bounds_splits_and_depends_on_length_only():
     for head_dim in (80, 256):
         unit = decode_block_n(head_dim)
@@ -267,10 +346,10 @@ _INVARIANCE_GEOMETRIES = [  # (q_heads, kv_heads, head_dim, page_size, max_split
     ("q_heads", "kv_heads", "head_dim", "page_size", "max_splits", "kind"),
     [
         pytest.param(*g[:5], kind, marks=[CUDA_ONLY] if g[5] else [], id=f"{kind}-{g[6]}")
-        for kind in ("bf16", "fp32", "int8")
+        for kind in ("bf16", "fp32", "int8", "int8_grouped")
         for g in _INVARIANCE_GEOMETRIES
         # int8 KV needs head_dim a multiple of 64 (or under it): no int8 case at d80
-        if not (kind == "int8" and g[2] % 64 and g[2] > 64)
+        if not (kind.startswith("int8") and g[2] % 64 and g[2] > 64)
     ],
 )
 def test_paged_decode_is_batch_invariant(q_heads, kv_heads, head_dim, page_size, max_splits, kind, device):
@@ -279,7 +358,7 @@ def test_paged_decode_is_batch_invariant(q_heads, kv_heads, head_dim, page_size,
     need = [-(-n // page_size) for n in lens]
     graph_width = max(need) + 5  # the graphs' fixed page-table width
     key_cache, value_cache, _, _, key_scale, value_scale = _cache_and_table(
-        [0] * 4, kv_heads, head_dim, page_size, sum(need), device, dtype=dtype, int8=kind == "int8"
+        [0] * 4, kv_heads, head_dim, page_size, sum(need), device, dtype=dtype, int8=kind.startswith("int8")
     )
     num_pages = key_cache.shape[0]
     pages = torch.randperm(num_pages, device=device)[: sum(need)].int().split(need)
@@ -307,6 +386,7 @@ def test_paged_decode_is_batch_invariant(q_heads, kv_heads, head_dim, page_size,
             key_scale,
             value_scale,
             max_splits=max_splits,
+            int8_grouped=kind == "int8_grouped",
         )
         return out[: len(rows)]
 
