@@ -19,6 +19,7 @@ gives int8 / bf16 time per layer at each batch, the default configurations and t
 from __future__ import annotations
 
 import argparse
+import os
 import datetime
 import itertools
 import json
@@ -168,7 +169,7 @@ def main() -> None:
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):
         rows += bench(args.context, batch, args.layers, args.quick)
-    commit = subprocess.run(
+    commit = os.environ.get("NINFER_COMMIT") or subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     result = {"what": "paged_attention_decode bf16 vs int8 KV, Qwen3.6-27B geometry", "date": datetime.date.today()
