@@ -19,10 +19,10 @@ gives int8 / bf16 time per layer at each batch, the default configurations and t
 from __future__ import annotations
 
 import argparse
-import os
 import datetime
 import itertools
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -169,9 +169,12 @@ def main() -> None:
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):
         rows += bench(args.context, batch, args.layers, args.quick)
-    commit = os.environ.get("NINFER_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    commit = (
+        os.environ.get("NINFER_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    )
     result = {"what": "paged_attention_decode bf16 vs int8 KV, Qwen3.6-27B geometry", "date": datetime.date.today()
               .isoformat(), "gpu": torch.cuda.get_device_name(), "commit": commit, "triton": triton.__version__,
               "geometry": {"q_heads": HQ, "kv_heads": HKV, "head_dim": HEAD_DIM, "page_size": PAGE},
