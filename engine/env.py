@@ -59,3 +59,17 @@ def splitk_reduce_mode() -> str:
     from kernels import _dispatch
 
     return _dispatch.SPLITK_REDUCE
+
+
+def gemv_variants() -> dict[str, str | None]:
+    """`NINFER_ONE_ROW`, `NINFER_FEW_ROWS`, `NINFER_W8_ONE_ROW`: a `kernels.quant.packed_linear.GEMV_VARIANTS` name
+    every groupwise-int decode GEMV of one row (Q4/Q5/Q6), of 2..8 rows (Q4/Q5/Q6), of one W8 row takes instead of
+    the measured tables (for measuring a variant end to end); unset: the tables. Read once when `kernels` is
+    imported (`kernels._dispatch`)."""
+    from kernels import _dispatch
+
+    return {
+        "NINFER_ONE_ROW": _dispatch.ONE_ROW_VARIANT,
+        "NINFER_FEW_ROWS": _dispatch.FEW_ROWS_VARIANT,
+        "NINFER_W8_ONE_ROW": _dispatch.W8_ONE_ROW_VARIANT,
+    }

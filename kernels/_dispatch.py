@@ -77,7 +77,17 @@ def parse_splitk_reduce_mode(value: str) -> str:
     return _parse("NINFER_SPLITK_REDUCE", value, ("launch", "last"))
 
 
+def parse_gemv_variant(name: str, value: str | None) -> str | None:
+    """A forced GEMV-layout tile variant (``NINFER_ONE_ROW``, ``NINFER_FEW_ROWS``, ``NINFER_W8_ONE_ROW``): None
+    when unset or empty, else the name (``kernels.quant.packed_linear`` checks it against its variants)."""
+    return value.strip() or None if value is not None else None
+
+
 KERNELS_MODE = parse_kernels_mode(os.environ.get("NINFER_KERNELS", "auto"))
+# forced tile variants of the groupwise-int decode GEMV, for measuring one (unset: the measured tables)
+ONE_ROW_VARIANT = parse_gemv_variant("NINFER_ONE_ROW", os.environ.get("NINFER_ONE_ROW"))
+FEW_ROWS_VARIANT = parse_gemv_variant("NINFER_FEW_ROWS", os.environ.get("NINFER_FEW_ROWS"))
+W8_ONE_ROW_VARIANT = parse_gemv_variant("NINFER_W8_ONE_ROW", os.environ.get("NINFER_W8_ONE_ROW"))
 GEMV_MODE = parse_gemv_mode(os.environ.get("NINFER_GEMV", "off"))
 QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "packed"))
 MOE_ROUTER_MODE = parse_moe_router_mode(os.environ.get("NINFER_MOE_ROUTER", "split"))

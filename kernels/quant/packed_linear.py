@@ -11,11 +11,11 @@ everything else takes ``"default"``. No autotuning on the decode path. The bench
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import torch
 
+from kernels import _dispatch
 from kernels._dispatch import HAS_TRITON, INTERPRET
 from kernels.quant.formats import GROUP_FORMATS
 from kernels.quant.repack import UNIT
@@ -110,12 +110,17 @@ FEW_ROWS_TABLE: dict[tuple[str, int, int], str] = {
 }
 # NINFER_ONE_ROW=NAME / NINFER_FEW_ROWS=NAME: every Q4/Q5/Q6 GEMV of one row / of 2..8 rows takes that variant
 # (table included), for measuring one ("mma_*" variants take 1..8 rows)
-ONE_ROW_FORCED = os.environ.get("NINFER_ONE_ROW")
-FEW_ROWS_FORCED = os.environ.get("NINFER_FEW_ROWS")
+ONE_ROW_FORCED = _dispatch.ONE_ROW_VARIANT
+FEW_ROWS_FORCED = _dispatch.FEW_ROWS_VARIANT
+for _forced in (ONE_ROW_FORCED, FEW_ROWS_FORCED, _dispatch.W8_ONE_ROW_VARIANT):
+    if _forced is not None and _forced not in GEMV_VARIANTS:
+        raise ValueError(
+            f"GEMV variant {_forced!r} (NINFER_ONE_ROW / NINFER_FEW_ROWS / NINFER_W8_ONE_ROW): one of {', '.join(GEMV_VARIANTS)}"
+        )
 # W8's one-row tiles: the Triton CUDA-core mode. Its Gluon kernel passes its GPU test but did not speed up the
 # 35B-A3B groupwise-int decode (C=1 4.07 vs 4.09 ms, bench/results/h200_2026-12-04_session9/decode_q35_int_w8_*.json);
 # NINFER_W8_ONE_ROW=pairs_n64s2 picks it)
-W8_ONE_ROW_VARIANT = os.environ.get("NINFER_W8_ONE_ROW", "fma")
+W8_ONE_ROW_VARIANT = _dispatch.W8_ONE_ROW_VARIANT or "fma"
 ONE_ROW_TABLE: dict[tuple[str, int, int], str] = {
     ("Q4G64_F16S", 7168, 5120): "pairs_n64",  # attention query_key: 13.1 us (n64s2 13.4)
     ("Q4G64_F16S", 4096, 5120): "pairs_n64",  # GDN query_key: 8.8 us (n64s2 9.5)

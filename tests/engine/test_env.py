@@ -34,3 +34,13 @@ def test_kernel_switches_are_normalised_or_refused_with_the_variable_named() -> 
     assert _dispatch.parse_splitk_reduce_mode("LAST ") == "last"
     with pytest.raises(ValueError, match=r"^NINFER_SPLITK_REDUCE='off': expected 'launch', 'last'$"):
         _dispatch.parse_splitk_reduce_mode("off")
+
+
+def test_gemv_variant_switches(monkeypatch):
+    """NINFER_ONE_ROW / NINFER_FEW_ROWS / NINFER_W8_ONE_ROW: unset or blank is None (the measured tables), a name
+    is kept, and env.gemv_variants() reports what kernels._dispatch parsed."""
+    assert _dispatch.parse_gemv_variant("NINFER_ONE_ROW", None) is None
+    assert _dispatch.parse_gemv_variant("NINFER_ONE_ROW", "  ") is None
+    assert _dispatch.parse_gemv_variant("NINFER_FEW_ROWS", " mma_n64 ") == "mma_n64"
+    monkeypatch.setattr(_dispatch, "FEW_ROWS_VARIANT", "mma_n128")
+    assert env.gemv_variants()["NINFER_FEW_ROWS"] == "mma_n128"
