@@ -113,7 +113,7 @@ class SpecExecutor:
     def _snapshots(self, rows: Sequence[RowPlan], width: int) -> torch.Tensor:
         base = [self.snapshot_base + row.lane * self.k for row in rows]
         table = [[b + j for j in range(width - 1)] for b in base]
-        return torch.tensor(table, dtype=torch.int64, device=self.device).reshape(len(rows), width - 1)
+        return upload(table, self.device).reshape(len(rows), width - 1)
 
     def use_static_inputs(self, max_pages: int, capture: bool) -> bool:
         """Run the fixed-shape forwards through static buffers (engine.spec.graphs.py), replaying
@@ -193,13 +193,13 @@ class SpecExecutor:
         verdicts: dict[int, Verdict] = {}
         if plain:
             assert all(rows[i].num_sample == 1 for i in plain), "a row that never drafts samples one position"
-            last = torch.tensor([where[i] + rows[i].num_tokens - 1 for i in plain], device=self.device)
+            last = upload([where[i] + rows[i].num_tokens - 1 for i in plain], self.device)
             tokens = plain_sample(self.model.compute_logits(target_hidden, last), [rows[i] for i in plain])
             verdicts.update({i: Verdict(tuple(t), 0) for i, t in zip(plain, tokens, strict=True)})
         if sampling:
             positions = [where[i] + rows[i].num_tokens - rows[i].num_sample + j for i in sampling
                          for j in range(rows[i].num_sample)]  # fmt: skip
-            logits = self.model.compute_logits(target_hidden, torch.tensor(positions, device=self.device))
+            logits = self.model.compute_logits(target_hidden, upload(positions, self.device))
             drafts = [rows[i].token_ids[rows[i].num_tokens - rows[i].num_sample + 1 :] for i in sampling]
             probs = [self._draft_probs.get(rows[i].request_id) for i in sampling]
             verdicts.update(zip(sampling, verify(
