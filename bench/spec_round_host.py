@@ -16,8 +16,9 @@ exclusively (a phase's time leaves out the phases nested in it):
     runner         ModelRunner.execute minus the above (the StepResult)
     bench_loop     the rest of the round (the next RowPlans)
 
-On the CPU the tiny model's forwards cost little, so everything but ``forward`` and ``logits`` is the host's
-work that a CUDA round waits on at its syncs. ``--sync-counts`` adds the host reads per round (``.tolist()``,
+Everything but ``forward`` and ``logits`` is host work; ``device_idle_host_us_per_round`` is the part of it a
+CUDA round's device sits idle through (CriticalPath: between the verdict's host copy and the catch-up's launch,
+``mid``, and between the drafts' host copy and the next verify's launch, ``end``). ``--sync-counts`` adds the host reads per round (``.tolist()``,
 ``.item()``, ``.cpu()``) and the blocking host -> device copies (``torch.tensor(..., device=...)`` other than
 through ``engine.transfer.upload``, and indexing a tensor with a host list), by caller.
 
@@ -88,27 +89,74 @@ class PhaseClock:
         setattr(owner, attr, timed)
 
 
-def _instrument(clock: PhaseClock, runner: Any) -> None:
-    clock.wrap(SpecInputs, "fill", "fill")
-    real_fn = SpecGraphs._fn
+class CriticalPath:
+    """The host's work a CUDA round waits on: from the verdict's host copy to the catch-up's launch (``mid``) and
+    from the drafts' host copy to the next verify's launch (``end``); the device idles through both (thread CPU
+    microseconds, summed over the rounds)."""
+
+    def __init__(self) -> None:
+        self.gaps: dict[str, float] = collections.defaultdict(float)
+        self._open: dict[str, float] = {}
+
+    def mark_done(self, what: str) -> None:
+        self._open[what] = time.thread_time()
+
+    def launched(self, kind: str) -> None:
+        gap, after = ("mid", "verdict") if kind == "catch_up" else ("end", "drafts")
+        if kind in ("catch_up", "target") and after in self._open:
+            self.gaps[gap] += time.thread_time() - self._open.pop(after)
+
+
+CLOCK, PATH = PhaseClock(), CriticalPath()
+
+
+def _instrument_classes() -> None:
+    """Wrap the round's phases (once per process: class attributes)."""
+    CLOCK.wrap(SpecInputs, "fill", "fill")
+    real_fn, real_run = SpecGraphs._fn, SpecGraphs._run
 
     def fn(self: SpecGraphs, key: Any) -> Callable[[], Any]:
         inner = real_fn(self, key)
-        return lambda: _timed_call(clock, inner)
+        return lambda: _timed_call(inner)
 
-    SpecGraphs._fn = fn  # type: ignore[method-assign]
-    clock.wrap(runner.model, "compute_logits", "logits")
-    clock.wrap(mtp, "proposal_logits", "logits")
-    clock.wrap(verify_module, "processed_distribution", "logits")
-    clock.wrap(speculative, "verify", "verdict")
-    clock.wrap(speculative.SpecExecutor, "_roll_back", "rollback")
-    clock.wrap(MtpDrafter, "advance", "drafter")
-    clock.wrap(speculative.SpecExecutor, "run", "spec_run")
-    clock.wrap(runner, "execute", "runner")
+    def run(self: SpecGraphs, key: Any, *args: Any, **kwargs: Any) -> Any:
+        PATH.launched(key[0])
+        return real_run(self, key, *args, **kwargs)
+
+    setattr(SpecGraphs, "_fn", fn)  # noqa: B010
+    setattr(SpecGraphs, "_run", run)  # noqa: B010
+    CLOCK.wrap(mtp, "proposal_logits", "logits")
+    CLOCK.wrap(verify_module, "processed_distribution", "logits")
+    CLOCK.wrap(speculative, "verify", "verdict")
+    CLOCK.wrap(speculative.SpecExecutor, "_roll_back", "rollback")
+    CLOCK.wrap(MtpDrafter, "advance", "drafter")
+    CLOCK.wrap(speculative.SpecExecutor, "run", "spec_run")
+    real_verify, real_propose = speculative.verify, MtpDrafter._propose_on_device
+
+    def verify(*args: Any, **kwargs: Any) -> Any:
+        out = real_verify(*args, **kwargs)
+        PATH.mark_done("verdict")
+        return out
+
+    def propose(*args: Any, **kwargs: Any) -> Any:
+        out = real_propose(*args, **kwargs)
+        PATH.mark_done("drafts")
+        return out
+
+    setattr(speculative, "verify", verify)  # noqa: B010
+    setattr(MtpDrafter, "_propose_on_device", propose)  # noqa: B010
 
 
-def _timed_call(clock: PhaseClock, fn: Callable[[], Any]) -> Any:
-    with clock.phase("forward"):
+_instrument_classes()
+
+
+def _instrument(runner: Any) -> None:
+    CLOCK.wrap(runner.model, "compute_logits", "logits")
+    CLOCK.wrap(runner, "execute", "runner")
+
+
+def _timed_call(fn: Callable[[], Any]) -> Any:
+    with CLOCK.phase("forward"):
         return fn()
 
 
@@ -176,13 +224,14 @@ def measure(
     max_context = context + (rounds + 8) * (k + 1)
     runner = make_spec_runner(model, concurrency * -(-max_context // 64) + 1, concurrency, "bf16", k, max_context,
                               cuda_graph=device == "cuda")  # fmt: skip
-    clock = PhaseClock()
-    _instrument(clock, runner)
+    clock = CLOCK
+    _instrument(runner)
     run_spec_rounds(runner, model.config.vocab_size, concurrency, context, 0, 5, k)  # warm-up
     counter = SyncCounter()
     if syncs:
         counter.install()
     clock.totals.clear()
+    PATH.gaps.clear()
     counter.active = True
     start = time.thread_time()
     wall_start = time.perf_counter()
@@ -197,7 +246,9 @@ def measure(
     return {
         "arch": arch, "vocab": vocab, "k": k, "concurrency": concurrency, "rounds": rounds, "device": device,
         "round_us": round(cpu / rounds * 1e6, 1), "round_wall_us": round(wall / rounds * 1e6, 1), "host_us_excluding_forward_and_logits": round(host, 1),
-        "phase_us_per_round": per_round, "tokens_per_round": got["tokens_per_round"],
+        "phase_us_per_round": per_round,
+        "device_idle_host_us_per_round": {g: round(PATH.gaps[g] / rounds * 1e6, 1) for g in ("mid", "end")},
+        "tokens_per_round": got["tokens_per_round"],
         "syncs_per_round": {where: n / rounds for where, n in sorted(counter.counts.items())},
     }  # fmt: skip
 

@@ -21,6 +21,12 @@ decode ops out of place: no copy); a row that accepted a < k drafts copies snaps
 slot (`ModelCache.copy_states`: one gather + one scatter per state kind for every GDN layer and row). Chosen
 over replay because it needs no second pass through the layers and reuses the decode ops, so the
 rolled-back state is exactly the state of decoding the accepted tokens one per step.
+
+Host waits of a greedy round (tests/engine/test_spec_syncs.py): two, the verdict's host copy (engine/spec/verify.py:
+the catch-up's rows depend on how many drafts each row kept) and the drafts' (engine/spec/mtp.py: the next plan
+feeds them). Every index and position goes up through `upload` (pinned, non-blocking). TODO(#21): enqueue the next
+round before the host reads this one's verdict (acceptance, rollback and a fixed-shape catch-up on the device, the
+next verify fed from device buffers, the verdict read one round late as plain overlap reads its tokens).
 """
 
 from __future__ import annotations
