@@ -9,7 +9,8 @@ exclusively (a phase's time leaves out the phases nested in it):
     fill           SpecInputs.fill: the Python that builds a forward's inputs, and their upload
     logits         the target head over the verified positions (compute_logits), the draft head outside the
                    draft graph (the first draft) and the argmax / processed distribution over the vocabulary
-    verdict        engine.spec.verify.verify: acceptance (greedy: the argmax and its host copy)
+    verdict        engine.spec.verify.verify: acceptance (greedy: the argmax and its host copy); 0 on the one-wait
+                   round (engine/runner/spec_round.py, ``--one-wait on``, the default), whose host work is in spec_run
     rollback       SpecExecutor._roll_back (the snapshot copies)
     drafter        MtpDrafter.advance minus the above (pair lists, hidden gathers, the drafts' host copy)
     spec_run       SpecExecutor.run minus the above (grouping, positions, DraftRows, the outcome)
@@ -18,7 +19,8 @@ exclusively (a phase's time leaves out the phases nested in it):
 
 Everything but ``forward`` and ``logits`` is host work; ``device_idle_host_us_per_round`` is the part of it a
 CUDA round's device sits idle through (CriticalPath: between the verdict's host copy and the catch-up's launch,
-``mid``, and between the drafts' host copy and the next verify's launch, ``end``). ``--sync-counts`` adds the host reads per round (``.tolist()``,
+``mid``, and between the drafts' host copy and the next verify's launch, ``end``; the one-wait round has no
+``mid``). ``--sync-counts`` adds the host reads per round (``.tolist()``,
 ``.item()``, ``.cpu()``) and the blocking host -> device copies (``torch.tensor(..., device=...)`` other than
 through ``engine.transfer.upload``, and indexing a tensor with a host list), by caller.
 
@@ -143,8 +145,16 @@ def _instrument_classes() -> None:
         PATH.mark_done("drafts")
         return out
 
+    real_one_wait = speculative.run_one_wait
+
+    def one_wait(*args: Any, **kwargs: Any) -> Any:  # its one copy is the last thing it waits for
+        out = real_one_wait(*args, **kwargs)
+        PATH.mark_done("drafts")
+        return out
+
     setattr(speculative, "verify", verify)  # noqa: B010
     setattr(MtpDrafter, "_propose_on_device", propose)  # noqa: B010
+    setattr(speculative, "run_one_wait", one_wait)  # noqa: B010
 
 
 _instrument_classes()
@@ -217,13 +227,22 @@ def tiny_model(arch: str, vocab: int, device: str) -> Any:
 
 
 def measure(
-    arch: str, k: int, concurrency: int, rounds: int, device: str, syncs: bool, vocab: int
+    arch: str,
+    k: int,
+    concurrency: int,
+    rounds: int,
+    device: str,
+    syncs: bool,
+    vocab: int,
+    one_wait: bool = True,
 ) -> dict[str, Any]:
     model = tiny_model(arch, vocab, device)
     context = 64
     max_context = context + (rounds + 8) * (k + 1)
     runner = make_spec_runner(model, concurrency * -(-max_context // 64) + 1, concurrency, "bf16", k, max_context,
                               cuda_graph=device == "cuda")  # fmt: skip
+    assert runner.spec is not None
+    runner.spec.one_wait = one_wait
     clock = CLOCK
     _instrument(runner)
     run_spec_rounds(runner, model.config.vocab_size, concurrency, context, 0, 5, k)  # warm-up
@@ -244,7 +263,7 @@ def measure(
     per_round["bench_loop"] = round((cpu - sum(clock.totals.values())) / rounds * 1e6, 1)
     host = sum(v for p, v in per_round.items() if p not in ("forward", "logits"))
     return {
-        "arch": arch, "vocab": vocab, "k": k, "concurrency": concurrency, "rounds": rounds, "device": device,
+        "arch": arch, "vocab": vocab, "one_wait": one_wait, "k": k, "concurrency": concurrency, "rounds": rounds, "device": device,
         "round_us": round(cpu / rounds * 1e6, 1), "round_wall_us": round(wall / rounds * 1e6, 1), "host_us_excluding_forward_and_logits": round(host, 1),
         "phase_us_per_round": per_round,
         "device_idle_host_us_per_round": {g: round(PATH.gaps[g] / rounds * 1e6, 1) for g in ("mid", "end")},
@@ -270,21 +289,23 @@ def main(argv: list[str] | None = None) -> None:
         help="vocabulary rows (the real 248,320 make the CPU's argmax over them most of a round)",
     )
     p.add_argument("--sync-counts", action="store_true")
+    p.add_argument("--one-wait", default="on", choices=("on", "off"),
+                   help="off: every round takes the general two-wait path (engine/runner/spec_round.py)")  # fmt: skip
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
     for c in (int(x) for x in args.concurrency.split(",")):
         runs = [
-            measure(args.arch, args.k, c, args.rounds, args.device, False, args.vocab)
+            measure(args.arch, args.k, c, args.rounds, args.device, False, args.vocab, args.one_wait == "on")
             for _ in range(args.repeats)
         ]
         row = sorted(runs, key=lambda r: r["round_us"])[len(runs) // 2]
         row["round_us_all"] = [r["round_us"] for r in runs]
         if args.sync_counts:  # a run of its own: the counting costs host time
-            row["syncs_per_round"] = measure(args.arch, args.k, c, 20, args.device, True, args.vocab)[
-                "syncs_per_round"
-            ]
+            row["syncs_per_round"] = measure(
+                args.arch, args.k, c, 20, args.device, True, args.vocab, args.one_wait == "on"
+            )["syncs_per_round"]
         print(json.dumps(row), file=sys.stderr)
         rows.append(row)
     summary = {"rows": rows, "round_us_median": statistics.median(r["round_us"] for r in rows)}

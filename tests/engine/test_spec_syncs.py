@@ -1,5 +1,6 @@
-"""A greedy speculative round (verify, roll back, catch up, draft) waits for the device twice: the verdict's host
-copy (engine/spec/verify.py) and the drafts' (engine/spec/mtp.py). Every other value the round sends to the device
+"""A greedy speculative round (verify, roll back, catch up, draft) waits for the device once on the one-wait path
+(engine/runner/spec_round.py: accepted counts, bonus tokens and drafts in one copy) and twice on the general one:
+the verdict's host copy (engine/spec/verify.py) and the drafts' (engine/spec/mtp.py). Every other value the round sends to the device
 goes up through `engine.transfer.upload` (pinned, non-blocking): no `torch.tensor(..., device=...)`, no tensor
 indexed with a host list (both copy with a stream sync on CUDA), and no other `.tolist()` / `.item()` / `.cpu()`.
 
@@ -89,12 +90,15 @@ def _count_syncs(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
 @pytest.mark.parametrize("concurrency", [1, 3])
-def test_a_greedy_round_waits_for_the_verdict_and_the_drafts_only(
-    arch: str, concurrency: int, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("one_wait", [True, False])
+def test_a_greedy_round_waits_only_for_what_its_host_reads(
+    arch: str, concurrency: int, one_wait: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = _model(arch)
     k, context = 3, 20
     runner = make_spec_runner(model, 3 * concurrency, concurrency, "bf16", k, 64, cuda_graph=False)
+    assert runner.spec is not None
+    runner.spec.one_wait = one_wait
     vocab = model.config.vocab_size
     run_spec_rounds(runner, vocab, concurrency, context, 0, 1, k)  # first use of every shape
     counts = _count_syncs(monkeypatch)
@@ -105,4 +109,7 @@ def test_a_greedy_round_waits_for_the_verdict_and_the_drafts_only(
         "tolist engine/spec/verify.py:verify": ROUNDS,
         "tolist engine/spec/mtp.py:_propose_on_device": ROUNDS,
     }
+    if one_wait:
+        want = {"tolist engine/runner/spec_round.py:run_one_wait": ROUNDS}
+        assert runner.spec.num_one_wait_rounds == ROUNDS + 1
     assert dict(counts) == want
