@@ -103,7 +103,8 @@ class ModelCache:
 
     def copy_states(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Every GDN layer's conv and recurrent state of slots `src` into slots `dst` ([N] int64 on the
-        device; the dst slots distinct and none of them in src). No host sync."""
+        device; the dst slots distinct, and none of them the src of another entry: an entry may copy a slot onto
+        itself, as the state is gathered before it is scattered). No host sync."""
         for stack in self.state_stacks:
             stack.index_copy_(1, dst, stack.index_select(1, src))
 

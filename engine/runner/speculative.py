@@ -21,6 +21,13 @@ decode ops out of place: no copy); a row that accepted a < k drafts copies snaps
 slot (`ModelCache.copy_states`: one gather + one scatter per state kind for every GDN layer and row). Chosen
 over replay because it needs no second pass through the layers and reuses the decode ops, so the
 rolled-back state is exactly the state of decoding the accepted tokens one per step.
+
+Host waits of a round (tests/engine/test_spec_syncs.py): a greedy round whose rows fit the static buffers takes
+engine/runner/spec_round.py and waits once, for (accepted count, bonus, next drafts) per row; any other round waits
+twice, for the verdict (engine/spec/verify.py: its catch-up's rows depend on how many drafts each row kept) and for
+the drafts (engine/spec/mtp.py). Every index and position goes up through `upload` (pinned, non-blocking).
+TODO(#21): enqueue the next round before the host reads this one's verdict (the next verify fed from device
+buffers, the verdict read one round late, as plain overlap reads its tokens).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
 from engine.runner.inputs import eager_batch
+from engine.runner.spec_round import can_run_one_wait, run_one_wait
 from engine.spec.dflash_draft import DFlashDrafter
 from engine.spec.graphs import SpecGraphs, StaticRow
 from engine.spec.mtp import DraftRow, MtpDrafter
@@ -97,6 +105,9 @@ class SpecExecutor:
         self.graphs: SpecGraphs | None = None
         self._draft_probs: dict[str, torch.Tensor | None] = {}  # q of each request's pending drafts
         self.num_verify_forwards = 0
+        # greedy rounds that fit the static buffers queue everything before one host wait (spec_round.py)
+        self.one_wait = True
+        self.num_one_wait_rounds = 0
 
     def release(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
@@ -113,7 +124,7 @@ class SpecExecutor:
     def _snapshots(self, rows: Sequence[RowPlan], width: int) -> torch.Tensor:
         base = [self.snapshot_base + row.lane * self.k for row in rows]
         table = [[b + j for j in range(width - 1)] for b in base]
-        return torch.tensor(table, dtype=torch.int64, device=self.device).reshape(len(rows), width - 1)
+        return upload(table, self.device).reshape(len(rows), width - 1)
 
     def use_static_inputs(self, max_pages: int, capture: bool) -> bool:
         """Run the fixed-shape forwards through static buffers (engine.spec.graphs.py), replaying
@@ -125,7 +136,7 @@ class SpecExecutor:
         self.drafter.graphs = self.graphs
         return self.graphs.capture() if capture else False
 
-    def _static_rows(self, rows: Sequence[RowPlan], width: int) -> list[StaticRow]:
+    def static_rows(self, rows: Sequence[RowPlan], width: int) -> list[StaticRow]:
         return [
             StaticRow(
                 row.token_ids,
@@ -143,7 +154,7 @@ class SpecExecutor:
     def _forward(self, rows: Sequence[RowPlan], width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(final hidden, the drafter's target features or None)."""
         if width > 0 and self.graphs is not None:
-            static = self._static_rows(rows, width)
+            static = self.static_rows(rows, width)
             if self.graphs.fits(static, width):
                 self.num_verify_forwards += width > 1
                 return self.graphs.target(static, width), None
@@ -165,6 +176,9 @@ class SpecExecutor:
         extended here with the committed tokens. `plain_sample(logits, rows)`: the runner's own sampler for
         rows that never draft (structured outputs: a grammar's mask depends on every earlier token;
         logprobs), one position each; it extends `history` itself."""
+        if self.one_wait and can_run_one_wait(self, rows):
+            self.num_one_wait_rounds += 1
+            return SpecOutcome(*run_one_wait(self, rows, history))
         hidden_parts: list[torch.Tensor] = []
         feature_parts: list[torch.Tensor] = []
         where: dict[int, int] = {}  # plan row -> offset of its first fed token in the concatenated hidden
@@ -193,13 +207,13 @@ class SpecExecutor:
         verdicts: dict[int, Verdict] = {}
         if plain:
             assert all(rows[i].num_sample == 1 for i in plain), "a row that never drafts samples one position"
-            last = torch.tensor([where[i] + rows[i].num_tokens - 1 for i in plain], device=self.device)
+            last = upload([where[i] + rows[i].num_tokens - 1 for i in plain], self.device)
             tokens = plain_sample(self.model.compute_logits(target_hidden, last), [rows[i] for i in plain])
             verdicts.update({i: Verdict(tuple(t), 0) for i, t in zip(plain, tokens, strict=True)})
         if sampling:
             positions = [where[i] + rows[i].num_tokens - rows[i].num_sample + j for i in sampling
                          for j in range(rows[i].num_sample)]  # fmt: skip
-            logits = self.model.compute_logits(target_hidden, torch.tensor(positions, device=self.device))
+            logits = self.model.compute_logits(target_hidden, upload(positions, self.device))
             drafts = [rows[i].token_ids[rows[i].num_tokens - rows[i].num_sample + 1 :] for i in sampling]
             probs = [self._draft_probs.get(rows[i].request_id) for i in sampling]
             verdicts.update(zip(sampling, verify(

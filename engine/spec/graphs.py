@@ -169,6 +169,34 @@ class SpecInputs:
             self.snapshot_slots[:size].copy_(parts[7].view(size, k))
 
 
+@dataclass(frozen=True, slots=True)
+class DevicePatch:
+    """Inputs known only on the device, written over a fill before the forward (no host wait): `token_index` /
+    `token_values` set input ids (flat token rows); `positions` [n] moves the first n one-token rows (a draft step)
+    to those positions: their slot mapping and sequence length follow from the filled page-table rows, and a
+    position at or past its row's `capacity` (tokens its pages hold) stores nothing and reads its last page
+    position instead (its output is discarded by the caller)."""
+
+    token_index: torch.Tensor | None = None  # [m] int64
+    token_values: torch.Tensor | None = None  # [m] int64
+    positions: torch.Tensor | None = None  # [n] int64
+    capacity: torch.Tensor | None = None  # [n] int64
+
+    def apply(self, inputs: SpecInputs) -> None:
+        if self.token_index is not None:
+            assert self.token_values is not None
+            inputs.input_ids.index_copy_(0, self.token_index, self.token_values)
+        if self.positions is not None:
+            assert self.capacity is not None
+            n, ps = self.positions.shape[0], inputs.page_size
+            pos = torch.minimum(self.positions, self.capacity - 1)
+            page = inputs.page_table[:n].gather(1, (pos // ps)[:, None]).squeeze(1).long()
+            slot = torch.where(self.positions < self.capacity, page * ps + pos % ps, -1)
+            inputs.positions[:n].copy_(pos)
+            inputs.slot_mapping[:n].copy_(slot)
+            inputs.seq_lens[:n].copy_(pos + 1)
+
+
 class SpecGraphs:
     """Use: `target`, `catch_up`, `draft` (each fills the buffers, then replays or runs eagerly); `capture()`
     once on CUDA. `fits(...)` says whether a forward can take this path (else the caller's eager one)."""
@@ -241,11 +269,14 @@ class SpecGraphs:
         rows: Sequence[StaticRow],
         hidden: torch.Tensor | None,
         token_ids: torch.Tensor | None = None,
+        patch: DevicePatch | None = None,
     ) -> tuple[torch.Tensor, ...]:
         kind, size, width = key
         self.inputs.fill(rows, size, width, self._row_pages)
         if token_ids is not None:  # the rows' tokens already on the device (they replace the filled ones)
             self.inputs.input_ids[: token_ids.shape[0]].copy_(token_ids)
+        if patch is not None:
+            patch.apply(self.inputs)
         if hidden is not None:
             self.inputs.hidden_in[: hidden.shape[0]].copy_(hidden)
         self.runs[kind] += 1
@@ -262,20 +293,27 @@ class SpecGraphs:
         assert size is not None
         return self._run(("target", size, width), rows, None)[0][: len(rows) * width]
 
-    def catch_up(self, rows: Sequence[StaticRow], hidden: torch.Tensor) -> torch.Tensor:
-        """MTP hidden states [sum of rows' tokens, H] of a varlen catch-up (`hidden`: its target rows)."""
+    def catch_up(
+        self, rows: Sequence[StaticRow], hidden: torch.Tensor, patch: DevicePatch | None = None
+    ) -> torch.Tensor:
+        """MTP hidden states [sum of rows' tokens, H] of a varlen catch-up (`hidden`: its target rows; `patch`:
+        device values written over the filled inputs)."""
         size = self.padded_size(len(rows))
         assert size is not None
-        return self._run(("catch_up", size, 0), rows, hidden)[0][: hidden.shape[0]]
+        return self._run(("catch_up", size, 0), rows, hidden, None, patch)[0][: hidden.shape[0]]
 
     def draft(
-        self, rows: Sequence[StaticRow], hidden: torch.Tensor, token_ids: torch.Tensor | None = None
+        self,
+        rows: Sequence[StaticRow],
+        hidden: torch.Tensor,
+        token_ids: torch.Tensor | None = None,
+        patch: DevicePatch | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One chained MTP step: (MTP hidden [n, H], logits [n, V] fp32) for one token per row (`token_ids`
-        [n] on the device, when given, in place of the rows' host tokens)."""
+        [n] on the device, when given, in place of the rows' host tokens; `patch`: device positions)."""
         size = self.padded_size(len(rows))
         assert size is not None
-        out = self._run(("draft", size, 1), rows, hidden, token_ids)
+        out = self._run(("draft", size, 1), rows, hidden, token_ids, patch)
         return out[0][: len(rows)], out[1][: len(rows)]
 
     # ---- capture ------------------------------------------------------------------------------------

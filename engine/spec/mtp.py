@@ -113,30 +113,41 @@ class MtpDrafter:
 
     def advance(self, rows: Sequence[DraftRow], target_hidden: torch.Tensor) -> list[Proposal]:
         """Catch the MTP KV up with every row's verified positions, store each row's continuation hidden
-        state, and propose each sampling row's drafts. Returns one `Proposal` per row (empty: none)."""
+        state, and propose each sampling row's drafts. Returns one `Proposal` per row (empty: none).
+
+        Every index into the device tensors goes up through `upload` (pinned, non-blocking): indexing with a
+        host list would copy it with a stream sync. The drafts' host copy is the drafter's one wait."""
         out = [Proposal((), None)] * len(rows)
+        device = target_hidden.device
         live = [i for i, r in enumerate(rows) if r.start_pos > 0 or len(r.tokens) > 1 or r.bonus is not None]
+        if not rows:
+            return out
+        pair_tokens: list[list[int]] = []
+        starts: list[int] = []
+        last: list[int] = []
+        order: list[int] = []  # per pair: its hidden row in cat(target_hidden, hidden[slot of each row])
+        for i in live:
+            r = rows[i]
+            nxt = list(r.tokens[1:]) + ([r.bonus] if r.bonus is not None else [])
+            rows_h = list(r.hidden_rows[: len(nxt)])
+            if r.start_pos > 0:
+                nxt, rows_h = [r.tokens[0], *nxt], [target_hidden.shape[0] + i, *rows_h]
+            pair_tokens.append(nxt)
+            starts.append(r.start_pos - 1 if r.start_pos > 0 else 0)
+            order.extend(rows_h)
+            last.append(len(order) - 1)
+        slots = [r.state_slot for r in rows]
+        src = [r.hidden_rows[len(r.tokens) - 1] for r in rows]
+        index = upload([*slots, *src, *order, *last], device)  # one copy, no wait
+        slots_d, src_d, order_d, last_d = index.split([len(rows), len(rows), len(order), len(last)])
+        mtp_hidden = None
         if live:
-            pair_tokens, starts, pieces, last = [], [], [], []
-            for i in live:
-                r = rows[i]
-                nxt = list(r.tokens[1:]) + ([r.bonus] if r.bonus is not None else [])
-                h = target_hidden[list(r.hidden_rows[: len(nxt)])]
-                if r.start_pos > 0:
-                    nxt, h = [r.tokens[0], *nxt], torch.cat([self.hidden[r.state_slot : r.state_slot + 1], h])
-                pair_tokens.append(nxt)
-                starts.append(r.start_pos - 1 if r.start_pos > 0 else 0)
-                pieces.append(h)
-                last.append(sum(len(t) for t in pair_tokens) - 1)
-            mtp_hidden = self._forward(pair_tokens, starts, [rows[i] for i in live], torch.cat(pieces))
-            out = self._propose(rows, live, starts, pair_tokens, mtp_hidden[last], out)
-        if rows:  # after the catch-up read it: the continuation state for the next step (one copy)
-            device = target_hidden.device
-            slots = torch.tensor([r.state_slot for r in rows], dtype=torch.int64, device=device)
-            src = torch.tensor(
-                [r.hidden_rows[len(r.tokens) - 1] for r in rows], dtype=torch.int64, device=device
-            )
-            self.hidden.index_copy_(0, slots, target_hidden.index_select(0, src))
+            pieces = torch.cat([target_hidden, self.hidden.index_select(0, slots_d)]).index_select(0, order_d)
+            mtp_hidden = self._forward(pair_tokens, starts, [rows[i] for i in live], pieces)
+        # after the catch-up read it (stream order; `pieces` is a copy): the next step's continuation state
+        self.hidden.index_copy_(0, slots_d, target_hidden.index_select(0, src_d))
+        if mtp_hidden is not None:
+            out = self._propose(rows, live, starts, pair_tokens, mtp_hidden.index_select(0, last_d), out)
         return out
 
     def _chain(
@@ -183,7 +194,9 @@ class MtpDrafter:
         limit = [
             min(r.num_drafts, len(r.page_ids) * self.page_size - p) for r, p in zip(ids, pos, strict=True)
         ]
-        hidden = last_hidden[index]
+        hidden = last_hidden
+        if index != list(range(last_hidden.shape[0])):
+            hidden = last_hidden.index_select(0, upload(index, last_hidden.device))
         if all(_device_draftable(r.params) for r in ids):
             return self._propose_on_device(rows, drafting, ids, pos, limit, hidden, out)
         tokens: list[list[int]] = [[] for _ in ids]
@@ -206,7 +219,9 @@ class MtpDrafter:
                 if q is not None:
                     probs[a].append(q[k])
             keep = [k for k, a in enumerate(active) if limit[a] > j + 1]
-            active, hidden = [active[k] for k in keep], hidden[keep]
+            if len(keep) < len(active):
+                hidden = hidden.index_select(0, upload(keep, hidden.device))
+            active = [active[k] for k in keep]
             if not active:
                 break
         for a, (_, i) in enumerate(drafting):

@@ -29,6 +29,7 @@ import torch
 
 from engine.request import SamplingParams
 from engine.sampling import output_token_counts, processed_distribution
+from engine.transfer import upload
 
 GeneratorFor = Callable[[str, int | None], torch.Generator]  # (request_id, seed) -> generator
 
@@ -106,8 +107,8 @@ def _rejection(
     k_max = max(max(len(d) for _, _, d in rows), 1)  # at least one column: rows without drafts
     p = torch.zeros(num_rows, k_max + 1, vocab, device=device)
     q = torch.zeros(num_rows, k_max + 1, vocab, device=device)
-    index = torch.zeros(num_rows, k_max, dtype=torch.long)
-    num_drafts = torch.tensor([len(d) for _, _, d in rows])
+    index_cpu = [[0] * k_max for _ in rows]
+    num_drafts_cpu = [len(d) for _, _, d in rows]
     for r, (p_row, q_row, drafts) in enumerate(rows):
         k = len(drafts)
         assert k == 0 or (q_row is not None and q_row.shape[0] >= k), f"{k} drafts without their q"
@@ -115,14 +116,15 @@ def _rejection(
         if k:
             assert q_row is not None
             q[r, :k] = q_row[:k]
-            index[r, :k] = torch.tensor(list(drafts))
+            index_cpu[r][:k] = list(drafts)
     u = torch.zeros(num_rows, k_max, device=device)
     noise = torch.empty(num_rows, vocab, device=device)
     for r, gen in enumerate(gens):  # each row's draws from its own request's generator
-        if num_drafts[r]:
+        if num_drafts_cpu[r]:
             u[r].uniform_(generator=gen)
         noise[r].exponential_(generator=gen)
-    index, num_drafts = index.to(device), num_drafts.to(device)
+    both = upload([*num_drafts_cpu, *(t for row in index_cpu for t in row)], device)  # one copy, no wait
+    num_drafts, index = both[:num_rows], both[num_rows:].view(num_rows, k_max)
     positions = torch.arange(k_max, device=device)
     p_d = p[:, :-1].gather(2, index[:, :, None]).squeeze(2)
     q_d = q[:, :-1].gather(2, index[:, :, None]).squeeze(2)
@@ -158,5 +160,5 @@ def draft_tokens(
         if p.temperature != 0.0:
             noise[row].exponential_(generator=generator(request_id, p.seed))
     sampled = (probs / noise).argmax(dim=-1)
-    greedy = torch.tensor([p.temperature == 0.0 for p in params], device=logits.device)
+    greedy = upload([p.temperature == 0.0 for p in params], logits.device, torch.bool)
     return torch.where(greedy, greedy_tokens, sampled).tolist(), probs

@@ -71,15 +71,15 @@ def test_spec_with_the_reduced_head_drafts_from_its_shortlist_and_keeps_the_plai
     plain = run(core(prefix_reuse=False), prompts, params)[0]
     spec = core(spec="mtp", draft_tokens=3, lm_head_draft=True)
     assert spec.runner.spec is not None
-    drafter = spec.runner.spec.drafter
-    real, drafts = drafter.advance, []
+    executor = spec.runner.spec
+    real, drafts = executor.run, []
 
-    def advance(rows, hidden):
-        out = real(rows, hidden)
-        drafts.extend(t for p in out for t in p.tokens)
+    def run_step(rows, history, plain_sample):  # every round's drafts (the one-wait round's too)
+        out = real(rows, history, plain_sample)
+        drafts.extend(t for d in out.drafts for t in d)
         return out
 
-    drafter.advance = advance  # type: ignore[method-assign]
+    executor.run = run_step  # type: ignore[method-assign]
     assert run(spec, prompts, params)[0] == plain
     assert len(drafts) >= 20 and set(drafts) <= shortlist, "a draft outside the reduced head's shortlist"
     # the full head would have proposed outside the shortlist (the check above has power)

@@ -10,6 +10,7 @@ acceptance paths are driven by an oracle drafter that proposes the non-speculati
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -20,9 +21,10 @@ from engine_harness import GREEDY, make_core, one_thread, prompt, run, tiny_arti
 from engine.config import EngineConfig
 from engine.core import EngineCore, load_artifact
 from engine.request import SamplingParams
-from engine.spec.mtp import Proposal
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=14)
+# The MoE preset's presence penalty off (penalized rows never take the one-wait round: their counts are the host's)
+NO_PENALTY = SamplingParams(temperature=0.0, max_tokens=14, presence_penalty=0.0)
 LENGTHS = [5, 17, 40]
 
 
@@ -37,58 +39,96 @@ def _loaded_mtp(arch: str, dtype: torch.dtype = torch.float32):
     return load_artifact(tiny_artifact(arch), device="cpu", dtype=dtype, with_mtp=True)
 
 
-def spec_core(arch: str, k: int | None, dtype: torch.dtype = torch.float32, **flags) -> EngineCore:
-    """An engine on the tiny model with its MTP head; k None = speculation off."""
+def spec_core(
+    arch: str, k: int | None, dtype: torch.dtype = torch.float32, one_wait: bool = True, **flags
+) -> EngineCore:
+    """An engine on the tiny model with its MTP head; k None = speculation off. one_wait=False: every round takes
+    the general path (engine/runner/spec_round.py says when the one-wait round runs)."""
     flags.setdefault("max_context", 512)
     flags.setdefault("prefill_chunk_multiple", 1)
     loaded = _loaded_mtp(arch, dtype)
     spec = {"spec": "mtp", "draft_tokens": k} if k is not None else {}
     config = EngineConfig.from_flags(**spec, **flags)
-    return EngineCore(loaded.model, loaded.tokenizer, config, seed=0)
+    core = EngineCore(loaded.model, loaded.tokenizer, config, seed=0)
+    if core.runner.spec is not None:
+        core.runner.spec.one_wait = one_wait
+    return core
 
 
 @functools.cache
-def _baseline(arch: str, lengths: tuple[int, ...], max_tokens: int) -> list[list[int]]:
+def _baseline(
+    arch: str, lengths: tuple[int, ...], max_tokens: int, presence_penalty: float | None = None
+) -> list[list[int]]:
     core = make_core(arch, prefix_reuse=False, max_concurrency=len(lengths))
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, presence_penalty=presence_penalty)
     return run(core, [prompt(n, s) for s, n in enumerate(lengths)], params)[0]
 
 
 def _oracle(core: EngineCore, want: dict[str, list[int]], wrong_from: Callable[[str, int], int]) -> None:
-    """Replace the drafts by the expected continuation, wrong from draft `wrong_from(request, round)` on."""
+    """Replace the drafts by the expected continuation, wrong from draft `wrong_from(request, round)` on. Wraps the
+    speculative step (`SpecExecutor.run`), so both rounds (the one-wait greedy round and the general one) run."""
     spec = core.runner.spec
     assert spec is not None
-    real = spec.drafter.advance
+    real = spec.run
     rounds: dict[str, int] = {}
 
-    def advance(rows, hidden):
-        out = real(rows, hidden)
-        for i, (row, proposal) in enumerate(zip(rows, out, strict=True)):
-            if not proposal.tokens:
+    def run(rows, history, plain_sample):
+        out = real(rows, history, plain_sample)
+        drafts = list(out.drafts)
+        for i, (row, proposal) in enumerate(zip(rows, out.drafts, strict=True)):
+            if not proposal:
                 continue
-            n = len(row.history)
-            truth = want[row.request_id][n : n + len(proposal.tokens)]
+            n = len(history[row.request_id])
+            truth = want[row.request_id][n : n + len(proposal)]
             r = rounds[row.request_id] = rounds.get(row.request_id, 0) + 1
             bad = wrong_from(row.request_id, r)
-            drafts = [t if j < bad else (t + 1) % 1000 + 7 for j, t in enumerate(truth)]
-            drafts += [7] * (len(proposal.tokens) - len(drafts))
-            out[i] = Proposal(tuple(drafts), None)
-        return out
+            new = [t if j < bad else (t + 1) % 1000 + 7 for j, t in enumerate(truth)]
+            drafts[i] = (*new, *[7] * (len(proposal) - len(new)))
+        return dataclasses.replace(out, drafts=tuple(drafts))
 
-    spec.drafter.advance = advance  # type: ignore[method-assign]
+    spec.run = run  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
-def test_greedy_spec_equals_plain_alone_and_batched(arch, k):
-    want = _baseline(arch, tuple(LENGTHS), PARAMS.max_tokens)
+@pytest.mark.parametrize("one_wait", [True, False])
+def test_greedy_spec_equals_plain_alone_and_batched(arch, k, one_wait):
+    """one_wait: the one-wait greedy round where it applies (penalty-free rows); else the general round, with the
+    presets' penalties (the MoE preset's presence penalty)."""
+    params = NO_PENALTY if one_wait else PARAMS
+    want = _baseline(arch, tuple(LENGTHS), PARAMS.max_tokens, params.presence_penalty)
     prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
-    alone = spec_core(arch, k, prefix_reuse=False)
-    assert [run(alone, [p], PARAMS)[0][0] for p in prompts] == want
-    batched = spec_core(arch, k, max_concurrency=3, prefill_chunk=16)
-    assert run(batched, prompts, PARAMS)[0] == want
+    alone = spec_core(arch, k, one_wait=one_wait, prefix_reuse=False)
+    assert [run(alone, [p], params)[0][0] for p in prompts] == want
+    batched = spec_core(arch, k, one_wait=one_wait, max_concurrency=3, prefill_chunk=16)
+    assert run(batched, prompts, params)[0] == want
     stats = batched.scheduler.spec_stats
     assert stats.rounds > 0 and stats.drafted >= stats.rounds
+    spec = batched.runner.spec
+    assert spec is not None and (spec.num_one_wait_rounds > 0) == one_wait
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+@pytest.mark.parametrize("k", [2, 3, 5])
+@pytest.mark.parametrize("one_wait", [True, False])
+def test_a_stop_token_inside_an_accepted_round_ends_the_request_there(arch, k, one_wait):
+    """Drafts that always agree commit k + 1 tokens a round; a stop token among them (not at a round's end) ends
+    the request at that token, with the plain run's output, on the one-wait round and the general one, batched
+    beside requests that go on."""
+    want = _baseline(arch, tuple(LENGTHS), PARAMS.max_tokens, 0.0)
+    stop = want[1][5]
+    params = SamplingParams(
+        temperature=0.0, max_tokens=PARAMS.max_tokens, presence_penalty=0.0, stop_token_ids=(stop,)
+    )
+    prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
+    plain = run(make_core(arch, prefix_reuse=False, max_concurrency=3), prompts, params)[0]
+    assert plain[1] == want[1][: want[1].index(stop) + 1] and len(plain[1]) < len(want[1])
+    core = spec_core(arch, k, one_wait=one_wait, max_concurrency=3)
+    _oracle(core, {f"r{i}": w for i, w in enumerate(want)}, lambda _r, _n: k)
+    assert run(core, prompts, params)[0] == plain
+    spec = core.runner.spec
+    assert spec is not None and (spec.num_one_wait_rounds > 0) == one_wait
+    assert core.scheduler.spec_stats.accepted > 0
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
@@ -292,14 +332,14 @@ def _recorded_drafts(core: EngineCore) -> list[tuple[str, tuple[int, ...]]]:
     """Every proposal the real drafter makes, in order (request id, draft tokens)."""
     spec = core.runner.spec
     assert spec is not None
-    real, log = spec.drafter.advance, []
+    real, log = spec.run, []
 
-    def advance(rows, hidden):
-        out = real(rows, hidden)
-        log.extend((row.request_id, p.tokens) for row, p in zip(rows, out, strict=True) if p.tokens)
+    def run_step(rows, history, plain_sample):  # every round's drafts (the one-wait round's too)
+        out = real(rows, history, plain_sample)
+        log.extend((row.request_id, d) for row, d in zip(rows, out.drafts, strict=True) if d)
         return out
 
-    spec.drafter.advance = advance  # type: ignore[method-assign]
+    spec.run = run_step  # type: ignore[method-assign]
     return log
 
 

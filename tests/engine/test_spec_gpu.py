@@ -10,6 +10,7 @@ rollback error); float32 keeps the comparison about the algorithm. Run on the de
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -79,24 +80,24 @@ def test_always_agreeing_drafts_on_the_gpu():
     engine = core("dense", max_concurrency=4, spec="mtp", draft_tokens=3)
     spec = engine.runner.spec
     assert spec is not None
-    real = spec.drafter.advance
+    real = spec.run
     truth = {f"r{i}": w for i, w in enumerate(want)}
 
-    def advance(rows, hidden):
-        from engine.spec.mtp import Proposal
-
-        out = real(rows, hidden)
+    def run_step(rows, history, plain_sample):  # the drafts of every round (the one-wait round's too)
+        out = real(rows, history, plain_sample)
+        drafts = list(out.drafts)
         for i, row in enumerate(rows):
-            if out[i].tokens:
-                n = len(row.history)
-                t = truth[row.request_id][n : n + len(out[i].tokens)]
-                out[i] = Proposal(tuple(t) + (7,) * (len(out[i].tokens) - len(t)), None)
-        return out
+            if drafts[i]:
+                n = len(history[row.request_id])
+                t = truth[row.request_id][n : n + len(drafts[i])]
+                drafts[i] = tuple(t) + (7,) * (len(drafts[i]) - len(t))
+        return dataclasses.replace(out, drafts=tuple(drafts))
 
-    spec.drafter.advance = advance  # type: ignore[method-assign]
+    spec.run = run_step  # type: ignore[method-assign]
     assert run(engine, prompts, GREEDY)[0] == want
     stats = engine.scheduler.spec_stats
     assert stats.accepted == stats.drafted > 0
+    assert spec.num_one_wait_rounds > 0  # the one-wait greedy round (engine/runner/spec_round.py) took them
 
 
 def test_bench_spec_round_runs():
@@ -133,14 +134,14 @@ def test_lm_head_draft_graphs_on_the_gpu(tmp_path):
     engine = EngineCore(art.model, art.tokenizer, config, seed=0)
     spec = engine.runner.spec
     assert spec is not None and engine.runner.spec_graphs_captured
-    real, drafts = spec.drafter.advance, []
+    real, drafts = spec.run, []
 
-    def advance(rows, hidden):
-        out = real(rows, hidden)
-        drafts.extend(t for p in out for t in p.tokens)
+    def run_step(rows, history, plain_sample):  # every round's drafts (the one-wait round's too)
+        out = real(rows, history, plain_sample)
+        drafts.extend(t for d in out.drafts for t in d)
         return out
 
-    spec.drafter.advance = advance  # type: ignore[method-assign]
+    spec.run = run_step  # type: ignore[method-assign]
     assert run(engine, prompts, GREEDY)[0] == want
     assert drafts and set(drafts) <= shortlist
     assert spec.graphs is not None and spec.graphs.runs["draft"] > 0 and spec.graphs.num_replays > 0
@@ -158,3 +159,21 @@ def test_greedy_drafts_chained_on_the_device_equal_the_host_chain_with_graphs(ar
     host, host_calls = recorded_proposals(make, prompts, params, False, False, monkeypatch)
     device, device_calls = recorded_proposals(make, prompts, params, True, False, monkeypatch)
     assert host_calls == 0 and device_calls > 0 and device == host
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_the_one_wait_round_with_graphs_gives_the_plain_tokens(arch, k):
+    """The one-wait greedy round (engine/runner/spec_round.py: acceptance, rollback, fixed-shape catch-up and
+    device-positioned draft steps queued before one host copy) through the captured graphs, on and off: the plain
+    greedy tokens, eight lanes."""
+    params = SamplingParams(temperature=0.0, max_tokens=16, presence_penalty=0.0)
+    prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
+    want = run(core(arch, max_concurrency=8, prefix_reuse=False), prompts, params)[0]
+    for one_wait in (True, False):
+        engine = core(arch, max_concurrency=8, spec="mtp", draft_tokens=k)
+        spec = engine.runner.spec
+        assert spec is not None and engine.runner.spec_graphs_captured and spec.graphs is not None
+        spec.one_wait = one_wait
+        assert run(engine, prompts, params)[0] == want, one_wait
+        assert (spec.num_one_wait_rounds > 0) == one_wait and spec.graphs.num_replays > 0

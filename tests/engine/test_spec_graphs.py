@@ -163,6 +163,9 @@ def recorded_proposals(
             m.setattr(mtp, "_device_draftable", lambda p: False)
         core = make()
         assert core.runner.spec is not None
+        core.runner.spec.one_wait = (
+            False  # the general round's chain (the one-wait round's: test_spec_one_wait.py)
+        )
         if eager:
             core.runner.spec.graphs = core.runner.spec.drafter.graphs = None
         run(core, prompts, params)
@@ -182,3 +185,25 @@ def test_greedy_drafts_chained_on_the_device_equal_the_host_chain(arch, path, mo
     assert host_calls == 0 and device_calls > 0
     assert any(len(p) > 1 for step in device for p in step), "no chained draft was proposed"
     assert device == host
+
+
+def test_a_device_patch_moves_draft_rows_and_sets_tokens_over_a_fill():
+    """`DevicePatch` after a fill: token ids at flat indices; a one-token row moved to a device position takes the
+    slot of that position in its filled page-table row and seq_len = position + 1; a position at or past the row's
+    capacity stores nothing (slot -1) and reads up to its last page position. Padding rows stay as filled."""
+    from engine.spec.graphs import DevicePatch
+
+    inputs = _inputs()  # 4 rows, K=2, 6 pages per row, page size 4
+    pages: list = [None] * 5
+    rows = [StaticRow((9,), 1, (3, 5)), StaticRow((9,), 2, (2,))]
+    inputs.fill(rows, 3, 1, pages)
+    DevicePatch(
+        token_index=torch.tensor([1]),
+        token_values=torch.tensor([77]),
+        positions=torch.tensor([6, 4]),
+        capacity=torch.tensor([8, 4]),
+    ).apply(inputs)
+    assert inputs.input_ids[:3].tolist() == [9, 77, 0]
+    assert inputs.positions[:3].tolist() == [6, 3, 0]  # row 1: past its 4 slots, reads position 3
+    assert inputs.slot_mapping[:3].tolist() == [5 * 4 + 2, -1, -1]
+    assert inputs.seq_lens[:3].tolist() == [7, 4, 1]

@@ -106,6 +106,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--spec", choices=("mtp", "dflash"), default="mtp",
                    help="--spec-rounds drafter: 'dflash' attaches a random DFlash companion (35B-A3B only; K "
                    "1..15; eager) and projects at its published 4.95 tokens per round")  # fmt: skip
+    p.add_argument("--spec-two-waits", action="store_true",
+                   help="--spec-rounds: every round takes the general path, which waits for the verdict and then for "
+                   "the drafts (default: greedy rounds wait once, engine/runner/spec_round.py)")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--vs-hf", action="store_true", help="also time HF transformers on the same geometry")
     p.add_argument("--hf-max-prompt-len", type=int, default=16384,
@@ -326,9 +329,12 @@ def _bench_spec(
         cuda_graph=not args.no_cuda_graph,
         spec=args.spec,
     )
+    if runner.spec is not None:
+        runner.spec.one_wait = not args.spec_two_waits
     length = DFLASH_ACCEPTANCE_LENGTH if args.spec == "dflash" else ACCEPTANCE_LENGTH
     rows = []
     for c in args.concurrency:
+        one_wait_before = runner.spec.num_one_wait_rounds if runner.spec is not None else 0
         got = run_spec_rounds(
             runner, vocab, c, args.decode_context, args.decode_warmup, args.decode_tokens, k
         )
@@ -340,6 +346,7 @@ def _bench_spec(
                "lm_head_draft": bool(args.spec_lm_head_draft),
                "spec_cuda_graph": runner.spec_graphs_captured,
                "graph_replays_per_round": got["graph_replays_per_round"],
+               "one_wait_rounds": (runner.spec.num_one_wait_rounds if runner.spec is not None else 0) - one_wait_before,
                "tokens_per_round_random_weights": round(got["tokens_per_round"], 3),
                "plain_step_ms": plain, "round_over_plain": {m: round(round_ms / v, 3) for m, v in plain.items()},
                f"projected_tpot_ms_at_{length}": round(round_ms / length, 3),

@@ -53,6 +53,12 @@ def make_spec_runner(model: Qwen3_5ForCausalLM, num_pages: int, lanes: int, kv_d
     )  # fmt: skip
 
 
+def _synchronize(runner: ModelRunner) -> None:
+    # the CPU runs every op at once (bench/spec_round_host.py times rounds there)
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+
+
 def run_spec_rounds(
     runner: ModelRunner, vocab: int, concurrency: int, context: int, warmup: int, rounds: int, k: int
 ) -> dict[str, float]:
@@ -70,7 +76,7 @@ def run_spec_rounds(
     start = time.perf_counter()
     for step in range(warmup + rounds):
         if step == warmup:
-            torch.cuda.synchronize()
+            _synchronize(runner)
             start, committed = time.perf_counter(), 0
             replays = graphs.num_replays if graphs is not None else 0
         rows = tuple(
@@ -96,7 +102,7 @@ def run_spec_rounds(
             last[i] = tokens[-1]
             drafts[i] = result.draft_token_ids[i] if result.draft_token_ids else ()
             committed += len(tokens)
-    torch.cuda.synchronize()
+    _synchronize(runner)
     seconds = (time.perf_counter() - start) / rounds
     replays = (graphs.num_replays if graphs is not None else 0) - replays
     return {"round_s": seconds, "tokens_per_round": committed / rounds / concurrency,

@@ -1,0 +1,138 @@
+"""The greedy speculative round with one host wait: verify, acceptance, rollback, catch-up and drafts all queued on
+the device, then one copy of every row's (accepted count, bonus token, next drafts) to the host.
+
+The general round (engine/runner/speculative.py) waits twice: for the verdict, because the MTP catch-up feeds each
+row's accepted tokens and its bonus token (a varlen batch whose lengths are the accepted counts), and for the
+drafts. A round whose rows are all greedy verify rows of one width w = k + 1 (no penalties, no grammar, no
+logprobs) that fit the static buffers (engine/spec/graphs.py) needs the first wait for nothing:
+
+- acceptance: a = the leading drafts equal to the target's argmax (the argmax of `processed_distribution`,
+  exactly what `engine.spec.verify.verify` compares), bonus = the argmax after them, both on the device;
+- rollback: every row copies snapshot a of its lane into its working slot, a row that kept all its drafts its
+  working slot onto itself (`ModelCache.copy_states` gathers before it scatters);
+- catch-up at a fixed shape: every row feeds w + 1 pairs at positions s - 1 .. s + w - 1 (tokens: its fed tokens,
+  then one more; the token of pair a + 1 is replaced by the bonus on the device). Pairs 0 .. a + 1 are the general
+  round's pairs; the pairs after them come later in the same causal sequence, so they change nothing before
+  them, and their MTP KV lies past the verified frontier, rewritten before any query reads it (engine/spec/mtp.py);
+- the continuation hidden state h_{s+a} and the catch-up output at pair a + 1 are gathered at device indices;
+- drafts: the chained draft steps run at device positions s + a + j (`DevicePatch`); a step past a row's page
+  capacity stores nothing and its draft is dropped on the host, as the general round never proposes it.
+
+The committed tokens are the target's argmax at the accepted positions either way, so the greedy output is the
+general round's (and the plain decode's). Owns nothing: it runs on the `SpecExecutor`'s model, cache, drafter and
+graphs. Must not touch: requests, the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.request import SamplingParams
+from engine.sampling import processed_distribution
+from engine.spec.draft_head import proposal_logits
+from engine.spec.graphs import DevicePatch, StaticRow
+from engine.spec.mtp import MtpDrafter
+from engine.step import RowPlan
+from engine.transfer import upload
+
+if TYPE_CHECKING:
+    from engine.runner.speculative import SpecExecutor
+
+# per row: committed tokens, drafts accepted, fed positions rolled back, next drafts (`SpecOutcome`'s fields)
+Outcome = tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]
+
+
+def _greedy_plain(params: SamplingParams) -> bool:
+    return (
+        params.temperature == 0.0
+        and not params.presence_penalty
+        and not params.frequency_penalty
+        and params.structured is None
+        and params.logprobs is None
+    )
+
+
+def can_run_one_wait(ex: SpecExecutor, rows: Sequence[RowPlan]) -> bool:
+    """Whether `rows` take the one-wait round (see the module docstring for the conditions)."""
+    graphs = ex.graphs
+    if graphs is None or not isinstance(ex.drafter, MtpDrafter) or not rows:
+        return False
+    width = rows[0].num_tokens
+    if width < 2 or width > ex.k + 1:
+        return False
+    for row in rows:
+        if row.num_tokens != width or row.num_sample != width or row.start_pos == 0 or row.reset_state:
+            return False
+        if not _greedy_plain(row.sampling_params):
+            return False
+    if not graphs.fits(ex.static_rows(rows, width), width):
+        return False
+    catch_up = [StaticRow((*row.token_ids, 0), row.start_pos - 1, row.page_ids) for row in rows]
+    return graphs.fits(catch_up, 0)
+
+
+def run_one_wait(ex: SpecExecutor, rows: Sequence[RowPlan], history: dict[str, list[int]]) -> Outcome:
+    """One round over `rows` (`can_run_one_wait` holds); `history` gets each row's committed tokens."""
+    graphs, drafter, model = ex.graphs, ex.drafter, ex.model
+    assert graphs is not None and isinstance(drafter, MtpDrafter)
+    n, width, k, page_size = len(rows), rows[0].num_tokens, ex.k, ex.cache.page_size
+    device = ex.device
+    target_hidden = graphs.target(ex.static_rows(rows, width), width)  # [n * width, H]
+    ex.num_verify_forwards += 1
+    argmax, _ = processed_distribution(
+        model.compute_logits(target_hidden), [row.sampling_params for row in rows for _ in range(width)]
+    )
+    argmax = argmax.view(n, width)
+    caps = [len(row.page_ids) * page_size for row in rows]
+    host = [
+        *(t for row in rows for t in row.token_ids),
+        *(ex.snapshot_base + row.lane * k for row in rows),
+        *(row.state_slot for row in rows),
+        *(row.start_pos for row in rows),
+        *caps,
+    ]
+    up = upload(host, device)  # one copy, no wait
+    fed, snap, slots, starts, capacity = up.split([n * width, n, n, n, n])
+    fed = fed.view(n, width)
+    # acceptance: the leading drafts equal to the target's argmax, then the argmax after them
+    accepted = (fed[:, 1:] == argmax[:, :-1]).long().cumprod(dim=1).sum(dim=1)  # [n]
+    bonus = argmax.gather(1, accepted[:, None]).squeeze(1)
+    # rollback: snapshot a of the lane, or (all kept) the working slot onto itself
+    ex.cache.copy_states(torch.where(accepted < width - 1, snap + accepted, slots), slots)
+    # catch-up: pairs s-1 .. s+width-1 of every row, the bonus at pair a + 1
+    row_ids = torch.arange(n, device=device)
+    pair_rows = torch.cat(
+        [n * width + row_ids[:, None], row_ids[:, None] * width + torch.arange(width, device=device)], 1
+    )
+    pieces = torch.cat([target_hidden, drafter.hidden.index_select(0, slots)]).index_select(
+        0, pair_rows.flatten()
+    )
+    catch_up = [StaticRow((*row.token_ids, 0), row.start_pos - 1, row.page_ids) for row in rows]
+    patch = DevicePatch(token_index=row_ids * (width + 1) + accepted + 1, token_values=bonus)
+    mtp_hidden = graphs.catch_up(catch_up, pieces, patch)
+    drafter.hidden.index_copy_(0, slots, target_hidden.index_select(0, row_ids * width + accepted))
+    hidden = mtp_hidden.index_select(0, row_ids * (width + 1) + accepted + 1)
+    drafts = [proposal_logits(model, hidden).argmax(dim=-1)]
+    pos = starts + accepted  # each row's last pair
+    steps = [StaticRow((0,), row.start_pos, row.page_ids) for row in rows]
+    for j in range(1, k):
+        move = DevicePatch(positions=pos + j, capacity=capacity)
+        hidden, logits = graphs.draft(steps, hidden, drafts[-1], move)
+        drafts.append(logits.argmax(dim=-1))
+    verdict = torch.stack([accepted, bonus, *drafts], dim=1).tolist()  # the one wait
+    tokens: list[tuple[int, ...]] = []
+    num_accepted: list[int] = []
+    rolled: list[int] = []
+    proposals: list[tuple[int, ...]] = []
+    ex.release([row.request_id for row in rows])  # greedy drafts keep no q
+    for row, (a, b, *new), cap in zip(rows, verdict, caps, strict=True):
+        committed = (*row.token_ids[1 : a + 1], b)
+        history.setdefault(row.request_id, []).extend(committed)
+        tokens.append(committed)
+        num_accepted.append(a)
+        rolled.append(width - 1 - a)
+        proposals.append(tuple(new[: min(k, cap - (row.start_pos + a))]))
+    return tuple(tokens), tuple(num_accepted), tuple(rolled), tuple(proposals)

@@ -1,0 +1,115 @@
+"""A greedy speculative round (verify, roll back, catch up, draft) waits for the device once on the one-wait path
+(engine/runner/spec_round.py: accepted counts, bonus tokens and drafts in one copy) and twice on the general one:
+the verdict's host copy (engine/spec/verify.py) and the drafts' (engine/spec/mtp.py). Every other value the round sends to the device
+goes up through `engine.transfer.upload` (pinned, non-blocking): no `torch.tensor(..., device=...)`, no tensor
+indexed with a host list (both copy with a stream sync on CUDA), and no other `.tolist()` / `.item()` / `.cpu()`.
+
+Counted on the CPU by patching those calls and attributing each to the innermost engine frame that made it
+(the kernels' torch references, which the CPU runs in place of the Triton launchers, are not counted: on CUDA
+their launchers run instead).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import sys
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+import pytest
+import torch
+from engine_harness import one_thread, tiny_artifact
+
+from engine.core import load_artifact
+from engine.testing.bench.spec import make_spec_runner, run_spec_rounds
+
+ROUNDS = 3
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    with one_thread():
+        yield
+
+
+@functools.cache
+def _model(arch: str) -> Any:
+    return load_artifact(tiny_artifact(arch), device="cpu", dtype=torch.float32, with_mtp=True).model
+
+
+def _caller() -> str:
+    """`engine/...py:function` of the innermost engine or kernels frame ("" for kernels and for the bench loop in
+    engine/testing, which builds its random first tokens on the host)."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if "/engine/" in path or "/kernels/" in path:
+            if "/kernels/" in path or "/engine/testing/" in path:
+                return ""
+            return f"engine/{path.split('/engine/')[-1]}:{frame.f_code.co_name}"
+        frame = frame.f_back
+    return ""
+
+
+def _count_syncs(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
+    counts: collections.Counter[str] = collections.Counter()
+
+    def read(name: str) -> Any:
+        real = getattr(torch.Tensor, name)
+
+        def patched(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            where = _caller()
+            if where:
+                counts[f"{name} {where}"] += 1
+            return real(self, *args, **kwargs)
+
+        return patched
+
+    for name in ("tolist", "item", "cpu"):
+        monkeypatch.setattr(torch.Tensor, name, read(name))
+    real_tensor, real_getitem = torch.tensor, torch.Tensor.__getitem__
+
+    def tensor(*args: Any, **kwargs: Any) -> torch.Tensor:
+        where = _caller()
+        if where and kwargs.get("device") is not None:
+            counts[f"torch.tensor(device=) {where}"] += 1
+        return real_tensor(*args, **kwargs)
+
+    def getitem(self: torch.Tensor, index: Any) -> Any:
+        where = _caller()
+        if where and isinstance(index, list):
+            counts[f"tensor[list] {where}"] += 1
+        return real_getitem(self, index)
+
+    monkeypatch.setattr(torch, "tensor", tensor)
+    monkeypatch.setattr(torch.Tensor, "__getitem__", getitem)
+    return counts
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+@pytest.mark.parametrize("concurrency", [1, 3])
+@pytest.mark.parametrize("one_wait", [True, False])
+def test_a_greedy_round_waits_only_for_what_its_host_reads(
+    arch: str, concurrency: int, one_wait: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _model(arch)
+    k, context = 3, 20
+    runner = make_spec_runner(model, 3 * concurrency, concurrency, "bf16", k, 64, cuda_graph=False)
+    assert runner.spec is not None
+    runner.spec.one_wait = one_wait
+    vocab = model.config.vocab_size
+    run_spec_rounds(runner, vocab, concurrency, context, 0, 1, k)  # first use of every shape
+    counts = _count_syncs(monkeypatch)
+    got = run_spec_rounds(runner, vocab, concurrency, context, 0, ROUNDS, k)
+    monkeypatch.undo()
+    assert got["tokens_per_round"] >= 1
+    want = {
+        "tolist engine/spec/verify.py:verify": ROUNDS,
+        "tolist engine/spec/mtp.py:_propose_on_device": ROUNDS,
+    }
+    if one_wait:
+        want = {"tolist engine/runner/spec_round.py:run_one_wait": ROUNDS}
+        assert runner.spec.num_one_wait_rounds == ROUNDS + 1
+    assert dict(counts) == want
