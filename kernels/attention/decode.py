@@ -47,7 +47,11 @@ def paged_attention_decode_ref(
 # 2026-12-04 timed that candidate at 1.39x bf16's time at 100k keys; ``int8_grouped`` (decode_int8.py: the scales
 # out of the tiles; CPU-tested, fewer sm_90 instructions and registers) replaces ``int8_f16`` in the candidate.
 DECODE_MAX_SPLITS = 64  # the most splits one sequence's keys are cut into (the reduce kernel's BLOCK_S)
+# int8 KV with 16-bit queries defaults to the grouped kernel with these tiles: on the H200 at 100k keys (27B
+# geometry, bench/results/h200_2026-12-04_session9/decode_attention_int8_grouped.json) 128.8 us a layer at batch 1
+# and 358.6 at batch 4, against 170.9 / 528.0 for the previous int8 default and 116.2 / 382.0 for bf16 (64 splits)
 NEW_DEFAULTS = {"max_splits": 128, "int8_block_n": 64, "int8_f16": True, "int8_grouped": True}
+INT8_GROUPED_DEFAULTS = {"block_n": 64, "max_splits": 128}
 
 
 def decode_block_n(head_dim: int, kv_int8: bool = False) -> int:
@@ -265,7 +269,7 @@ def paged_attention_decode(
     key_scale: torch.Tensor | None = None,
     value_scale: torch.Tensor | None = None,
     *,
-    max_splits: int = DECODE_MAX_SPLITS,
+    max_splits: int | None = None,
     split_unit: int | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
@@ -323,15 +327,19 @@ def paged_attention_decode(
     assert page_table.shape[0] == batch and seq_lens.shape == (batch,) and page_table.stride(1) == 1
     num_scales = _int8_scales(key_cache, key_scale, value_scale)
     kv_int8 = key_scale is not None
+    if int8_grouped is None:  # int8 KV with 16-bit queries: the grouped kernel (H200, 2026-12-04, 100k keys)
+        int8_grouped = query.dtype in (torch.bfloat16, torch.float16) and num_scales <= 4
+    int8_grouped = kv_int8 and int8_grouped
+    if int8_grouped:  # its measured tiles: 64 keys, 128 splits (INT8_GROUPED_DEFAULTS)
+        block_n = INT8_GROUPED_DEFAULTS["block_n"] if block_n is None else block_n
+        max_splits = INT8_GROUPED_DEFAULTS["max_splits"] if max_splits is None else max_splits
+    max_splits = DECODE_MAX_SPLITS if max_splits is None else max_splits
     block_n = decode_block_n(head_dim, kv_int8) if block_n is None else block_n
     split_unit = block_n if split_unit is None else split_unit
     assert split_unit % block_n == 0 and max_splits >= 1, f"split_unit={split_unit}, max_splits={max_splits}"
     if int8_f16 is None:
         int8_f16 = False  # NEW_DEFAULTS: query.dtype in (torch.bfloat16, torch.float16), once measured
     int8_f16 = kv_int8 and int8_f16
-    if int8_grouped is None:
-        int8_grouped = False  # NEW_DEFAULTS: query.dtype in (torch.bfloat16, torch.float16), once measured
-    int8_grouped = kv_int8 and int8_grouped
     assert not int8_grouped or num_scales <= 4, f"int8_grouped: head_dim {head_dim} over 4 scale groups"
     capacity = page_table.shape[1] * page_size
     part_splits = max(1, min(max_splits, triton.cdiv(capacity, split_unit)))
