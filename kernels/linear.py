@@ -2,9 +2,9 @@
 
 ``linear_ref`` is the specification (float32 math, one rounding to x's dtype). The launcher ``linear`` runs
 the Triton GEMV when ``use_gemv`` says so (Triton on the tensors' device, at most ``GEMV_MAX_ROWS`` rows, and
-``NINFER_GEMV=on``, or ``auto`` with a weight shape that ``GEMV_FASTER`` lists as measured faster than cuBLAS on
+``NINFER_GEMV=on``, or ``auto`` (the default) with a weight shape that ``GEMV_FASTER`` lists as measured faster than cuBLAS on
 that GPU: see ``kernels._dispatch``) and ``F.linear`` (cuBLAS on CUDA) everywhere else, so prefill, the CPU path
-and the default (``off``) are exactly what they were.
+and ``off`` are exactly what they were.
 
 Why a GEMV of its own: at batch 1..8 a linear layer reads its whole weight once for a few FLOPs per byte, so
 its time is the weight's bytes over the read bandwidth; cuBLAS leaves some of that on the table. Measured on an
@@ -16,7 +16,9 @@ NOTE: timed alone, the per-shape gains added up to 0.13 ms a 35B-A3B decode step
 but inside the CUDA-graphed model the GEMV everywhere (``on``) cost 0.05 ms (35B-A3B) and 0.89 ms (27B) a step
 against cuBLAS (bench/results/bench_*_session4_gemv_on.json vs bench_decode_gemv_off_*): something the isolated
 timing does not see (cuBLAS' kernels overlapping their neighbours' launch, the split-K reduce launches) costs
-~0.2-0.5 ms a step. Hence ``off`` is the default; ``auto`` waits for an end-to-end measurement.
+~0.2-0.5 ms a step. ``auto`` on only the shapes of ``GEMV_FASTER`` measured end to end on the H200 (2026-12-04): 35B-A3B
+decode C=1 3.01 ms a step against 3.10 with cuBLAS (the 27B's shapes, which cost its step 0.07 ms, left the
+table), so ``auto`` is the default.
 
 ``_linear_gemv_kernel``, grid ``(cdiv(N, BLOCK_N), SPLIT_K)`` (the weight-row tiles the fastest axis): one
 program computes ``out^T [BLOCK_N, 16] = w [BLOCK_N, K / SPLIT_K] @ x^T`` for its rows of the weight and its
