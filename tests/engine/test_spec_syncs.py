@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 from engine_harness import one_thread, tiny_artifact
+from torch.overrides import TorchFunctionMode
 
 from engine.core import load_artifact
 from engine.testing.bench.spec import make_spec_runner, run_spec_rounds
@@ -53,23 +54,34 @@ def _caller() -> str:
     return ""
 
 
-def _count_syncs(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
-    counts: collections.Counter[str] = collections.Counter()
+_READS = {torch.Tensor.tolist: "tolist", torch.Tensor.item: "item", torch.Tensor.cpu: "cpu"}
 
-    def read(name: str) -> Any:
-        real = getattr(torch.Tensor, name)
 
-        def patched(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+class _SyncCounter(TorchFunctionMode):
+    """Counts, by caller, the host reads of the round (`.tolist()`, `.item()`, `.cpu()`) and indexing with a host
+    list. A torch-function mode, not a patch of torch.Tensor's methods: assigning `__getitem__` on the class
+    changes its C slots for good (HF's Qwen3.5 vision rope indexing then failed with "len() of a 0-d tensor" in
+    tests that ran after this one in the same process)."""
+
+    def __init__(self, counts: collections.Counter[str]) -> None:
+        super().__init__()
+        self.counts = counts
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = _READS.get(func)
+        if name is None and func is torch.Tensor.__getitem__ and isinstance(args[1], list):
+            name = "tensor[list]"
+        if name is not None:
             where = _caller()
             if where:
-                counts[f"{name} {where}"] += 1
-            return real(self, *args, **kwargs)
+                self.counts[f"{name} {where}"] += 1
+        return func(*args, **(kwargs or {}))
 
-        return patched
 
-    for name in ("tolist", "item", "cpu"):
-        monkeypatch.setattr(torch.Tensor, name, read(name))
-    real_tensor, real_getitem = torch.tensor, torch.Tensor.__getitem__
+def _count_syncs(monkeypatch: pytest.MonkeyPatch) -> tuple[collections.Counter[str], _SyncCounter]:
+    """The counts and the mode to run the rounds under (torch.tensor(device=) is counted through monkeypatch)."""
+    counts: collections.Counter[str] = collections.Counter()
+    real_tensor = torch.tensor
 
     def tensor(*args: Any, **kwargs: Any) -> torch.Tensor:
         where = _caller()
@@ -77,15 +89,8 @@ def _count_syncs(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
             counts[f"torch.tensor(device=) {where}"] += 1
         return real_tensor(*args, **kwargs)
 
-    def getitem(self: torch.Tensor, index: Any) -> Any:
-        where = _caller()
-        if where and isinstance(index, list):
-            counts[f"tensor[list] {where}"] += 1
-        return real_getitem(self, index)
-
     monkeypatch.setattr(torch, "tensor", tensor)
-    monkeypatch.setattr(torch.Tensor, "__getitem__", getitem)
-    return counts
+    return counts, _SyncCounter(counts)
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
@@ -101,9 +106,12 @@ def test_a_greedy_round_waits_only_for_what_its_host_reads(
     runner.spec.one_wait = one_wait
     vocab = model.config.vocab_size
     run_spec_rounds(runner, vocab, concurrency, context, 0, 1, k)  # first use of every shape
-    counts = _count_syncs(monkeypatch)
-    got = run_spec_rounds(runner, vocab, concurrency, context, 0, ROUNDS, k)
-    monkeypatch.undo()
+    counts, mode = _count_syncs(monkeypatch)
+    try:
+        with mode:
+            got = run_spec_rounds(runner, vocab, concurrency, context, 0, ROUNDS, k)
+    finally:
+        monkeypatch.undo()
     assert got["tokens_per_round"] >= 1
     want = {
         "tolist engine/spec/verify.py:verify": ROUNDS,
