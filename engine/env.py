@@ -28,7 +28,8 @@ def kernels_mode() -> str:
 def gemv_mode() -> str:
     """`NINFER_GEMV`: `auto` (the default: decode-sized linear layers, at most 8 rows, run the Triton GEMV on CUDA
     on the weight shapes where it was measured faster than cuBLAS, `kernels.linear.GEMV_FASTER`), `off`
-    (`F.linear`, cuBLAS, always) or `on` (the GEMV for every such layer). Read once when `kernels` is imported (`kernels._dispatch.GEMV_MODE`)."""
+    (`F.linear`, cuBLAS, always) or `on` (the GEMV for every such layer).
+    Read once when `kernels` is imported (`kernels._dispatch.GEMV_MODE`)."""
     from kernels import _dispatch
 
     return _dispatch.GEMV_MODE

@@ -8,8 +8,12 @@ which is how the kernels are checked on a machine without a GPU.
 ``NINFER_GEMV`` picks what the bias-free linear layers of few rows run (``kernels.linear.linear``): ``auto`` (the
 default: the Triton GEMV for at most 8 rows on the weight shapes where it was measured faster than cuBLAS on that
 GPU, ``kernels.linear.GEMV_FASTER``, end to end 35B-A3B decode 3.01 ms a step against 3.10 on the H200;
-``F.linear`` for everything else), ``off`` (``F.linear``, i.e. cuBLAS on CUDA, always) or ``on`` (the Triton GEMV for every linear
-of at most 8 rows wherever the kernels run Triton).
+``F.linear`` for everything else), ``off`` (``F.linear``, i.e. cuBLAS on CUDA, always) or ``on`` (the Triton GEMV
+for every linear of at most 8 rows wherever the kernels run Triton).
+
+``NINFER_ONE_ROW``, ``NINFER_FEW_ROWS``, ``NINFER_W8_ONE_ROW`` force one of ``kernels.quant.packed_linear``'s GEMV
+variants for the groupwise-int decode GEMV of one row, of 2..8 rows, of one W8 row (for measuring a variant end to
+end; unset: the measured tables; an unknown name is refused when that module is imported).
 
 ``NINFER_QUANT_GEMV`` picks the layout the row-split (groupwise-int) decode GEMV reads on a GPU: ``packed`` (the
 default: the planes reordered once at load, ``kernels.quant.repack``, for ``kernels.quant.gluon_gemv`` (one row)
@@ -77,17 +81,17 @@ def parse_splitk_reduce_mode(value: str) -> str:
     return _parse("NINFER_SPLITK_REDUCE", value, ("launch", "last"))
 
 
-def parse_gemv_variant(name: str, value: str | None) -> str | None:
+def parse_gemv_variant(value: str | None) -> str | None:
     """A forced GEMV-layout tile variant (``NINFER_ONE_ROW``, ``NINFER_FEW_ROWS``, ``NINFER_W8_ONE_ROW``): None
     when unset or empty, else the name (``kernels.quant.packed_linear`` checks it against its variants)."""
-    return value.strip() or None if value is not None else None
+    return (value or "").strip() or None
 
 
 KERNELS_MODE = parse_kernels_mode(os.environ.get("NINFER_KERNELS", "auto"))
 # forced tile variants of the groupwise-int decode GEMV, for measuring one (unset: the measured tables)
-ONE_ROW_VARIANT = parse_gemv_variant("NINFER_ONE_ROW", os.environ.get("NINFER_ONE_ROW"))
-FEW_ROWS_VARIANT = parse_gemv_variant("NINFER_FEW_ROWS", os.environ.get("NINFER_FEW_ROWS"))
-W8_ONE_ROW_VARIANT = parse_gemv_variant("NINFER_W8_ONE_ROW", os.environ.get("NINFER_W8_ONE_ROW"))
+ONE_ROW_VARIANT = parse_gemv_variant(os.environ.get("NINFER_ONE_ROW"))
+FEW_ROWS_VARIANT = parse_gemv_variant(os.environ.get("NINFER_FEW_ROWS"))
+W8_ONE_ROW_VARIANT = parse_gemv_variant(os.environ.get("NINFER_W8_ONE_ROW"))
 GEMV_MODE = parse_gemv_mode(os.environ.get("NINFER_GEMV", "auto"))
 QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "packed"))
 MOE_ROUTER_MODE = parse_moe_router_mode(os.environ.get("NINFER_MOE_ROUTER", "split"))

@@ -2,9 +2,9 @@
 
 ``linear_ref`` is the specification (float32 math, one rounding to x's dtype). The launcher ``linear`` runs
 the Triton GEMV when ``use_gemv`` says so (Triton on the tensors' device, at most ``GEMV_MAX_ROWS`` rows, and
-``NINFER_GEMV=on``, or ``auto`` (the default) with a weight shape that ``GEMV_FASTER`` lists as measured faster than cuBLAS on
-that GPU: see ``kernels._dispatch``) and ``F.linear`` (cuBLAS on CUDA) everywhere else, so prefill, the CPU path
-and ``off`` are exactly what they were.
+``NINFER_GEMV=on``, or ``auto`` (the default) with a weight shape that ``GEMV_FASTER`` lists as measured faster
+than cuBLAS on that GPU: see ``kernels._dispatch``) and ``F.linear`` (cuBLAS on CUDA) everywhere else, so
+prefill, the CPU path and ``off`` are exactly what they were.
 
 Why a GEMV of its own: at batch 1..8 a linear layer reads its whole weight once for a few FLOPs per byte, so
 its time is the weight's bytes over the read bandwidth; cuBLAS leaves some of that on the table. Measured on an

@@ -34,7 +34,7 @@ from engine.request import SamplingParams
 from engine.sampling import processed_distribution
 from engine.spec.draft_head import proposal_logits
 from engine.spec.graphs import DevicePatch, StaticRow
-from engine.spec.mtp import MtpDrafter
+from engine.spec.mtp import MtpDrafter, device_draftable
 from engine.step import RowPlan
 from engine.transfer import upload
 
@@ -46,41 +46,45 @@ Outcome = tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...], t
 
 
 def _greedy_plain(params: SamplingParams) -> bool:
-    return (
-        params.temperature == 0.0
-        and not params.presence_penalty
-        and not params.frequency_penalty
-        and params.structured is None
-        and params.logprobs is None
-    )
+    # the drafter's own on-device condition, and nothing the runner's sampler must see (grammar, logprobs)
+    return device_draftable(params) and params.structured is None and params.logprobs is None
 
 
-def can_run_one_wait(ex: SpecExecutor, rows: Sequence[RowPlan]) -> bool:
-    """Whether `rows` take the one-wait round (see the module docstring for the conditions)."""
+# the one-wait round's fixed-shape rows: (the verify's, the catch-up's), built once a round
+OneWaitRows = tuple[list[StaticRow], list[StaticRow]]
+
+
+def one_wait_rows(ex: SpecExecutor, rows: Sequence[RowPlan]) -> OneWaitRows | None:
+    """The static rows of the one-wait round over `rows`, or None when they do not take it (see the module
+    docstring for the conditions)."""
     graphs = ex.graphs
     if graphs is None or not isinstance(ex.drafter, MtpDrafter) or not rows:
-        return False
+        return None
     width = rows[0].num_tokens
     if width < 2 or width > ex.k + 1:
-        return False
+        return None
     for row in rows:
         if row.num_tokens != width or row.num_sample != width or row.start_pos == 0 or row.reset_state:
-            return False
+            return None
         if not _greedy_plain(row.sampling_params):
-            return False
-    if not graphs.fits(ex.static_rows(rows, width), width):
-        return False
+            return None
+    verify = ex.static_rows(rows, width)
+    if not graphs.fits(verify, width):
+        return None
     catch_up = [StaticRow((*row.token_ids, 0), row.start_pos - 1, row.page_ids) for row in rows]
-    return graphs.fits(catch_up, 0)
+    return (verify, catch_up) if graphs.fits(catch_up, 0) else None
 
 
-def run_one_wait(ex: SpecExecutor, rows: Sequence[RowPlan], history: dict[str, list[int]]) -> Outcome:
-    """One round over `rows` (`can_run_one_wait` holds); `history` gets each row's committed tokens."""
+def run_one_wait(
+    ex: SpecExecutor, rows: Sequence[RowPlan], static: OneWaitRows, history: dict[str, list[int]]
+) -> Outcome:
+    """One round over `rows` (`static`: their `one_wait_rows`); `history` gets each row's committed tokens."""
     graphs, drafter, model = ex.graphs, ex.drafter, ex.model
     assert graphs is not None and isinstance(drafter, MtpDrafter)
     n, width, k, page_size = len(rows), rows[0].num_tokens, ex.k, ex.cache.page_size
     device = ex.device
-    target_hidden = graphs.target(ex.static_rows(rows, width), width)  # [n * width, H]
+    verify_rows, catch_up = static
+    target_hidden = graphs.target(verify_rows, width)  # [n * width, H]
     ex.num_verify_forwards += 1
     argmax, _ = processed_distribution(
         model.compute_logits(target_hidden), [row.sampling_params for row in rows for _ in range(width)]
@@ -110,7 +114,6 @@ def run_one_wait(ex: SpecExecutor, rows: Sequence[RowPlan], history: dict[str, l
     pieces = torch.cat([target_hidden, drafter.hidden.index_select(0, slots)]).index_select(
         0, pair_rows.flatten()
     )
-    catch_up = [StaticRow((*row.token_ids, 0), row.start_pos - 1, row.page_ids) for row in rows]
     patch = DevicePatch(token_index=row_ids * (width + 1) + accepted + 1, token_values=bonus)
     mtp_hidden = graphs.catch_up(catch_up, pieces, patch)
     drafter.hidden.index_copy_(0, slots, target_hidden.index_select(0, row_ids * width + accepted))

@@ -41,7 +41,7 @@ from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
 from engine.runner.inputs import eager_batch
-from engine.runner.spec_round import can_run_one_wait, run_one_wait
+from engine.runner.spec_round import one_wait_rows, run_one_wait
 from engine.spec.dflash_draft import DFlashDrafter
 from engine.spec.graphs import SpecGraphs, StaticRow
 from engine.spec.mtp import DraftRow, MtpDrafter
@@ -176,9 +176,10 @@ class SpecExecutor:
         extended here with the committed tokens. `plain_sample(logits, rows)`: the runner's own sampler for
         rows that never draft (structured outputs: a grammar's mask depends on every earlier token;
         logprobs), one position each; it extends `history` itself."""
-        if self.one_wait and can_run_one_wait(self, rows):
+        static = one_wait_rows(self, rows) if self.one_wait else None
+        if static is not None:
             self.num_one_wait_rounds += 1
-            return SpecOutcome(*run_one_wait(self, rows, history))
+            return SpecOutcome(*run_one_wait(self, rows, static, history))
         hidden_parts: list[torch.Tensor] = []
         feature_parts: list[torch.Tensor] = []
         where: dict[int, int] = {}  # plan row -> offset of its first fed token in the concatenated hidden

@@ -62,7 +62,7 @@ class Proposal:
     probs: torch.Tensor | None  # [len(tokens), V] the drafter's processed q (None: greedy row)
 
 
-def _device_draftable(params: SamplingParams) -> bool:
+def device_draftable(params: SamplingParams) -> bool:
     """A row whose drafts are its drafter's argmax with nothing from the host in between (no penalties)."""
     return params.temperature == 0.0 and not params.presence_penalty and not params.frequency_penalty
 
@@ -197,7 +197,7 @@ class MtpDrafter:
         hidden = last_hidden
         if index != list(range(last_hidden.shape[0])):
             hidden = last_hidden.index_select(0, upload(index, last_hidden.device))
-        if all(_device_draftable(r.params) for r in ids):
+        if all(device_draftable(r.params) for r in ids):
             return self._propose_on_device(rows, drafting, ids, pos, limit, hidden, out)
         tokens: list[list[int]] = [[] for _ in ids]
         probs: list[list[torch.Tensor]] = [[] for _ in ids]

@@ -40,12 +40,10 @@ def paged_attention_decode_ref(
     )
 
 
-# NOTE: the defaults below are the ones last measured on an H200 (64 splits; int8 tiles as bf16's; the fp32
-# int8 dequantization). The issue-bound int8 rework (``int8_f16``, 64-key int8 tiles) and 128 splits are
-# CPU-tested (Triton interpreter, AOT) but not yet timed: bench/kernels/decode_attention.py compares them, and
-# they become the defaults once an H200 run shows them faster (NEW_DEFAULTS is what to switch to). The H200 run of
-# 2026-12-04 timed that candidate at 1.39x bf16's time at 100k keys; ``int8_grouped`` (decode_int8.py: the scales
-# out of the tiles; CPU-tested, fewer sm_90 instructions and registers) replaces ``int8_f16`` in the candidate.
+# NOTE: bf16 / fp32 KV keep the tiles last measured fastest on an H200 (64 splits, decode_block_n). int8 KV with
+# 16-bit queries runs decode_int8.py's kernel (the scales applied to the dots' results, no dequantised tile) with
+# INT8_GROUPED_DEFAULTS; the older int8 paths (fp32 or ``int8_f16`` dequantised tiles) stay for fp32 queries and
+# for bench/kernels/decode_attention.py's comparison. NEW_DEFAULTS is the bench's candidate row.
 DECODE_MAX_SPLITS = 64  # the most splits one sequence's keys are cut into (the reduce kernel's BLOCK_S)
 # int8 KV with 16-bit queries defaults to the grouped kernel with these tiles: on the H200 at 100k keys (27B
 # geometry, bench/results/h200_2026-12-04_session9/decode_attention_int8_grouped.json) 128.8 us a layer at batch 1
@@ -56,9 +54,9 @@ INT8_GROUPED_DEFAULTS = {"block_n": 64, "max_splits": 128}
 
 def decode_block_n(head_dim: int, kv_int8: bool = False) -> int:
     """Keys per tile of the decode kernel (and its default split unit): 64, or 32 for heads over 128.
-    (NEW_DEFAULTS, not yet measured: int8 KV keeps 64 up to heads of 256.) An int8 tile of 64 keys is as many bytes as a bf16 tile of 32, and the
-    per-tile work (page ids, scales, softmax bookkeeping) is spread over twice the keys: at head_dim 256 the
-    sm_90 build issues ~19% fewer instructions per KV byte than with 32 keys (the int8 kernel is issue-bound,
+    (int8 KV with 16-bit queries takes 64 at any head, INT8_GROUPED_DEFAULTS.) An int8 tile of 64 keys is as many
+    bytes as a bf16 tile of 32, and the per-tile work (page ids, scales, softmax bookkeeping) is spread over twice
+    the keys: at head_dim 256 the sm_90 build issues ~19% fewer instructions per KV byte than with 32 keys (the int8 kernel is issue-bound,
     not memory-bound), in 250 registers without spills."""
     return 64 if head_dim <= 128 else 32
 
@@ -306,8 +304,8 @@ def paged_attention_decode(
     dots, in NEW_DEFAULTS; False, the default for now: the fp32 dequantisation of the prefill kernel, I2F conversions at a quarter of
     the issue rate) and ``int8_grouped`` (int8 KV, head_dim <= 256: decode_int8.py's kernel, one fp16 dot per
     64-value scale group on the raw codes with the scales applied to the dots' results, no dequantised tile;
-    it overrides ``int8_f16``; default off until timed on an H200, NEW_DEFAULTS). bench/kernels/decode_attention.py
-    sweeps them on the GPU.
+    it overrides ``int8_f16``; the default for 16-bit queries, with 64-key tiles and 128 splits unless given).
+    bench/kernels/decode_attention.py sweeps them on the GPU.
 
     The grid is sized from shapes only (``min(max_splits, cdiv(capacity, split_unit))`` splits), so the
     launch needs no host sync and can be captured in a CUDA graph; programs past a sequence's last

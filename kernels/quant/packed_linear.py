@@ -114,12 +114,13 @@ ONE_ROW_FORCED = _dispatch.ONE_ROW_VARIANT
 FEW_ROWS_FORCED = _dispatch.FEW_ROWS_VARIANT
 for _forced in (ONE_ROW_FORCED, FEW_ROWS_FORCED, _dispatch.W8_ONE_ROW_VARIANT):
     if _forced is not None and _forced not in GEMV_VARIANTS:
+        names = ", ".join(GEMV_VARIANTS)
         raise ValueError(
-            f"GEMV variant {_forced!r} (NINFER_ONE_ROW / NINFER_FEW_ROWS / NINFER_W8_ONE_ROW): one of {', '.join(GEMV_VARIANTS)}"
+            f"GEMV variant {_forced!r} (NINFER_ONE_ROW / NINFER_FEW_ROWS / NINFER_W8_ONE_ROW): one of {names}"
         )
 # W8's one-row tiles: the Triton CUDA-core mode. Its Gluon kernel passes its GPU test but did not speed up the
 # 35B-A3B groupwise-int decode (C=1 4.07 vs 4.09 ms, bench/results/h200_2026-12-04_session9/decode_q35_int_w8_*.json);
-# NINFER_W8_ONE_ROW=pairs_n64s2 picks it)
+# NINFER_W8_ONE_ROW=pairs_n64s2 picks it
 W8_ONE_ROW_VARIANT = _dispatch.W8_ONE_ROW_VARIANT or "fma"
 ONE_ROW_TABLE: dict[tuple[str, int, int], str] = {
     ("Q4G64_F16S", 7168, 5120): "pairs_n64",  # attention query_key: 13.1 us (n64s2 13.4)

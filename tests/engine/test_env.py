@@ -39,8 +39,8 @@ def test_kernel_switches_are_normalised_or_refused_with_the_variable_named() -> 
 def test_gemv_variant_switches(monkeypatch):
     """NINFER_ONE_ROW / NINFER_FEW_ROWS / NINFER_W8_ONE_ROW: unset or blank is None (the measured tables), a name
     is kept, and env.gemv_variants() reports what kernels._dispatch parsed."""
-    assert _dispatch.parse_gemv_variant("NINFER_ONE_ROW", None) is None
-    assert _dispatch.parse_gemv_variant("NINFER_ONE_ROW", "  ") is None
-    assert _dispatch.parse_gemv_variant("NINFER_FEW_ROWS", " mma_n64 ") == "mma_n64"
+    assert _dispatch.parse_gemv_variant(None) is None
+    assert _dispatch.parse_gemv_variant("  ") is None
+    assert _dispatch.parse_gemv_variant(" mma_n64 ") == "mma_n64"
     monkeypatch.setattr(_dispatch, "FEW_ROWS_VARIANT", "mma_n128")
     assert env.gemv_variants()["NINFER_FEW_ROWS"] == "mma_n128"

@@ -160,7 +160,7 @@ def recorded_proposals(
         m.setattr(mtp.MtpDrafter, "advance", record)
         m.setattr(mtp.MtpDrafter, "_propose_on_device", count)
         if not on_device:
-            m.setattr(mtp, "_device_draftable", lambda p: False)
+            m.setattr(mtp, "device_draftable", lambda p: False)
         core = make()
         assert core.runner.spec is not None
         core.runner.spec.one_wait = (
