@@ -381,16 +381,16 @@ VARIANTS: dict[str, list[Variant]] = {
     ],
     # kernels/moe.py at the Qwen3.6-35B-A3B geometry (the MoE model): E=256 experts, top_k 8, H 2048, I 512,
     # bf16 router logits and expert weights, fp32 routing weights and act, int64 expert ids.
-    # moe_route: BLOCK_E = next_pow2(E), BLOCK_TOPK = next_pow2(top_k)
+    # moe_route: BLOCK_E = next_pow2(E), BLOCK_TOPK = next_pow2(top_k), BLOCK_T = ROUTE_BLOCK_T 8 tokens a program
     "_moe_route_kernel": [
         Variant(
             "E=256 top_k=8",
             dict(logits_ptr="bf16", weights_ptr="fp32", ids_ptr="i64"),
-            dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_E=256, RENORMALIZE=True),
+            dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_T=8, BLOCK_E=256, RENORMALIZE=True),
         ),
     ],
     # kernels/moe_router.py moe_router (the router GEMV + routing in one launch): gemv_tiles(256, 2048, bf16) = 32
-    # rows x 256 columns, 4 warps, 4 stages, K split in 8; BLOCK_T = GEMV_MAX_ROWS 8, BLOCK_E 256, BLOCK_TOPK 8
+    # rows x 256 columns, 4 warps, 4 stages, K split in 8; BLOCK_T = ROUTE_BLOCK_T 8, BLOCK_E 256, BLOCK_TOPK 8
     "_moe_router_kernel": [
         Variant(
             "35B-A3B router 256x2048 split 8 top_k=8",
