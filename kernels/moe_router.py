@@ -44,6 +44,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from kernels.linear import gemv_split_tile
     from kernels.moe import route_rows
 
 
@@ -84,30 +85,15 @@ if HAS_TRITON:
         # tile * BLOCK_N.. and columns split * K_SPLIT.., fp32 partials stored at part[split, t, n]. Phase 2
         # (the last program to take a ticket): the logits of all T rows, then the routing (see the docstring).
         DOT_T: tl.constexpr = 16  # x's rows as the dot's columns (rows past T load as zeros, never stored)
-        EVEN_K: tl.constexpr = K_SPLIT % BLOCK_K == 0
         tile = tl.program_id(0)
         split = tl.program_id(1)
         rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        w_rows = tl.minimum(rows, NUM_EXPERTS - 1).to(tl.int64) * (K_SPLIT * SPLIT_K)  # clamped, no row mask
-        cols = tl.arange(0, BLOCK_K)
         ts = tl.arange(0, DOT_T)
-        k_base = split * K_SPLIT
-        w_ptrs = w_ptr + w_rows[:, None] + (k_base + cols)[None, :]  # [BLOCK_N, BLOCK_K]
-        x_ptrs = x_ptr + ts[None, :].to(tl.int64) * x_stride + (k_base + cols)[:, None]  # [BLOCK_K, DOT_T]
         t_mask = (ts < T)[None, :]
-        acc = tl.zeros([BLOCK_N, DOT_T], dtype=tl.float32)
-        for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
-            if EVEN_K:
-                w = tl.load(w_ptrs + k0)
-                xt = tl.load(x_ptrs + k0, mask=t_mask, other=0.0)
-            else:
-                k_mask = cols < K_SPLIT - k0
-                w = tl.load(w_ptrs + k0, mask=k_mask[None, :], other=0.0)
-                xt = tl.load(x_ptrs + k0, mask=t_mask & k_mask[:, None], other=0.0)
-            if IEEE:  # fp32 weights: full-precision products (the default would round them to tf32)
-                acc = tl.dot(w, xt, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(w, xt, acc)
+        acc = gemv_split_tile(
+            x_ptr, w_ptr, rows, ts, t_mask, split, NUM_EXPERTS, x_stride, K_SPLIT * SPLIT_K, K_SPLIT, BLOCK_N,
+            BLOCK_K, DOT_T, NUM_STAGES, IEEE,
+        )  # fmt: skip
         part_ptrs = part_ptr + split * (T * NUM_EXPERTS) + ts[None, :] * NUM_EXPERTS + rows[:, None]
         tl.store(part_ptrs, acc, mask=(rows < NUM_EXPERTS)[:, None] & t_mask)
         # every thread's partials are stored before the ticket's release (CTA barrier, then acq_rel at GPU scope)
