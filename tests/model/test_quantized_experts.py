@@ -10,7 +10,8 @@ The tiny MoE checkpoint ``moe_a`` (6 experts, top 2, H 72: partial groups) goes 
   (the few-token path, ``quant_moe_experts``'s fp32 reference here) agree to 1e-5 (the twin's CPU path sums
   the same products in another order); the fully dequantized twin (every quantized layer dense) to 1e-4, as
   the other profile tests; one layer's two paths are bitwise the dense path on the twin's banks;
-- one scratch for all layers, allocated once, sized for a layer, reused; ``.to(dtype)`` leaves the payload alone.
+- one scratch for all layers, allocated once, sized for a layer, reused; ``.to(dtype)`` leaves the payload alone;
+- ``NINFER_MOE_EXPERTS=dequantized`` loads dense banks (the same prefill logits, bitwise).
 """
 
 from __future__ import annotations
@@ -150,6 +151,20 @@ def test_one_scratch_serves_every_layer_and_is_allocated_once(converted):
         assert gate_up.data_ptr() == pointer and down.data_ptr() == pointer + gate_up.numel() * 4
         assert torch.equal(gate_up, layer.dequantized(torch.float32).gate_up_proj)
     assert scratch.allocations == 1
+
+
+def test_the_dequantized_switch_loads_dense_banks_with_the_same_prefill(converted, paged, monkeypatch):
+    ckpt, artifact, model = converted
+    monkeypatch.setenv("NINFER_MOE_EXPERTS", "dequantized")
+    dense = load_model(artifact, dtype=torch.float32)
+    assert not quant_experts(dense) and isinstance(dense.model.layers[0].mlp.experts, Experts)
+    with torch.inference_mode():
+        assert torch.equal(
+            _logits(dense, ckpt.config, paged, [])[0], _logits(model, ckpt.config, paged, [])[0]
+        )
+    monkeypatch.setenv("NINFER_MOE_EXPERTS", "int4")
+    with pytest.raises(ValueError, match="NINFER_MOE_EXPERTS='int4': expected 'quantized', 'dequantized'"):
+        load_model(artifact, dtype=torch.float32)
 
 
 def test_a_cast_or_move_keeps_the_payload_and_its_views(converted):
