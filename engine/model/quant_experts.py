@@ -183,6 +183,12 @@ def quant_experts(model: nn.Module) -> list[QuantExperts]:
     return [m for m in model.modules() if isinstance(m, QuantExperts)]
 
 
+def scratch_bytes(model: nn.Module) -> int:
+    """Device bytes of the scratch the model's quantized expert layers share (0 without any)."""
+    layers = quant_experts(model)
+    return layers[0].scratch.nbytes if layers else 0
+
+
 def allocate_scratch(
     model: nn.Module, device: torch.device | str, dtype: torch.dtype
 ) -> ExpertScratch | None:
@@ -204,4 +210,5 @@ __all__ = [
     "QuantExperts",
     "allocate_scratch",
     "quant_experts",
+    "scratch_bytes",
 ]
