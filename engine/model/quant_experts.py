@@ -81,7 +81,10 @@ class ExpertScratch:
         ):
             return
         self.buffer = None  # free the old one first
-        self.buffer = torch.empty(numel, dtype=dtype, device=device)
+        # NOTE: a normal tensor even when loading under inference mode: the forward writes it in place, which an
+        # inference tensor refuses outside inference mode (a forward under no_grad)
+        with torch.inference_mode(False):
+            self.buffer = torch.empty(numel, dtype=dtype, device=device)
         self.allocations += 1
 
     def banks(

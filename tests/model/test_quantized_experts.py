@@ -151,6 +151,12 @@ def test_one_scratch_serves_every_layer_and_is_allocated_once(converted):
         assert gate_up.data_ptr() == pointer and down.data_ptr() == pointer + gate_up.numel() * 4
         assert torch.equal(gate_up, layer.dequantized(torch.float32).gate_up_proj)
     assert scratch.allocations == 1
+    loaded_in_inference = qe.ExpertScratch()
+    with torch.inference_mode():
+        loaded_in_inference.allocate(8, "cpu", torch.float32)
+    with torch.no_grad():  # a forward outside inference mode still writes it
+        loaded_in_inference.banks(1, 1, 2, torch.device("cpu"), torch.float32)[0].fill_(1.0)
+    assert loaded_in_inference.allocations == 1
 
 
 def test_the_dequantized_switch_loads_dense_banks_with_the_same_prefill(converted, paged, monkeypatch):
