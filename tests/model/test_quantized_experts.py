@@ -23,12 +23,15 @@ import torch
 
 from engine.artifact.cli import main as artifact_cli
 from engine.artifact.container import read_artifact
+from engine.artifact.profiles import TensorSpec
 from engine.model import allocate_model_cache, load_model
 from engine.model import quant_experts as qe
 from engine.model.mlp import Experts, SparseMoeBlock, routed_experts
+from engine.model.profile_load import SKIPPED_PREFIXES
 from engine.model.quant_experts import QUANT_MAX_TOKENS, QuantExperts, quant_experts
 from engine.testing.bench.steps import weight_bytes
-from engine.testing.synthetic_quant import dequantized_twin, quantized_bytes
+from engine.testing.synthetic import GEOMETRIES
+from engine.testing.synthetic_quant import dequantized_twin, quantized_bytes, synthetic_profile
 from kernels.moe import moe_experts_ref
 from kernels.quant import Q4, Q5
 
@@ -185,3 +188,18 @@ def test_a_cast_or_move_keeps_the_payload_and_its_views(converted):
     start = bank.payload.data_ptr()
     assert start <= bank.qweight.codes.data_ptr() < start + bank.payload.numel()
     assert start <= bank.qweight.scales.data_ptr() < start + bank.payload.numel()
+
+
+def test_the_35b_a3b_profile_leaves_room_on_a_32_gib_card():
+    """What the 35B-A3B groupwise-int model holds on the device, from its inventory: the stored objects (MTP off)
+    plus one scratch; dense bf16 banks instead would not fit (the H200 check: tests/model/test_quantized_experts_gpu.py)."""
+    config = GEOMETRIES["qwen3.6-35b-a3b"]
+    profile = synthetic_profile("qwen3.6-35b-a3b/groupwise-int", config)
+    specs = [s for s in profile.objects(config) if isinstance(s, TensorSpec)]
+    specs = [s for s in specs if not s.name.startswith((*SKIPPED_PREFIXES, "mtp/"))]
+    stored = sum(s.bytes for s in specs)
+    routed = sum(s.bytes for s in specs if "/moe/routed_" in s.name)
+    bank_pair = 3 * config.num_experts * config.moe_intermediate_size * config.hidden_size * 2  # bf16
+    gib = 1024**3
+    assert stored + bank_pair < 22 * gib  # 19.6 + 1.5 GiB: ~10 GiB left for KV, GDN state, activations
+    assert stored - routed + config.num_hidden_layers * bank_pair > 32 * gib  # dense experts: 62 GiB
