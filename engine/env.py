@@ -17,6 +17,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("NINFER_CACHE_DIR") or user_cache_dir("ninfer"))
 
 
+def moe_experts_mode() -> str:
+    """`NINFER_MOE_EXPERTS`: how a groupwise-int MoE artifact's routed experts are loaded: `quantized` (the default:
+    they stay in their stored bytes, decode streams them, prefill dequantizes one layer at a time into one shared
+    scratch; engine/model/quant_experts.py) or `dequantized` (dense bf16 banks built once at load: about 3x the
+    memory). Read when a model is loaded; ValueError for anything else."""
+    value = os.environ.get("NINFER_MOE_EXPERTS", "quantized")
+    mode = value.strip().lower()
+    if mode not in ("quantized", "dequantized"):
+        raise ValueError(f"NINFER_MOE_EXPERTS={value!r}: expected 'quantized', 'dequantized'")
+    return mode
+
+
 def kernels_mode() -> str:
     """`NINFER_KERNELS`: `auto` (Triton on CUDA, torch references elsewhere; `triton` is the same) or `ref`
     (references always). Read once when `kernels` is imported (`kernels._dispatch.KERNELS_MODE`)."""

@@ -10,8 +10,9 @@ cdiv(I, BLOCK_N))``, dequantizes the pair's expert's gate and up rows in registe
 ``act = w * silu(gate) * up`` in fp32; ``_quant_moe_down_kernel``, grid ``(T, cdiv(H, BLOCK_H))``, sums the
 token's top_k experts' down rows against their act in a fixed order and rounds once. No gather copy, no host
 sync, per-token programs (batch invariant), CUDA-graph safe. The shared expert is not part of this launch: the
-layer runs it through ``quant_linear`` (or bf16) and adds it. Prefill: bind each expert's rows with
-``QuantWeight.rows`` and use ``quant_linear`` per expert group.
+layer runs it through ``quant_linear`` (or bf16) and adds it. Prefill (``engine/model/quant_experts.py``)
+dequantizes a layer's two stacks into one dense scratch (``quant_linear.dequantize_to``) and runs the dense
+grouped expert path on it.
 """
 
 from __future__ import annotations
