@@ -155,6 +155,16 @@ class SpecExecutor:
         target = self.graphs.num_replays if self.graphs is not None else 0
         return target + (self.draft_graphs.num_replays if self.draft_graphs is not None else 0)
 
+    def capture_reports(self) -> dict[str, dict[str, object]]:
+        """What each graph set captured (empty when none): "target" (the verify widths; MTP's kinds too),
+        "drafter" (DFlash)."""
+        out = {}
+        if self.graphs is not None and self.graphs.report:
+            out["target"] = self.graphs.report
+        if self.draft_graphs is not None and self.draft_graphs.report:
+            out["drafter"] = self.draft_graphs.report
+        return out
+
     def static_rows(self, rows: Sequence[RowPlan], width: int) -> list[StaticRow]:
         return [
             StaticRow(

@@ -96,6 +96,7 @@ class DFlashGraphs:
         self._outputs: dict[DraftKey, torch.Tensor] = {}
         self.num_replays = 0
         self.runs = 0  # rounds through the buffers, graph or eager
+        self.report: dict[str, object] = {}  # what capture() captured (graphs, buckets, seconds, MiB)
 
     @property
     def captured(self) -> bool:
@@ -211,6 +212,11 @@ class DFlashGraphs:
             self._outputs.clear()
             torch.cuda.synchronize(self.device)
             return False
+        self.report = {
+            "drafter": len(self._graphs), "sizes": list(self.sizes), "context_buckets": list(self.graph_buckets),
+            "seconds": round(time.perf_counter() - start, 2),
+            "reserved_mib": round((torch.cuda.memory_reserved(self.device) - reserved) / 2**20),
+        }  # fmt: skip
         logger.info(
             "DFlash drafter CUDA graphs: %d captured (sizes %s x context buckets %s; longer contexts eager) in "
             "%.1f s, %.0f MiB reserved", len(self._graphs), list(self.sizes), list(self.graph_buckets),

@@ -234,6 +234,7 @@ class SpecGraphs:
         self._outputs: dict[GraphKey, tuple[torch.Tensor, ...]] = {}
         self.num_replays = 0
         self.runs: dict[str, int] = {"target": 0, "catch_up": 0, "draft": 0}  # forwards through the buffers
+        self.report: dict[str, object] = {}  # what capture() captured (graphs per kind, seconds, MiB)
 
     @property
     def captured(self) -> bool:
@@ -368,6 +369,11 @@ class SpecGraphs:
             torch.cuda.synchronize(self.device)
             return False
         kinds = Counter(key[0] for key in self._graphs)
+        self.report = {
+            **kinds, "sizes": list(self.sizes), "target_widths": list(self.widths),
+            "seconds": round(time.perf_counter() - start, 2),
+            "reserved_mib": round((torch.cuda.memory_reserved(self.device) - reserved) / 2**20),
+        }  # fmt: skip
         logger.info(
             "speculative CUDA graphs: %d captured (%s; sizes %s, target widths %s) in %.1f s, %.0f MiB reserved",
             len(self._graphs), ", ".join(f"{n} {kind}" for kind, n in kinds.items()), list(self.sizes),

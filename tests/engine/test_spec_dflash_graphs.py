@@ -108,6 +108,10 @@ def compare_rounds(k: int, modes: tuple[str, str], device: str = "cpu", rounds: 
         assert (spec.draft_graphs is not None and spec.draft_graphs.runs == spec.num_one_wait_rounds) or (
             mode == "eager" and spec.draft_graphs is None
         ), mode
+        if mode == "graph":  # every round replayed the verify's and the drafter's graphs
+            assert spec.graphs is not None and spec.graphs.captured and spec.draft_graphs is not None
+            assert spec.draft_graphs.captured and spec.draft_graphs.num_replays == rounds
+            assert spec.graphs.num_replays >= rounds
     return seen
 
 

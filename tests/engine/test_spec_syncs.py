@@ -121,3 +121,28 @@ def test_a_greedy_round_waits_only_for_what_its_host_reads(
         want = {"tolist engine/runner/spec_round.py:run_one_wait": ROUNDS}
         assert runner.spec.num_one_wait_rounds == ROUNDS + 1
     assert dict(counts) == want
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_a_greedy_dflash_round_waits_once(concurrency: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--spec dflash`: the verify (with features), acceptance, rollback and the drafter's round (context-KV store,
+    block, head) all queue on the device; the one copy of (accepted, bonus, drafts) is the round's only wait."""
+    from test_spec_dflash_engine import _loaded
+
+    model = _loaded().model
+    k, context = 4, 20
+    runner = make_spec_runner(
+        model, 3 * concurrency, concurrency, "bf16", k, 64, cuda_graph=False, spec="dflash"
+    )
+    assert runner.spec is not None
+    vocab = model.config.vocab_size
+    run_spec_rounds(runner, vocab, concurrency, context, 0, 1, k)  # first use of every shape
+    counts, mode = _count_syncs(monkeypatch)
+    try:
+        with mode:
+            got = run_spec_rounds(runner, vocab, concurrency, context, 0, ROUNDS, k)
+    finally:
+        monkeypatch.undo()
+    assert got["tokens_per_round"] >= 1
+    assert runner.spec.num_one_wait_rounds == ROUNDS + 1
+    assert dict(counts) == {"tolist engine/runner/dflash_round.py:run_dflash_one_wait": ROUNDS}
