@@ -203,3 +203,29 @@ def test_the_graph_context_switch_is_parsed(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("NINFER_DFLASH_GRAPH_CONTEXT", "-3")
     with pytest.raises(ValueError, match="NINFER_DFLASH_GRAPH_CONTEXT='-3': expected a token count >= 0"):
         env.dflash_graph_context()
+
+
+def test_a_captured_key_replays_over_the_filled_buffers_and_returns_its_rows_drafts() -> None:
+    """The replay decision without a GPU: a key with a graph replays it after the fill and the device inputs
+    (features, frontiers, anchors) are written, and returns its static output's rows; a key without one runs the
+    function eagerly."""
+    graphs, _ = _graphs((2, 4))
+    seen: list[tuple[list[int], list[int], list[int]]] = []
+
+    class FakeGraph:
+        def replay(self) -> None:
+            seen.append(
+                (graphs.ends[:4].tolist(), graphs.anchors[:4].tolist(), graphs.store_pos[:8].tolist())
+            )
+
+    static = torch.arange(12).view(4, 3)
+    graphs._graphs[(4, 192)] = FakeGraph()  # type: ignore[assignment]
+    graphs._outputs[(4, 192)] = static
+    rows = [DraftRow(40, (0,)), DraftRow(70, (2, 1)), DraftRow(9, (1,))]
+    features = torch.zeros(6, graphs.features.shape[1])
+    with torch.inference_mode():
+        out = graphs.draft(rows, features, torch.tensor([41, 71, 10]), torch.tensor([5, 6, 7]), 2)
+        assert seen == [([41, 71, 10, 0], [5, 6, 7, 0], [40, 41, 0, 0, 70, 71, 0, 0])]
+        assert out.tolist() == static[:3].tolist() and graphs.num_replays == 1
+        eager = graphs.draft(rows[:2], features[:4], torch.tensor([41, 71]), torch.tensor([5, 6]), 2)
+    assert eager.shape == (2, 3) and graphs.num_replays == 1 and graphs.runs == 2
