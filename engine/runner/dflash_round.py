@@ -1,8 +1,9 @@
 """The greedy DFlash round with one host wait (`--spec dflash`): the verify (with the target features of the
 companion's layers) on the static target buffers, acceptance and rollback on the device (engine/runner/spec_round.py
 `verdict_on_device`), then the drafter's round on its own static buffers (engine/spec/dflash_graphs.py: store the fed
-positions' context KV, the block at each row's device frontier e = s + accepted + 1 anchored at the bonus, the head's
-argmax), and one copy of every row's (accepted count, bonus token, K drafts) to the host.
+positions' context KV, the block at each row's device frontier e = s + accepted + 1 anchored at the bonus), the
+head's argmax, and one copy of every row's (accepted count, bonus token, K drafts) to the host. `static_proposals`:
+the general round's drafter on the same buffers, when its rows are verify rows of one width.
 
 It takes the rows the MTP one-wait round takes (all greedy verify rows of one width, no penalties, grammar or
 logprobs) when both the verify and the drafter's buffers hold them. Against the general round
@@ -25,7 +26,10 @@ from engine.runner.spec_round import Outcome, commit, one_wait_width, verdict_on
 from engine.spec.dflash_draft import DFlashDrafter
 from engine.spec.dflash_graphs import DraftRow
 from engine.spec.graphs import StaticRow
+from engine.spec.mtp import DraftRow as MtpDraftRow
+from engine.spec.mtp import Proposal
 from engine.step import RowPlan
+from engine.transfer import upload
 
 if TYPE_CHECKING:
     from engine.runner.speculative import SpecExecutor
@@ -58,7 +62,40 @@ def run_dflash_one_wait(
     hidden, features = graphs.target_features(verify, width)  # [n * width, H], [n * width, F]
     ex.num_verify_forwards += 1
     accepted, bonus, _, starts, _ = verdict_on_device(ex, rows, hidden, width)
-    drafts = draft_graphs.draft(_draft_rows(rows), features, starts + accepted + 1, bonus, width)  # [n, K]
+    hidden = draft_graphs.draft(_draft_rows(rows), features, starts + accepted + 1, bonus, width)  # [n, K, H]
+    drafts = (
+        ex.model.compute_logits(hidden.reshape(len(rows) * ex.k, -1)).argmax(dim=-1).view(len(rows), ex.k)
+    )
     verdict = torch.cat([accepted[:, None], bonus[:, None], drafts], dim=1).tolist()  # the one wait
     # the eager drafter proposes K for every drafting row (a block writes no KV: no page-capacity limit)
     return commit(ex, rows, verdict, history, [ex.k] * len(rows))
+
+
+def static_proposals(
+    ex: SpecExecutor, rows: Sequence[RowPlan], draft_rows: Sequence[MtpDraftRow], features: torch.Tensor
+) -> list[Proposal] | None:
+    """The general round's proposals through the drafter's static buffers (its verdict already on the host: e and
+    the anchor uploaded), or None when the rows are not verify rows of one width that fit them (a prefill chunk, a
+    row that samples nothing): the caller runs `DFlashDrafter.advance`. `features`: the verify's, in plan order."""
+    draft_graphs, drafter = ex.draft_graphs, ex.drafter
+    if draft_graphs is None or not isinstance(drafter, DFlashDrafter) or not rows:
+        return None
+    width = rows[0].num_tokens
+    if any(r.num_tokens != width or r.num_sample != width for r in rows):
+        return None
+    static = _draft_rows(rows)
+    if any(d.bonus is None for d in draft_rows) or not draft_graphs.fits(static, width):
+        return None
+    n = len(rows)
+    up = upload(
+        [*(d.start_pos + len(d.tokens) for d in draft_rows), *(d.bonus or 0 for d in draft_rows)], ex.device
+    )
+    hidden = draft_graphs.draft(static, features, up[:n], up[n:], width)  # [n, K, H]
+    drafting = [i for i, d in enumerate(draft_rows) if d.num_drafts > 0]
+    out = [Proposal((), None)] * n
+    if drafting:
+        index = upload(drafting, ex.device)
+        made = drafter.proposals([draft_rows[i] for i in drafting], hidden.index_select(0, index))
+        for i, proposal in zip(drafting, made, strict=True):
+            out[i] = proposal
+    return out

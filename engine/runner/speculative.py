@@ -28,7 +28,8 @@ Host waits of a round (tests/engine/test_spec_syncs.py): a greedy round whose ro
 engine/runner/spec_round.py and waits once, for (accepted count, bonus, next drafts) per row; any other round waits
 twice, for the verdict (engine/spec/verify.py: its catch-up's rows depend on how many drafts each row kept) and for
 the drafts (engine/spec/mtp.py). DFlash's greedy round takes engine/runner/dflash_round.py the same way (one wait);
-its general round waits for the verdict and for the drafts (engine/spec/dflash_draft.py, eager). Every index and position goes up through `upload` (pinned, non-blocking).
+its general round waits for the verdict and for the drafts (engine/spec/dflash_draft.py; its block on the drafter's
+static buffers when the rows are verify rows of one width, `static_proposals`). Every index and position goes up through `upload` (pinned, non-blocking).
 TODO(#21): enqueue the next round before the host reads this one's verdict (the next verify fed from device
 buffers, the verdict read one round late, as plain overlap reads its tokens).
 """
@@ -43,7 +44,7 @@ import torch
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
-from engine.runner.dflash_round import dflash_one_wait_rows, run_dflash_one_wait
+from engine.runner.dflash_round import dflash_one_wait_rows, run_dflash_one_wait, static_proposals
 from engine.runner.inputs import eager_batch
 from engine.runner.spec_round import one_wait_rows, run_one_wait
 from engine.spec.dflash_draft import DFlashDrafter
@@ -276,7 +277,9 @@ class SpecExecutor:
                 history=history.get(row.request_id, []),
             ))  # fmt: skip
         if isinstance(self.drafter, DFlashDrafter):
-            proposals = self.drafter.advance(draft_rows, torch.cat(feature_parts))
+            features = torch.cat(feature_parts)
+            made = static_proposals(self, rows, draft_rows, features)
+            proposals = made if made is not None else self.drafter.advance(draft_rows, features)
         else:
             proposals = self.drafter.advance(draft_rows, target_hidden)
         for i in sampling:

@@ -167,7 +167,7 @@ class DFlashDrafter:
 
     def _propose(self, rows: Sequence[DraftRow], k: int) -> list[Proposal]:
         c, dev, p = self.config, self.device, self.page_size
-        b, s = len(rows), k + 1
+        s = k + 1
         ends = [r.start_pos + len(r.tokens) for r in rows]  # e: the anchor's position
         max_pages = max(len(r.page_ids) for r in rows)
         table = torch.tensor(
@@ -194,7 +194,14 @@ class DFlashDrafter:
 
         embeds = self.model.model.embed_tokens(block_ids)
         hidden = self.draft.forward_block(embeds, positions, context)  # [B, S, H]
-        logits = self.model.compute_logits(hidden[:, 1:].reshape(b * k, -1))
+        return self.proposals(rows, hidden[:, 1:])
+
+    def proposals(self, rows: Sequence[DraftRow], hidden: torch.Tensor) -> list[Proposal]:
+        """Each row's proposals from its block's final hidden states at the K mask rows, `hidden` [B, K, H]: the
+        target's head, then `draft_tokens` (greedy argmax, or a draw from the processed q, which verification
+        needs); a row proposes min(num_drafts, K)."""
+        b, k = hidden.shape[0], hidden.shape[1]
+        logits = self.model.compute_logits(hidden.reshape(b * k, -1))
         params = [r.params for r in rows for _ in range(k)]
         ids = [r.request_id for r in rows for _ in range(k)]
         history = [r.history for r in rows for _ in range(k)]

@@ -7,10 +7,11 @@ One function per (size, bucket), run after a verify of `size` rows (padded) of u
 2. block: per row the block [anchor, mask x K] at positions e .. e + K over its context KV [0, e) (a sliding
    layer [e - window + 1, e)), gathered through the row's page-table row at a fixed width (`bucket` keys for a
    full layer, min(bucket, window - 1) for a sliding one); keys past e are masked (`valid`);
-3. head: the target's output head on block rows 1 .. K, argmax: the greedy drafts [size, K].
+3. out: the block's final hidden states at its K mask rows [size, K, H] (the target's head runs after the replay:
+   one GEMM, the argmax of the one-wait round or the processed q of sampled rows, `DFlashDrafter.proposals`).
 
 The frontier e and the anchor are device inputs (`ends`, `anchors`): the one-wait round computes them from the
-acceptance (e = s + accepted + 1, anchor = the bonus) without a host wait; the host only bounds e by s + W to
+acceptance (e = s + accepted + 1, anchor = the bonus) without a host wait (the general round uploads them); the host only bounds e by s + W to
 pick the bucket, the smallest of `buckets` (powers of two from `MIN_BUCKET`, the last one the page-table row's
 capacity) holding it. Positions fed but rejected store context KV past the frontier: no block reads a key at or
 past its e, and the round that next feeds such a position stores it again first (the target's KV does the same).
@@ -138,7 +139,7 @@ class DFlashGraphs:
 
     def draft(self, rows: Sequence[DraftRow], features: torch.Tensor, ends: torch.Tensor, anchors: torch.Tensor,
               width: int) -> torch.Tensor:  # fmt: skip
-        """Greedy drafts [len(rows), K] (device): `features` [len(rows) * width, F] the verify's target features,
+        """The blocks' final hidden states at their mask rows [len(rows), K, H] (device): `features` [len(rows) * width, F] the verify's target features,
         `ends` [n] each row's frontier e (<= start + width), `anchors` [n] the token at e (the bonus)."""
         key = self.key(rows, width)
         assert key is not None, "call fits() first"
@@ -185,9 +186,7 @@ class DFlashGraphs:
             block = torch.cat([self.anchors[:size, None], self.masks[:size]], dim=1)  # [size, K + 1]
             positions = ends + self.offsets[: self.width]
             hidden = draft.forward_block(model.model.embed_tokens(block), positions, context)
-            # 3. the target's head on the mask rows, argmax
-            logits = model.compute_logits(hidden[:, 1:].reshape(size * self.k, -1))
-            return logits.argmax(dim=-1).view(size, self.k)
+            return hidden[:, 1:]  # 3. the mask rows
 
         return fn
 
