@@ -1,9 +1,10 @@
 """DFlash rounds through static buffers (engine/spec/dflash_graphs.py, engine/runner/dflash_round.py) on the CPU,
 where they run the functions CUDA graphs capture, eagerly: greedy `--spec dflash` output equals plain decoding on
-the tiny MoE (K 2 and 15, alone and batched) with its rounds on the static path; the one-wait static round equals
-the existing eager round round by round (committed tokens, accepted and rolled-back counts, drafts, GDN state and
-the drafter's context KV before every frontier); padding rows and positions write nothing but the sink; the buckets
-and graph keys stay bounded. The replay itself is checked on the GPU (tests/engine/test_spec_dflash_gpu.py).
+the tiny MoE (K 2 and 15, alone and batched) with its rounds on the static path; the one-wait static round and the
+general round on the drafter's buffers equal the existing eager round round by round (committed tokens, accepted
+and rolled-back counts, drafts, GDN state and the drafter's context KV before every frontier), seeded sampled runs
+too; padding rows and positions write nothing but the sink; a captured key replays over the filled buffers; the
+buckets and graph keys stay bounded. The replay itself is checked on the GPU (tests/engine/test_spec_dflash_gpu.py).
 """
 
 from __future__ import annotations
