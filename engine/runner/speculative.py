@@ -29,7 +29,8 @@ engine/runner/spec_round.py and waits once, for (accepted count, bonus, next dra
 twice, for the verdict (engine/spec/verify.py: its catch-up's rows depend on how many drafts each row kept) and for
 the drafts (engine/spec/mtp.py). DFlash's greedy round takes engine/runner/dflash_round.py the same way (one wait);
 its general round waits for the verdict and for the drafts (engine/spec/dflash_draft.py; its block on the drafter's
-static buffers when the rows are verify rows of one width, `static_proposals`). Every index and position goes up through `upload` (pinned, non-blocking).
+static buffers when the rows are verify rows of one width, `static_proposals`). Every index and position goes up
+through `upload` (pinned, non-blocking).
 TODO(#21): enqueue the next round before the host reads this one's verdict (the next verify fed from device
 buffers, the verdict read one round late, as plain overlap reads its tokens).
 """

@@ -11,9 +11,9 @@ One function per (size, bucket), run after a verify of `size` rows (padded) of u
    one GEMM, the argmax of the one-wait round or the processed q of sampled rows, `DFlashDrafter.proposals`).
 
 The frontier e and the anchor are device inputs (`ends`, `anchors`): the one-wait round computes them from the
-acceptance (e = s + accepted + 1, anchor = the bonus) without a host wait (the general round uploads them); the host only bounds e by s + W to
-pick the bucket, the smallest of `buckets` (powers of two from `MIN_BUCKET`, the last one the page-table row's
-capacity) holding it. Positions fed but rejected store context KV past the frontier: no block reads a key at or
+acceptance (e = s + accepted + 1, anchor = the bonus) without a host wait (the general round uploads them); the
+host only bounds e by s + W to pick the bucket, the smallest of `buckets` (powers of two from `MIN_BUCKET`, the
+last one the page-table row's capacity) holding it. Positions fed but rejected store context KV past the frontier: no block reads a key at or
 past its e, and the round that next feeds such a position stores it again first (the target's KV does the same).
 
 Padding (the module's one scheme, tests/engine/test_spec_dflash_graphs.py): a row's positions past its width and
@@ -139,8 +139,9 @@ class DFlashGraphs:
 
     def draft(self, rows: Sequence[DraftRow], features: torch.Tensor, ends: torch.Tensor, anchors: torch.Tensor,
               width: int) -> torch.Tensor:  # fmt: skip
-        """The blocks' final hidden states at their mask rows [len(rows), K, H] (device): `features` [len(rows) * width, F] the verify's target features,
-        `ends` [n] each row's frontier e (<= start + width), `anchors` [n] the token at e (the bonus)."""
+        """The blocks' final hidden states at their mask rows [n, K, H] (device) of n = len(rows) rows: `features`
+        [n * width, F] the verify's target features, `ends` [n] each row's frontier e (<= start + width),
+        `anchors` [n] the token at e (the bonus)."""
         key = self.key(rows, width)
         assert key is not None, "call fits() first"
         size, n = key[0], len(rows)
