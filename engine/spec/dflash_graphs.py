@@ -13,8 +13,9 @@ One function per (size, bucket), run after a verify of `size` rows (padded) of u
 The frontier e and the anchor are device inputs (`ends`, `anchors`): the one-wait round computes them from the
 acceptance (e = s + accepted + 1, anchor = the bonus) without a host wait (the general round uploads them); the
 host only bounds e by s + W to pick the bucket, the smallest of `buckets` (powers of two from `MIN_BUCKET`, the
-last one the page-table row's capacity) holding it. Positions fed but rejected store context KV past the frontier: no block reads a key at or
-past its e, and the round that next feeds such a position stores it again first (the target's KV does the same).
+last one the page-table row's capacity) holding it. Positions fed but rejected store context KV past the frontier:
+no block reads a key at or past its e, and the round that next feeds such a position stores it again first (the
+target's KV does the same).
 
 Padding (the module's one scheme, tests/engine/test_spec_dflash_graphs.py): a row's positions past its width and
 every position of a padding row store into `DFlashKV.sink` (a slot of no page); a padding row has e = 0, so it
