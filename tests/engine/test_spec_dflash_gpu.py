@@ -56,7 +56,7 @@ def test_greedy_dflash_on_graph_rounds_equals_plain_on_the_gpu():
         assert run(engine, prompts, params)[0] == want, k
         spec = engine.runner.spec
         assert spec is not None and spec.num_one_wait_rounds > 0 and spec.draft_graphs is not None
-        assert spec.draft_graphs.num_replays == spec.num_one_wait_rounds, k
+        assert spec.draft_graphs.num_replays >= spec.num_one_wait_rounds, k  # general rounds replay too
         assert run(core(spec="dflash", draft_tokens=k), prompts[:1], params)[0] == want[:1], k
 
 
