@@ -86,3 +86,24 @@ def gemv_variants() -> dict[str, str | None]:
         "NINFER_FEW_ROWS": _dispatch.FEW_ROWS_VARIANT,
         "NINFER_W8_ONE_ROW": _dispatch.W8_ONE_ROW_VARIANT,
     }
+
+
+DFLASH_GRAPH_CONTEXT = 8192  # the default below
+
+
+def dflash_graph_context() -> int:
+    """`NINFER_DFLASH_GRAPH_CONTEXT`: the longest context (tokens) whose DFlash drafter rounds replay a CUDA graph
+    (engine/spec/dflash_graphs.py captures one per batch size and power-of-two context bucket up to it; its full
+    layer gathers the whole context, so this bounds the graphs' memory); longer contexts run the same round
+    eagerly. Default 8192; 0 captures none. Read when the graphs are built; ValueError for a non-integer or a
+    negative value."""
+    value = os.environ.get("NINFER_DFLASH_GRAPH_CONTEXT", "").strip()
+    if not value:
+        return DFLASH_GRAPH_CONTEXT
+    try:
+        tokens = int(value)
+    except ValueError:
+        tokens = -1
+    if tokens < 0:
+        raise ValueError(f"NINFER_DFLASH_GRAPH_CONTEXT={value!r}: expected a token count >= 0")
+    return tokens

@@ -348,6 +348,7 @@ def _bench_spec(
         row = {"spec": args.spec, "concurrency": c, "draft_tokens": k, "round_ms": round(round_ms, 3),
                "lm_head_draft": bool(args.spec_lm_head_draft),
                "spec_cuda_graph": runner.spec_graphs_captured,
+               "spec_graphs": runner.spec.capture_reports() if runner.spec is not None else {},
                "graph_replays_per_round": got["graph_replays_per_round"],
                "one_wait_rounds": (runner.spec.num_one_wait_rounds if runner.spec is not None else 0) - one_wait_before,
                "tokens_per_round_random_weights": round(got["tokens_per_round"], 3),
