@@ -145,16 +145,32 @@ def signature(kernel: KernelSource, variant: Variant) -> tuple[dict[str, str], d
 # Compiling (needs triton: the tools venv)
 
 
+def _imported_kernel_modules(path: Path) -> list[Path]:
+    """The top-level kernels/*.py modules that ``path`` imports names from (``from kernels.linear import ...``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.count(".") == 1:
+            package, name = node.module.split(".")
+            module = path.parent / f"{name}.py"
+            if package != KERNELS_DIR.name or path.parent.name != KERNELS_DIR.name:
+                continue
+            if module.exists() and module != path and module not in found:
+                found.append(module)
+    return found
+
+
 def _torch_free_module(path: Path, out_dir: Path) -> ModuleType:
     """The jit functions of one kernels/ module, copied into a module that imports only triton. A module of a
     kernel package (kernels/attention/decode.py) brings its siblings' jit functions too: its kernels call the
-    helpers they share (kernels/attention/int8.py's ``_dequantize_tile``)."""
+    helpers they share (kernels/attention/int8.py's ``_dequantize_tile``); so does every top-level kernels
+    module it imports from (kernels/moe_router.py calls kernels/linear.py's ``gemv_split_tile``). The module's
+    own functions come last, so they win a clash of names."""
     siblings = [] if path.parent.name == KERNELS_DIR.name else sorted(set(path.parent.glob("*.py")) - {path})
     chunks = [
         "import triton\nimport triton.language as tl\n"
         "from triton.experimental import gluon\nfrom triton.experimental.gluon import language as gl\n"
     ]
-    for file in (path, *siblings):
+    for file in (*_imported_kernel_modules(path), *siblings, path):
         source = file.read_text()
         lines = source.splitlines()
         for fn in _jit_functions(ast.parse(source)):
