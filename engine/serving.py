@@ -287,6 +287,7 @@ class AsyncEngine:
                     self._snapshot()
                     self._publish(events)
                 if not core.has_work():
+                    self._hold_until = None  # a hold whose requests all went away (aborted) is over
                     self._snapshot()
                     if stopping:
                         return

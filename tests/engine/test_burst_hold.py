@@ -182,3 +182,30 @@ def test_one_lane_never_holds(engines):
     asyncio.run(tokens_of(engine, "a", prompt(8, 9)))
     assert engine._core.num_burst_holds == 0
     engine.withdraw("never")
+
+
+def test_a_hold_whose_requests_went_away_does_not_cut_the_next_one_short(engines):
+    engine = started(engines, max_concurrency=2, burst_wait_ms=300)
+    core = engine._core
+
+    async def aborted_during_the_hold() -> None:
+        engine.announce("never")
+        stream = engine.generate("gone", prompt(8, 10), GREEDY)
+        task = asyncio.create_task(anext(stream))
+        await asyncio.to_thread(wait_until, lambda: core.num_burst_holds == 1)
+        engine.abort("gone")  # the only waiting request leaves: the engine goes idle mid-hold
+        assert isinstance(await task, FinishEvent)
+        await stream.aclose()
+        engine.withdraw("never")
+
+    asyncio.run(aborted_during_the_hold())
+    time.sleep(0.4)  # past the first hold's end
+
+    async def burst() -> list[list[int]]:
+        engine.announce("b")
+        first = asyncio.create_task(tokens_of(engine, "a", prompt(8, 11)))
+        await asyncio.to_thread(wait_until, lambda: core.num_burst_holds == 2)
+        return [await tokens_of(engine, "b", prompt(9, 12)), await first]
+
+    asyncio.run(burst())
+    assert core.stats().num_prefill_steps == 1  # "a" was held for "b" again: one prefill step for both
