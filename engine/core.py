@@ -118,6 +118,9 @@ class EngineStats:
     num_mixed_steps: int = 0
     burst_wait_ms: int = 0  # --burst-wait-ms (0: off)
     num_burst_holds: int = 0  # times the serving loop held an idle engine's first step for announced requests
+    # ... of those, the holds that reached burst_wait_ms with announced requests still in preparation (they missed
+    # the burst's prefill step: a slow upload, a long template, a starved process)
+    num_burst_timeouts: int = 0
     num_announced: int = 0  # requests the API has announced and not yet submitted (or withdrawn)
     overlap: bool = False  # overlap scheduling is on (engine/core.py)
     num_requests_rejected: dict[str, int] = field(default_factory=dict)  # by reject code
@@ -369,6 +372,9 @@ class EngineCore:
         self.rejected: Counter[str] = Counter()
         self.num_loop_iterations = 0  # maintained by the serving loop
         self.num_burst_holds = 0  # ... as are its burst holds (engine/serving.py)
+        self.num_burst_timeouts = (
+            0  # ... and the holds that ended at burst_wait_ms with requests still announced
+        )
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -560,6 +566,7 @@ class EngineCore:
             num_mixed_steps=s.num_mixed_steps,
             burst_wait_ms=self.config.burst_wait_ms,
             num_burst_holds=self.num_burst_holds,
+            num_burst_timeouts=self.num_burst_timeouts,
             overlap=self.overlap,
             num_requests_rejected=dict(self.rejected),
             **host_stat_fields(self.host, self.runner.host_copies),

@@ -338,6 +338,7 @@ class AsyncEngine:
             if not self._announced:  # all prepared: wait only while the burst is still arriving
                 until = min(until, self._last_arrival + wait_s * BURST_QUIET_FRACTION)
             if now >= until:
+                self._core.num_burst_timeouts += int(bool(self._announced))  # announced ones came too late
                 return False
             self._cv.wait(until - now)
         return True

@@ -137,13 +137,18 @@ async def one_by_one(server: Server, questions: list[str]) -> list[str]:
 
 def test_eight_streamed_requests_sent_together_share_one_prefill_step(server: Server) -> None:
     alone = asyncio.run(one_by_one(server, QUESTIONS))
-    before = engine_stats(server)
-    together = asyncio.run(burst(server, QUESTIONS))
-    after = engine_stats(server)
-    assert together == alone  # greedy: batching changes no output
-    counts = delta(before, after, "num_prefill_steps", "num_mixed_steps", "num_requests_added")
-    # the warm-up round and the measured round: one prefill step each, no prefill beside a decoding lane
-    assert counts == {"num_prefill_steps": 2, "num_mixed_steps": 0, "num_requests_added": 2 * BURST}, counts
+    keys = ("num_prefill_steps", "num_mixed_steps", "num_requests_added", "num_burst_timeouts")
+    for _ in range(3):
+        before = engine_stats(server)
+        together = asyncio.run(burst(server, QUESTIONS))
+        after = engine_stats(server)
+        assert together == alone  # greedy: batching changes no output
+        counts = delta(before, after, *keys)
+        if counts["num_burst_timeouts"] == 0:
+            break  # else the machine stalled a request past the 1 s hold (a shared CI box): the round again
+    # the connection-opening round and the measured round: one prefill step each, none beside a decoding lane
+    expected = {"num_prefill_steps": 2, "num_mixed_steps": 0, "num_requests_added": 2 * BURST}
+    assert counts == {**expected, "num_burst_timeouts": 0}, counts
     assert after["burst_wait_ms"] == 1000
 
 

@@ -99,6 +99,7 @@ def test_a_withdrawn_announcement_ends_the_hold(engines):
         f"the request finished {after_withdraw:.2f} s after the withdrawal (hold: 1 s)"
     )
     assert not engine._announced
+    assert core.num_burst_timeouts == 0  # ended by the withdrawal, not by the wait running out
 
 
 def test_the_hold_is_bounded_by_burst_wait_ms(engines):
@@ -112,6 +113,7 @@ def test_the_hold_is_bounded_by_burst_wait_ms(engines):
 
     took = asyncio.run(main())
     assert took >= 0.06 and engine._core.num_burst_holds == 1
+    assert engine.stats().num_burst_timeouts == 1  # it ran out with "late" still announced
     engine.withdraw("late")
 
 

@@ -26,9 +26,10 @@ What a row reports, per C (times from ``time.perf_counter`` around the SDK's str
   the engine step is timed in), the mean chunk gap there over ``tokens_per_chunk``; null when the window holds
   no gap (a round too short for one);
 - ``client_tok_s``: completion tokens of the round / the round's wall time;
-- ``prefill_steps`` / ``mixed_steps`` / ``burst_holds``: the server's ``/stats`` counters over the timed round
-  (``num_prefill_steps``, ``num_mixed_steps``, ``num_burst_holds``): a burst admitted together is one prefill
-  step and no mixed step (prompts within ``--prefill-chunk`` together; the server's ``--burst-wait-ms`` hold).
+- ``prefill_steps`` / ``mixed_steps`` / ``burst_holds`` / ``burst_timeouts``: the server's ``/stats`` counters over
+  the timed round (``num_prefill_steps``, ...): a burst admitted together is one prefill step and no mixed step
+  (prompts within ``--prefill-chunk`` together; the server's ``--burst-wait-ms`` hold, which a timeout says ran
+  out before every request of the burst had arrived).
 The server runs with prefix reuse off (every request's prefill is cold; the prompts are the same text) and
 thinking off; its log is ``--server-log`` (default: a temporary file, its tail printed on failure).
 """
@@ -245,6 +246,7 @@ _ROUND_COUNTERS = (
     ("num_prefill_steps", "prefill_steps"),
     ("num_mixed_steps", "mixed_steps"),
     ("num_burst_holds", "burst_holds"),
+    ("num_burst_timeouts", "burst_timeouts"),
 )
 
 
