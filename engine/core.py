@@ -113,7 +113,8 @@ class EngineStats:
     num_preemptions: int = 0
     num_recomputed_tokens: int = 0
     # Steps that computed prompt tokens, and of those the ones that also decoded other rows (a prefill beside
-    # decoding lanes); a burst of short prompts admitted together is one prefill step (engine/serving.py).
+    # decoding lanes); a burst admitted together prefills in one step when its prompts fit the prefill budget and
+    # carry no message boundary to checkpoint at (engine/serving.py, engine/scheduler/scheduler.py).
     num_prefill_steps: int = 0
     num_mixed_steps: int = 0
     burst_wait_ms: int = 0  # --burst-wait-ms (0: off)
@@ -371,10 +372,9 @@ class EngineCore:
         self.finished: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
         self.num_loop_iterations = 0  # maintained by the serving loop
-        self.num_burst_holds = 0  # ... as are its burst holds (engine/serving.py)
-        self.num_burst_timeouts = (
-            0  # ... and the holds that ended at burst_wait_ms with requests still announced
-        )
+        # ... as are its burst holds (engine/serving.py), and those that ran out with requests still announced
+        self.num_burst_holds = 0
+        self.num_burst_timeouts = 0
 
     # ---- requests -------------------------------------------------------------------------------
 
