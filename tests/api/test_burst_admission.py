@@ -155,7 +155,7 @@ def test_eight_streamed_requests_sent_together_share_one_prefill_step(server: Se
 def test_a_request_refused_after_its_announcement_leaves_no_hold(server: Server) -> None:
     client = openai.OpenAI(base_url=server.v1, api_key="none", max_retries=0, timeout=60)
     before = engine_stats(server)
-    with pytest.raises(openai.BadRequestError):  # announced once its body arrived, refused by validation
+    with pytest.raises(openai.BadRequestError):  # announced on arrival, refused by validation
         client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=-3
         )
@@ -168,6 +168,26 @@ def test_a_request_refused_after_its_announcement_leaves_no_hold(server: Server)
     assert delta(before, after, "num_burst_holds", "num_requests_added") == {
         "num_burst_holds": 0,
         "num_requests_added": 1,
+    }
+
+
+def test_every_generation_route_consumes_or_withdraws_its_announcement(server: Server) -> None:
+    before = engine_stats(server)
+    bodies = {
+        "/v1/messages": {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+        "/v1/responses": {"model": MODEL, "max_output_tokens": 3, "input": "hi"},
+        "/v1/chat/completions": {"model": MODEL, "max_tokens": 3, "messages": []},  # refused: no messages
+    }
+    status = {
+        path: httpx.post(server.url + path, json=body, timeout=60).status_code
+        for path, body in bodies.items()
+    }
+    assert status == {"/v1/messages": 200, "/v1/responses": 200, "/v1/chat/completions": 400}
+    after = engine_stats(server)
+    assert after["num_announced"] == 0  # none left behind to hold a later burst
+    assert delta(before, after, "num_burst_holds", "num_requests_added") == {
+        "num_burst_holds": 0,
+        "num_requests_added": 2,
     }
 
 
