@@ -34,6 +34,7 @@ KNOWN_KERNELS = {
     "_store_kv_kernel",
     "_paged_attention_decode_kernel",
     "_paged_attention_decode_int8_kernel",
+    "_paged_attention_decode_int8_km_kernel",
     "_paged_attention_reduce_kernel",
     "_paged_prefill_attention_kernel",
     "_moe_route_kernel",
