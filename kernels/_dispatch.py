@@ -32,7 +32,7 @@ sums them in the same order: no reduce launch, bitwise the same outputs).
 ``NINFER_INT8_ATTENTION`` picks the build of the grouped INT8 decode attention (int8 KV with 16-bit queries,
 ``kernels.attention.decode_int8``): ``grouped`` (the default: query heads as the MMAs' rows, [heads, keys] scores) or
 ``keys_major`` (keys as the MMAs' rows, the few query heads of a KV head as their columns: half the MMAs, capped at
-128 registers, 2 stages; sm_90 loop 888 instructions a 64-key tile against 1231, waiting for an H200 measurement).
+128 registers, 2 stages; sm_90 loop 863 instructions a 64-key tile against 1231, waiting for an H200 measurement).
 
 ``kernels`` may not import ``engine``, so this is the one place that reads these variables, once, at
 import; ``engine/env.py`` (every variable NInfer reads) reports the values parsed here.

@@ -320,7 +320,7 @@ def paged_attention_decode(
     ``int8_keys_major`` (with ``int8_grouped``: its keys-major build, decode_int8.py's
     ``_paged_attention_decode_int8_km_kernel``, launched with ``INT8_KEYS_MAJOR_LAUNCH`` unless ``num_stages`` /
     ``maxnreg`` say otherwise; None: ``NINFER_INT8_ATTENTION``), ``num_stages`` and ``maxnreg`` (Triton's
-    pipeline depth and register cap; None: Triton's defaults, or the keys-major build's).
+    pipeline depth and register cap, 0 for none; None: Triton's defaults, or the keys-major build's).
     bench/kernels/decode_attention.py sweeps them on the GPU.
 
     The grid is sized from shapes only (``min(max_splits, cdiv(capacity, split_unit))`` splits), so the
@@ -387,7 +387,7 @@ def paged_attention_decode(
     maxnreg = launch.get("maxnreg") if maxnreg is None else maxnreg
     if num_stages is not None:
         shared["num_stages"] = num_stages
-    if maxnreg is not None and not INTERPRET:
+    if maxnreg and not INTERPRET:  # (0: no cap, ptxas's own count)
         shared["maxnreg"] = maxnreg
     if int8_grouped:
         int8_kernel = (

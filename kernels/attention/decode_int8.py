@@ -38,8 +38,8 @@ Keys-major, the keys are the M side (a warp's 16 of the tile's 64) and the heads
 block): ``scores_t = codes_s @ q_t`` is [keys, heads] with the key scales on its rows, and each group's accumulator
 is ``acc_t = codes_s^T @ w_t``, [values, heads], so both dots take half the MMAs (32 HMMA a tile against 64). The
 softmax runs down the columns. It launches with a 128-register cap and 2 pipeline stages (INT8_KEYS_MAJOR_LAUNCH in
-decode.py). sm_90 loop per 64 keys (bench/kernels/aot_sass.py): 888 instructions in 128 registers, no spills
-(sm_120: 882). At 16 columns Triton picks wgmma on sm_90, which costs more here (1329 instructions: its register A
+decode.py). sm_90 loop per 64 keys (bench/kernels/aot_sass.py): 863 instructions in 128 registers, no spills
+(sm_120: 851). At 16 columns Triton picks wgmma on sm_90, which costs more here (1329 instructions: its register A
 operand needs 358 byte permutes) and spills at 128 registers. Not yet timed on this code; session 10 timed its
 build of the idea (lost) at 85.7 us a layer at batch 1, 307.0 at batch 4.
 """
@@ -520,7 +520,9 @@ if HAS_TRITON:
         if NUM_SCALES > 3:
             q3 = _load_query_t(q_cols, q_mask, 3 * GROUP_D)
         m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-        l_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
+        # the softmax's denominators, summed over the keys once at the end: each [key row, head] entry holds its
+        # row's share (rescaled with the accumulators), so the loop has one cross-warp reduction (the max), not two
+        l_t = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
         acc0 = tl.zeros([BLOCK_DG, BLOCK_G], dtype=tl.float32)
         acc1 = tl.zeros([BLOCK_DG, BLOCK_G], dtype=tl.float32)
         acc2 = tl.zeros([BLOCK_DG, BLOCK_G], dtype=tl.float32)
@@ -588,7 +590,7 @@ if HAS_TRITON:
             m_new = tl.maximum(m, tl.max(scores, axis=0))
             alpha = tl.exp2(m - m_new)
             p = tl.exp2(scores - m_new[None, :])
-            l_sum = l_sum * alpha + tl.sum(p, axis=0)
+            l_t = l_t * alpha[None, :] + p
             vs0, vs1, vs2, vs3 = _tile_scales(
                 value_scale_ptr, scale_rows, t_mask, NUM_SCALES, BLOCK_SCALES, BLOCK_N
             )
@@ -613,6 +615,7 @@ if HAS_TRITON:
                 )  # fmt: skip
             m = m_new
         part = (row * NUM_Q_HEADS + heads) * part_splits + split  # [BLOCK_G]
+        l_sum = tl.sum(l_t, axis=0)
         inv_l = 1.0 / tl.maximum(l_sum, 1e-30)
         _store_group_km(part_out_ptr, part, acc0, inv_l * norm0, g_mask, 0, GROUP_D, HEAD_DIM, BLOCK_DG)
         if NUM_SCALES > 1:
