@@ -67,22 +67,31 @@ def _candidate(kv: str, grouped: bool = True, keys_major: bool = False) -> dict:
 
 
 # the keys-major build's fixed knobs
-KM_BUILD = {"num_warps": 4, "int8_grouped": True, "int8_keys_major": True}
+KM_BUILD = {"int8_grouped": True, "int8_keys_major": True}
 
 
 def _keys_major_sweep(splits: tuple[int, ...], tiles: tuple[int, ...]) -> list[dict]:
-    """The keys-major build's register cap (0: none, ptxas's own count), pipeline depth, tiles and splits."""
+    """The keys-major build's register cap (0: none, ptxas's own count), pipeline depth, warps, tiles and splits."""
     return [
-        {"max_splits": s, "block_n": n, **KM_BUILD, "num_stages": st, "maxnreg": r}
-        for s, n, st, r in itertools.product(splits, tiles, (2, 3), (0, 128, 168))
+        {"max_splits": s, "block_n": n, "num_warps": w, **KM_BUILD, "num_stages": st, "maxnreg": r}
+        for s, n, w, st, r in itertools.product(splits, tiles, (2, 4), (2, 3), (0, 128, 168))
     ]
 
 
-# --quick --km-sweep: the keys-major build's candidate knobs varied one at a time (no register cap (0), a
-# 168 cap, 3 stages, 128-key tiles: 7% fewer instructions a key in the sm_90 build but 88 KB of shared memory)
+# --quick --km-sweep: the keys-major build's candidate knobs varied one at a time. sm_90 AOT builds, loop instructions
+# per 64 keys over all warps against 3452 for the candidate: no register cap (0: 142 registers, 3 programs an SM where
+# 128 fit 4), a 168 cap, 3 stages, 2 warps (3124 in 184 registers), 128-key tiles (3222 in 128 registers, 3204 in
+# 168; 88 KB of shared memory: 2 programs an SM)
 KEYS_MAJOR_QUICK = [
-    {"max_splits": 128, "block_n": n, **KM_BUILD, "num_stages": st, "maxnreg": r}
-    for n, st, r in ((64, 2, 0), (64, 2, 168), (64, 3, 128), (128, 2, 128), (128, 1, 128))
+    {"max_splits": 128, "block_n": n, "num_warps": w, **KM_BUILD, "num_stages": st, "maxnreg": r}
+    for n, w, st, r in (
+        (64, 4, 2, 0),
+        (64, 4, 2, 168),
+        (64, 4, 3, 128),
+        (64, 2, 2, 0),
+        (128, 4, 2, 128),
+        (128, 4, 2, 168),
+    )
 ]
 
 
