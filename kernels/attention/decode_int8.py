@@ -179,6 +179,34 @@ if HAS_TRITON:
         return tl.where(v_max > 0.0, v_max, 1.0)
 
     @triton.jit
+    def _value_norms(value_scale_ptr, scale_rows, t_mask, NUM_SCALES: tl.constexpr):
+        # _value_norm of each of the NUM_SCALES groups (past them: copies of group 0's, unused)
+        norm0 = _value_norm(value_scale_ptr, scale_rows, t_mask, 0)
+        norm1 = norm0
+        norm2 = norm0
+        norm3 = norm0
+        if NUM_SCALES > 1:
+            norm1 = _value_norm(value_scale_ptr, scale_rows, t_mask, 1)
+        if NUM_SCALES > 2:
+            norm2 = _value_norm(value_scale_ptr, scale_rows, t_mask, 2)
+        if NUM_SCALES > 3:
+            norm3 = _value_norm(value_scale_ptr, scale_rows, t_mask, 3)
+        return norm0, norm1, norm2, norm3
+
+    @triton.jit
+    def _tile_rows(
+        page_row_ptr, toks, t_mask, kv_head, cache_stride_page, cache_stride_row, cache_stride_head,
+        scale_stride_page, scale_stride_row, scale_stride_head, PAGE_SIZE: tl.constexpr,
+    ):  # fmt: skip
+        # the offsets of keys ``toks``' head rows in the caches and in the scales (page_row_ptr: the sequence's
+        # page-table row), int64: ([BLOCK_N], [BLOCK_N])
+        pages = tl.load(page_row_ptr + toks // PAGE_SIZE, mask=t_mask, other=0).to(tl.int64)
+        rows = toks % PAGE_SIZE
+        kv_rows = pages * cache_stride_page + rows * cache_stride_row + kv_head * cache_stride_head
+        scale_rows = pages * scale_stride_page + rows * scale_stride_row + kv_head * scale_stride_head
+        return kv_rows, scale_rows
+
+    @triton.jit
     def _store_group(
         part_out_ptr, part, acc_s, inv_l, g_mask, COL0: tl.constexpr, GROUP_D: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_DG: tl.constexpr,
@@ -271,22 +299,11 @@ if HAS_TRITON:
         # split's bounds only: batch invariant)
         toks = start + tl.arange(0, BLOCK_N)
         t_mask = toks < end
-        pages = tl.load(
-            page_table_ptr + row * page_table_stride + toks // PAGE_SIZE, mask=t_mask, other=0
-        ).to(tl.int64)
-        scale_rows = (
-            pages * scale_stride_page + (toks % PAGE_SIZE) * scale_stride_row + kv_head * scale_stride_head
-        )
-        norm0 = _value_norm(value_scale_ptr, scale_rows, t_mask, 0)
-        norm1 = norm0
-        norm2 = norm0
-        norm3 = norm0
-        if NUM_SCALES > 1:
-            norm1 = _value_norm(value_scale_ptr, scale_rows, t_mask, 1)
-        if NUM_SCALES > 2:
-            norm2 = _value_norm(value_scale_ptr, scale_rows, t_mask, 2)
-        if NUM_SCALES > 3:
-            norm3 = _value_norm(value_scale_ptr, scale_rows, t_mask, 3)
+        _, scale_rows = _tile_rows(
+            page_table_ptr + row * page_table_stride, toks, t_mask, kv_head, cache_stride_page, cache_stride_row,
+            cache_stride_head, scale_stride_page, scale_stride_row, scale_stride_head, PAGE_SIZE,
+        )  # fmt: skip
+        norm0, norm1, norm2, norm3 = _value_norms(value_scale_ptr, scale_rows, t_mask, NUM_SCALES)
         inv_norm0 = 1.0 / norm0
         inv_norm1 = 1.0 / norm1
         inv_norm2 = 1.0 / norm2
@@ -300,19 +317,10 @@ if HAS_TRITON:
         for tok0 in range(start, end, BLOCK_N):
             toks = tok0 + tl.arange(0, BLOCK_N)
             t_mask = toks < end
-            pages = tl.load(
-                page_table_ptr + row * page_table_stride + toks // PAGE_SIZE, mask=t_mask, other=0
-            ).to(tl.int64)
-            kv_rows = (
-                pages * cache_stride_page
-                + (toks % PAGE_SIZE) * cache_stride_row
-                + kv_head * cache_stride_head
-            )
-            scale_rows = (
-                pages * scale_stride_page
-                + (toks % PAGE_SIZE) * scale_stride_row
-                + kv_head * scale_stride_head
-            )
+            kv_rows, scale_rows = _tile_rows(
+                page_table_ptr + row * page_table_stride, toks, t_mask, kv_head, cache_stride_page,
+                cache_stride_row, cache_stride_head, scale_stride_page, scale_stride_row, scale_stride_head, PAGE_SIZE,
+            )  # fmt: skip
             ks0, ks1, ks2, ks3 = _tile_scales(
                 key_scale_ptr, scale_rows, t_mask, NUM_SCALES, BLOCK_SCALES, BLOCK_N
             )
@@ -530,22 +538,11 @@ if HAS_TRITON:
         # the weights' normalisers, as in _paged_attention_decode_int8_kernel
         toks = start + tl.arange(0, BLOCK_N)
         t_mask = toks < end
-        pages = tl.load(
-            page_table_ptr + row * page_table_stride + toks // PAGE_SIZE, mask=t_mask, other=0
-        ).to(tl.int64)
-        scale_rows = (
-            pages * scale_stride_page + (toks % PAGE_SIZE) * scale_stride_row + kv_head * scale_stride_head
-        )
-        norm0 = _value_norm(value_scale_ptr, scale_rows, t_mask, 0)
-        norm1 = norm0
-        norm2 = norm0
-        norm3 = norm0
-        if NUM_SCALES > 1:
-            norm1 = _value_norm(value_scale_ptr, scale_rows, t_mask, 1)
-        if NUM_SCALES > 2:
-            norm2 = _value_norm(value_scale_ptr, scale_rows, t_mask, 2)
-        if NUM_SCALES > 3:
-            norm3 = _value_norm(value_scale_ptr, scale_rows, t_mask, 3)
+        _, scale_rows = _tile_rows(
+            page_table_ptr + row * page_table_stride, toks, t_mask, kv_head, cache_stride_page, cache_stride_row,
+            cache_stride_head, scale_stride_page, scale_stride_row, scale_stride_head, PAGE_SIZE,
+        )  # fmt: skip
+        norm0, norm1, norm2, norm3 = _value_norms(value_scale_ptr, scale_rows, t_mask, NUM_SCALES)
         inv_norm0 = 1.0 / norm0
         inv_norm1 = 1.0 / norm1
         inv_norm2 = 1.0 / norm2
@@ -554,19 +551,10 @@ if HAS_TRITON:
         for tok0 in range(start, end, BLOCK_N):
             toks = tok0 + tl.arange(0, BLOCK_N)
             t_mask = toks < end
-            pages = tl.load(
-                page_table_ptr + row * page_table_stride + toks // PAGE_SIZE, mask=t_mask, other=0
-            ).to(tl.int64)
-            kv_rows = (
-                pages * cache_stride_page
-                + (toks % PAGE_SIZE) * cache_stride_row
-                + kv_head * cache_stride_head
-            )
-            scale_rows = (
-                pages * scale_stride_page
-                + (toks % PAGE_SIZE) * scale_stride_row
-                + kv_head * scale_stride_head
-            )
+            kv_rows, scale_rows = _tile_rows(
+                page_table_ptr + row * page_table_stride, toks, t_mask, kv_head, cache_stride_page,
+                cache_stride_row, cache_stride_head, scale_stride_page, scale_stride_row, scale_stride_head, PAGE_SIZE,
+            )  # fmt: skip
             ks0, ks1, ks2, ks3 = _tile_scales(
                 key_scale_ptr, scale_rows, t_mask, NUM_SCALES, BLOCK_SCALES, BLOCK_N
             )
