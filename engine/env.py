@@ -74,6 +74,15 @@ def splitk_reduce_mode() -> str:
     return _dispatch.SPLITK_REDUCE
 
 
+def int8_attention_mode() -> str:
+    """`NINFER_INT8_ATTENTION`: `grouped` (the default) or `keys_major`: which build of the grouped INT8 decode
+    attention (int8 KV, 16-bit queries) runs; `keys_major` puts the keys on the MMAs' rows (half the MMAs, 128
+    registers). Read once when `kernels` is imported (`kernels._dispatch.INT8_ATTENTION`)."""
+    from kernels import _dispatch
+
+    return _dispatch.INT8_ATTENTION
+
+
 def gemv_variants() -> dict[str, str | None]:
     """`NINFER_ONE_ROW`, `NINFER_FEW_ROWS`, `NINFER_W8_ONE_ROW`: a `kernels.quant.packed_linear.GEMV_VARIANTS` name
     every groupwise-int decode GEMV of one row (Q4/Q5/Q6), of 2..8 rows (Q4/Q5/Q6), of one W8 row takes instead of

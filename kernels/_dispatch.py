@@ -29,6 +29,11 @@ launches) or ``fused`` (``kernels.moe_router.moe_router``: the router GEMV and t
 (the default: ``_linear_reduce_kernel``, one more launch) or ``last`` (the last split of each row tile to finish
 sums them in the same order: no reduce launch, bitwise the same outputs).
 
+``NINFER_INT8_ATTENTION`` picks the build of the grouped INT8 decode attention (int8 KV with 16-bit queries,
+``kernels.attention.decode_int8``): ``grouped`` (the default: query heads as the MMAs' rows, [heads, keys] scores) or
+``keys_major`` (keys as the MMAs' rows, the few query heads of a KV head as their columns: half the MMAs, capped at
+128 registers, 2 stages; sm_90 loop 863 instructions a 64-key tile against 1231, waiting for an H200 measurement).
+
 ``kernels`` may not import ``engine``, so this is the one place that reads these variables, once, at
 import; ``engine/env.py`` (every variable NInfer reads) reports the values parsed here.
 """
@@ -81,6 +86,11 @@ def parse_splitk_reduce_mode(value: str) -> str:
     return _parse("NINFER_SPLITK_REDUCE", value, ("launch", "last"))
 
 
+def parse_int8_attention_mode(value: str) -> str:
+    """``NINFER_INT8_ATTENTION``'s value, normalised: ``grouped`` or ``keys_major``; ValueError for anything else."""
+    return _parse("NINFER_INT8_ATTENTION", value, ("grouped", "keys_major"))
+
+
 def parse_gemv_variant(value: str | None) -> str | None:
     """A forced GEMV-layout tile variant (``NINFER_ONE_ROW``, ``NINFER_FEW_ROWS``, ``NINFER_W8_ONE_ROW``): None
     when unset or empty, else the name (``kernels.quant.packed_linear`` checks it against its variants)."""
@@ -96,6 +106,7 @@ GEMV_MODE = parse_gemv_mode(os.environ.get("NINFER_GEMV", "auto"))
 QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "packed"))
 MOE_ROUTER_MODE = parse_moe_router_mode(os.environ.get("NINFER_MOE_ROUTER", "split"))
 SPLITK_REDUCE = parse_splitk_reduce_mode(os.environ.get("NINFER_SPLITK_REDUCE", "launch"))
+INT8_ATTENTION = parse_int8_attention_mode(os.environ.get("NINFER_INT8_ATTENTION", "grouped"))
 
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:

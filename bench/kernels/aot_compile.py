@@ -141,6 +141,12 @@ def signature(kernel: KernelSource, variant: Variant) -> tuple[dict[str, str], d
     return sig, dict(variant.constexprs)
 
 
+def compile_options(variant: Variant) -> dict[str, int]:
+    """The launch options a variant compiles with (``maxnreg`` only where it caps registers)."""
+    options = {"num_warps": variant.num_warps, "num_stages": variant.num_stages}
+    return options | ({"maxnreg": variant.maxnreg} if variant.maxnreg is not None else {})
+
+
 # ---------------------------------------------------------------------------------------------------
 # Compiling (needs triton: the tools venv)
 
@@ -251,7 +257,7 @@ def compile_all(
                     backend, arch = target.split(":")
                     row: dict[str, Any] = {
                         "kernel": kernel.name, "module": kernel.module, "variant": variant.label,
-                        "target": target, "num_warps": variant.num_warps, "num_stages": variant.num_stages,
+                        "target": target, **compile_options(variant),
                     }  # fmt: skip
                     start = time.perf_counter()
                     try:
@@ -260,7 +266,7 @@ def compile_all(
                         compiled = triton.compile(
                             src,
                             target=GPUTarget(backend, int(arch), 32),
-                            options={"num_warps": variant.num_warps, "num_stages": variant.num_stages},
+                            options=compile_options(variant),
                         )
                     except Exception as exc:  # noqa: BLE001  (recorded per row; the caller fails on it)
                         row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[-4000:])
