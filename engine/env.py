@@ -62,6 +62,15 @@ def splitk_reduce_mode() -> str:
     return _dispatch.SPLITK_REDUCE
 
 
+def attn_fuse_mode() -> str:
+    """`NINFER_ATTN_FUSE`: `off` (the default: gated attention's q/k norms, RoPE and K/V store are four launches, the
+    decode output gate one more) or `on` (norms, RoPE and a float cache's store in one launch, the output gate in the
+    decode reduce; bitwise the same outputs). Read once when `kernels` is imported (`kernels._dispatch.ATTN_FUSE`)."""
+    from kernels import _dispatch
+
+    return _dispatch.ATTN_FUSE
+
+
 def gemv_variants() -> dict[str, str | None]:
     """`NINFER_ONE_ROW`, `NINFER_FEW_ROWS`, `NINFER_W8_ONE_ROW`: a `kernels.quant.packed_linear.GEMV_VARIANTS` name
     every groupwise-int decode GEMV of one row (Q4/Q5/Q6), of 2..8 rows (Q4/Q5/Q6), of one W8 row takes instead of

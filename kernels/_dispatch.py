@@ -29,6 +29,13 @@ launches) or ``fused`` (``kernels.moe_router.moe_router``: the router GEMV and t
 (the default: ``_linear_reduce_kernel``, one more launch) or ``last`` (the last split of each row tile to finish
 sums them in the same order: no reduce launch, bitwise the same outputs).
 
+``NINFER_ATTN_FUSE`` picks how gated attention runs where the kernels run Triton: ``off`` (the default: the q and k
+norms, the RoPE and the K/V store are four launches, the output gate one more after the decode reduce) or ``on``
+(``kernels.attention.fuse.qk_norm_rope_store``: norms, RoPE and a float cache's store in one launch; decode's
+output gate folded into the split-K reduce, ``paged_attention_decode(gate=...)``): a bf16-KV decode layer runs 3
+launches between its projections and ``o_proj`` instead of 7, bitwise the same outputs. Waits for an H200
+measurement before it becomes the default.
+
 ``kernels`` may not import ``engine``, so this is the one place that reads these variables, once, at
 import; ``engine/env.py`` (every variable NInfer reads) reports the values parsed here.
 """
@@ -81,6 +88,11 @@ def parse_splitk_reduce_mode(value: str) -> str:
     return _parse("NINFER_SPLITK_REDUCE", value, ("launch", "last"))
 
 
+def parse_attn_fuse_mode(value: str) -> str:
+    """``NINFER_ATTN_FUSE``'s value, normalised: ``off`` or ``on``; ValueError for anything else."""
+    return _parse("NINFER_ATTN_FUSE", value, ("off", "on"))
+
+
 def parse_gemv_variant(value: str | None) -> str | None:
     """A forced GEMV-layout tile variant (``NINFER_ONE_ROW``, ``NINFER_FEW_ROWS``, ``NINFER_W8_ONE_ROW``): None
     when unset or empty, else the name (``kernels.quant.packed_linear`` checks it against its variants)."""
@@ -96,6 +108,7 @@ GEMV_MODE = parse_gemv_mode(os.environ.get("NINFER_GEMV", "auto"))
 QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "packed"))
 MOE_ROUTER_MODE = parse_moe_router_mode(os.environ.get("NINFER_MOE_ROUTER", "split"))
 SPLITK_REDUCE = parse_splitk_reduce_mode(os.environ.get("NINFER_SPLITK_REDUCE", "launch"))
+ATTN_FUSE = parse_attn_fuse_mode(os.environ.get("NINFER_ATTN_FUSE", "off"))
 
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:

@@ -29,7 +29,8 @@ same whichever other sequences (or padding rows) share its batch and however wid
 Files: ``ref.py`` (the contract: ``gather_kv_ref``, ``paged_attention_ref``), ``int8.py`` (the int8 codec and
 its Triton helpers), ``store.py`` (``store_kv``), ``decode.py`` (``paged_attention_decode``), ``decode_int8.py``
 (its ``int8_grouped`` kernel: int8 KV with the scales applied to the dots' results), ``prefill.py``
-(``paged_prefill_attention``); each launcher's ``_ref`` sits beside it. Import from ``kernels.attention``.
+(``paged_prefill_attention``), ``fuse.py`` (``qk_norm_rope_store``: the q/k norms, RoPE and the store in one launch
+under ``NINFER_ATTN_FUSE=on``); each launcher's ``_ref`` sits beside it. Import from ``kernels.attention``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from kernels.attention.decode import (
 from kernels.attention.decode import (
     NEW_DEFAULTS as DECODE_NEW_DEFAULTS,
 )
+from kernels.attention.fuse import attn_fuse_enabled, qk_norm_rope_store, qk_norm_rope_store_ref
 from kernels.attention.int8 import (
     KV_INT8_GROUP,
     dequantize_kv_int8_ref,
@@ -66,6 +68,7 @@ __all__ = [
     "KV_INT8_GROUP",
     "PrefillTiles",
     "_launch_paged_prefill_attention",
+    "attn_fuse_enabled",
     "decode_block_n",
     "decode_split_tokens",
     "dequantize_kv_int8_ref",
@@ -77,6 +80,8 @@ __all__ = [
     "paged_prefill_attention",
     "paged_prefill_attention_ref",
     "prefill_tiles",
+    "qk_norm_rope_store",
+    "qk_norm_rope_store_ref",
     "quantize_kv_int8_ref",
     "store_kv",
     "store_kv_ref",
