@@ -26,11 +26,13 @@ Decode is batch-invariant: ``paged_attention_decode`` cuts a sequence's keys int
 that sequence's length alone and merges them in a fixed order, so a sequence's output is bitwise the
 same whichever other sequences (or padding rows) share its batch and however wide the page table is.
 
+Fused (``NINFER_ATTN_FUSE=on``): ``fuse.py``'s ``qk_norm_rope_store`` runs the q/k norms, RoPE and a float cache's
+store in one launch, and ``paged_attention_decode(gate=...)`` applies attention's output gate in its reduce.
+
 Files: ``ref.py`` (the contract: ``gather_kv_ref``, ``paged_attention_ref``), ``int8.py`` (the int8 codec and
 its Triton helpers), ``store.py`` (``store_kv``), ``decode.py`` (``paged_attention_decode``), ``decode_int8.py``
 (its ``int8_grouped`` kernel: int8 KV with the scales applied to the dots' results), ``prefill.py``
-(``paged_prefill_attention``), ``fuse.py`` (``qk_norm_rope_store``: the q/k norms, RoPE and the store in one launch
-under ``NINFER_ATTN_FUSE=on``); each launcher's ``_ref`` sits beside it. Import from ``kernels.attention``.
+(``paged_prefill_attention``); each launcher's ``_ref`` sits beside it. Import from ``kernels.attention``.
 """
 
 from __future__ import annotations

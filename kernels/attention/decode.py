@@ -281,13 +281,13 @@ def paged_attention_decode(
     value_scale: torch.Tensor | None = None,
     gate: torch.Tensor | None = None,
     *,
+    fused: bool | None = None,
     max_splits: int | None = None,
     split_unit: int | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
     int8_f16: bool | None = None,
     int8_grouped: bool | None = None,
-    fused: bool | None = None,
 ) -> torch.Tensor:
     """Launcher for ``paged_attention_decode_ref`` (same contract; split-K "flash decoding"), float or
     int8 KV (int8: pass the scales; tiles are dequantised in registers).

@@ -17,8 +17,6 @@ def test_engine_env_reports_what_the_kernels_parsed(monkeypatch: pytest.MonkeyPa
     assert (env.kernels_mode(), env.gemv_mode(), env.quant_gemv_mode()) == ("ref", "on", "packed")
     monkeypatch.setattr(_dispatch, "SPLITK_REDUCE", "last")
     assert (env.moe_router_mode(), env.splitk_reduce_mode()) == ("fused", "last")
-    monkeypatch.setattr(_dispatch, "ATTN_FUSE", "on")
-    assert env.attn_fuse_mode() == "on"
 
 
 def test_kernel_switches_are_normalised_or_refused_with_the_variable_named() -> None:
@@ -36,9 +34,6 @@ def test_kernel_switches_are_normalised_or_refused_with_the_variable_named() -> 
     assert _dispatch.parse_splitk_reduce_mode("LAST ") == "last"
     with pytest.raises(ValueError, match=r"^NINFER_SPLITK_REDUCE='off': expected 'launch', 'last'$"):
         _dispatch.parse_splitk_reduce_mode("off")
-    assert _dispatch.parse_attn_fuse_mode(" ON") == "on" and _dispatch.parse_attn_fuse_mode("off") == "off"
-    with pytest.raises(ValueError, match=r"^NINFER_ATTN_FUSE='1': expected 'off', 'on'$"):
-        _dispatch.parse_attn_fuse_mode("1")
 
 
 def test_gemv_variant_switches(monkeypatch):
@@ -49,3 +44,12 @@ def test_gemv_variant_switches(monkeypatch):
     assert _dispatch.parse_gemv_variant(" mma_n64 ") == "mma_n64"
     monkeypatch.setattr(_dispatch, "FEW_ROWS_VARIANT", "mma_n128")
     assert env.gemv_variants()["NINFER_FEW_ROWS"] == "mma_n128"
+
+
+def test_attn_fuse_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NINFER_ATTN_FUSE: off or on, normalised; anything else refused with the variable named; env reports it."""
+    assert _dispatch.parse_attn_fuse_mode(" ON") == "on" and _dispatch.parse_attn_fuse_mode("off") == "off"
+    with pytest.raises(ValueError, match=r"^NINFER_ATTN_FUSE='1': expected 'off', 'on'$"):
+        _dispatch.parse_attn_fuse_mode("1")
+    monkeypatch.setattr(_dispatch, "ATTN_FUSE", "on")
+    assert env.attn_fuse_mode() == "on"
