@@ -37,6 +37,15 @@ def kernels_mode() -> str:
     return _dispatch.KERNELS_MODE
 
 
+def attn_fuse_mode() -> str:
+    """`NINFER_ATTN_FUSE`: `off` (the default: gated attention's q/k norms, RoPE and K/V store are four launches, the
+    decode output gate one more) or `on` (norms, RoPE and a float cache's store in one launch, the output gate in the
+    decode reduce; bitwise the same outputs). Read once when `kernels` is imported (`kernels._dispatch.ATTN_FUSE`)."""
+    from kernels import _dispatch
+
+    return _dispatch.ATTN_FUSE
+
+
 def gemv_mode() -> str:
     """`NINFER_GEMV`: `auto` (the default: decode-sized linear layers, at most 8 rows, run the Triton GEMV on CUDA
     on the weight shapes where it was measured faster than cuBLAS, `kernels.linear.GEMV_FASTER`), `off`

@@ -16,6 +16,8 @@ from kernels.attention import (
     paged_attention_ref,
     paged_prefill_attention,
     paged_prefill_attention_ref,
+    qk_norm_rope_store,
+    qk_norm_rope_store_ref,
     store_kv,
     store_kv_ref,
 )
@@ -97,6 +99,8 @@ __all__ = [
     "paged_attention_ref",
     "paged_prefill_attention",
     "paged_prefill_attention_ref",
+    "qk_norm_rope_store",
+    "qk_norm_rope_store_ref",
     "quant_linear",
     "quant_linear_ref",
     "quant_moe_experts",

@@ -15,6 +15,13 @@ for every linear of at most 8 rows wherever the kernels run Triton).
 variants for the groupwise-int decode GEMV of one row, of 2..8 rows, of one W8 row (for measuring a variant end to
 end; unset: the measured tables; an unknown name is refused when that module is imported).
 
+``NINFER_ATTN_FUSE`` picks how gated attention runs where the kernels run Triton: ``off`` (the default: the q and k
+norms, the RoPE and the K/V store are four launches, the output gate one more after the decode reduce) or ``on``
+(``kernels.attention.fuse.qk_norm_rope_store``: norms, RoPE and a float cache's store in one launch; decode's
+output gate folded into the split-K reduce, ``paged_attention_decode(gate=...)``): a bf16-KV decode layer runs 3
+launches between its projections and ``o_proj`` instead of 7, bitwise the same outputs. Waits for an H200
+measurement before it becomes the default.
+
 ``NINFER_QUANT_GEMV`` picks the layout the row-split (groupwise-int) decode GEMV reads on a GPU: ``packed`` (the
 default: the planes reordered once at load, ``kernels.quant.repack``, for ``kernels.quant.gluon_gemv`` (one row)
 and ``kernels.quant.triton_gemv``; 2.2x the stored layout's decode on the H200) or ``stored`` (the file's byte
@@ -66,6 +73,11 @@ def parse_kernels_mode(value: str) -> str:
     return _parse("NINFER_KERNELS", value, ("auto", "ref", "triton"))
 
 
+def parse_attn_fuse_mode(value: str) -> str:
+    """``NINFER_ATTN_FUSE``'s value, normalised: ``off`` or ``on``; ValueError for anything else."""
+    return _parse("NINFER_ATTN_FUSE", value, ("off", "on"))
+
+
 def parse_gemv_mode(value: str) -> str:
     """``NINFER_GEMV``'s value, normalised: ``auto``, ``on`` or ``off``; ValueError for anything else."""
     return _parse("NINFER_GEMV", value, ("auto", "on", "off"))
@@ -98,6 +110,7 @@ def parse_gemv_variant(value: str | None) -> str | None:
 
 
 KERNELS_MODE = parse_kernels_mode(os.environ.get("NINFER_KERNELS", "auto"))
+ATTN_FUSE = parse_attn_fuse_mode(os.environ.get("NINFER_ATTN_FUSE", "off"))
 # forced tile variants of the groupwise-int decode GEMV, for measuring one (unset: the measured tables)
 ONE_ROW_VARIANT = parse_gemv_variant(os.environ.get("NINFER_ONE_ROW"))
 FEW_ROWS_VARIANT = parse_gemv_variant(os.environ.get("NINFER_FEW_ROWS"))

@@ -49,6 +49,8 @@ _PREFILL_27B = dict(GROUP=6, HEAD_DIM=256, PAGE_SIZE=64, BLOCK_D=256)
 # 16 scale bytes a row): without them here the AOT build would load int8 K/V byte by byte, unlike the JIT's.
 _DECODE_ALIGNED = ("q_stride_b", "q_stride_h", "cache_stride_page", "cache_stride_row", "cache_stride_head",
                    "scale_stride_page", "scale_stride_row")  # fmt: skip
+_FUSE_ALIGNED = ("dim", "q_stride_t", "q_stride_h", "k_stride_t", "k_stride_h", "v_stride_t", "v_stride_h",
+                 "cos_stride", "sin_stride", "cache_stride_slot", "cache_stride_head")  # fmt: skip
 _DECODE_27B = dict(NUM_Q_HEADS=24, GROUP=6, HEAD_DIM=256, PAGE_SIZE=64, SPLIT_UNIT=32, MAX_SPLITS=_ATTN_SPLITS,
                    BLOCK_G=16, BLOCK_N=32, BLOCK_D=256)  # fmt: skip
 
@@ -335,11 +337,14 @@ VARIANTS: dict[str, list[Variant]] = {
             maxnreg=128,
         ),
     ],
-    # reduce: BLOCK_S = next_pow2(max_splits), BLOCK_D = min(64, next_pow2(head_dim))
+    # reduce: BLOCK_S = next_pow2(max_splits), BLOCK_D = min(64, next_pow2(head_dim)); HAS_GATE (NINFER_ATTN_FUSE=on):
+    # attention's output gate in the epilogue, read from the fused projection row (14,336 elements; 512 a head)
     "_paged_attention_reduce_kernel": [
         Variant(
-            f"Hq=24 D=256 {_ATTN_SPLITS} splits",
-            dict(part_out_ptr="fp32", part_lse_ptr="fp32", seq_lens_ptr="i32", out_ptr="bf16"),
+            f"Hq=24 D=256 {_ATTN_SPLITS} splits{' gated' if gated else ''}",
+            dict(
+                part_out_ptr="fp32", part_lse_ptr="fp32", seq_lens_ptr="i32", gate_ptr="bf16", out_ptr="bf16"
+            ),
             dict(
                 NUM_Q_HEADS=24,
                 HEAD_DIM=256,
@@ -347,7 +352,26 @@ VARIANTS: dict[str, list[Variant]] = {
                 MAX_SPLITS=_ATTN_SPLITS,
                 BLOCK_S=_ATTN_SPLITS,
                 BLOCK_D=64,
+                HAS_GATE=gated,
             ),
+            aligned=("gate_stride_b", "gate_stride_h", "out_stride_b", "out_stride_h") if gated else (),
+        )
+        for gated in (False, True)
+    ],
+    # kernels/attention/fuse.py qk_norm_rope_store (NINFER_ATTN_FUSE=on): _launch_rms_norm's tile (BLOCK_ROWS 8 of
+    # BLOCK_D 256), rotary 64 -> HALF 32; q/k/v views of the fused projection row (strides 14,336 / 512 / 256),
+    # fp32 cos/sin rows of 64, bf16 norm weights, the bf16 cache's slot / head strides 1,024 / 256
+    "_qk_norm_rope_store_kernel": [
+        Variant(
+            "Hq=24 Hkv=4 D=256 rotary 64 bf16 cache",
+            {
+                **{p: "bf16" for p in ("q_ptr", "k_ptr", "v_ptr", "q_w_ptr", "k_w_ptr", "q_out_ptr")},
+                **{"cos_ptr": "fp32", "sin_ptr": "fp32", "slot_mapping_ptr": "i64"},
+                **{"key_cache_ptr": "bf16", "value_cache_ptr": "bf16"},
+            },
+            dict(HALF=32, BLOCK_ROWS=8, BLOCK_D=256, BLOCK_HALF=32),
+            floats=("eps",),
+            aligned=_FUSE_ALIGNED,
         ),
     ],
     # kernels/attention/prefill.py paged_prefill_attention (prefill_tiles): GROUP = 24 / 4, BLOCK_D = 256; on sm_90 bf16

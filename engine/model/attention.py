@@ -15,6 +15,10 @@ stride); the q/k norms and ``store_kv`` read those strided views in place (no co
 parents carry ``query`` and ``gate`` as separate outputs instead (27B groupwise: ``query_key`` [query, key]
 and ``gate_value`` [gate, value]; one ``query_key_gate_value`` elsewhere); the layer reads either form.
 
+The q/k norms, the RoPE and the store run as ``qk_norm_rope_store``: four launches (``rms_norm`` twice,
+``apply_rope_qk``, ``store_kv``), or under ``NINFER_ATTN_FUSE=on`` with a float cache one (the key goes from
+registers into its page; bitwise the four), and decode's output gate then rides in the split-K reduce.
+
 Paths (chosen from shapes only, so attention never syncs with the host):
 - decode (every sequence brings one token, ``T == B``), float or int8 KV: ``store_kv`` +
   ``paged_attention_decode`` (Triton split-K over the pages on CUDA, batch-invariant).
@@ -37,8 +41,7 @@ from engine.model.fusion import concat_linears
 from engine.model.linear import Linear, bound_inputs
 from engine.model.norm import RMSNorm
 from kernels.activation import sigmoid_gate_mul
-from kernels.attention import paged_attention_decode, paged_prefill_attention, store_kv
-from kernels.rope import apply_rope_qk
+from kernels.attention import paged_attention_decode, paged_prefill_attention, qk_norm_rope_store
 
 
 class GatedAttention(nn.Module):
@@ -70,26 +73,22 @@ class GatedAttention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         query, gate, k, v = self._project(x)
-        query = self.q_norm(query)
-        key = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))
-        value = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        kv_shape = (num_tokens, self.num_kv_heads, self.head_dim)
         cos, sin = rope
-        query, key = apply_rope_qk(query, key, cos, sin)  # in place: both are fresh norm outputs
         key_cache, value_cache = cache.key_cache[self.kv_index], cache.value_cache[self.kv_index]
         key_scale = cache.key_scale[self.kv_index] if cache.key_scale is not None else None
         value_scale = cache.value_scale[self.kv_index] if cache.value_scale is not None else None
-        store_kv(key, value, key_cache, value_cache, batch.slot_mapping, key_scale, value_scale)
+        # q/k norms, RoPE, K/V into the pages: one launch under NINFER_ATTN_FUSE=on (float KV), else four
+        query = qk_norm_rope_store(
+            query, k.view(kv_shape), v.view(kv_shape), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+            cos, sin, key_cache, value_cache, batch.slot_mapping, key_scale, value_scale,
+        )  # fmt: skip
         if num_tokens == batch.num_sequences:  # decode, float or int8 KV (int8: dequantised in the kernel)
+            # the output gate: in the split-K reduce under NINFER_ATTN_FUSE=on, else sigmoid_gate_mul after it
             out = paged_attention_decode(
-                query,
-                key_cache,
-                value_cache,
-                batch.page_table,
-                batch.seq_lens,
-                self.scale,
-                key_scale,
-                value_scale,
-            )
+                query, key_cache, value_cache, batch.page_table, batch.seq_lens, self.scale, key_scale,
+                value_scale, gate,
+            )  # fmt: skip
         else:  # prefill / mixed, float or int8 KV
             out = paged_prefill_attention(
                 query,
@@ -102,7 +101,7 @@ class GatedAttention(nn.Module):
                 key_scale,
                 value_scale,
             )
-        out = sigmoid_gate_mul(out, gate)  # one pass; gate read in place from the projection output
+            out = sigmoid_gate_mul(out, gate)  # one pass; gate read in place from the projection output
         return self.o_proj(out.reshape(num_tokens, -1))
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

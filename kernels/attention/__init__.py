@@ -26,6 +26,9 @@ Decode is batch-invariant: ``paged_attention_decode`` cuts a sequence's keys int
 that sequence's length alone and merges them in a fixed order, so a sequence's output is bitwise the
 same whichever other sequences (or padding rows) share its batch and however wide the page table is.
 
+Fused (``NINFER_ATTN_FUSE=on``): ``fuse.py``'s ``qk_norm_rope_store`` runs the q/k norms, RoPE and a float cache's
+store in one launch, and ``paged_attention_decode(gate=...)`` applies attention's output gate in its reduce.
+
 Files: ``ref.py`` (the contract: ``gather_kv_ref``, ``paged_attention_ref``), ``int8.py`` (the int8 codec and
 its Triton helpers), ``store.py`` (``store_kv``), ``decode.py`` (``paged_attention_decode``), ``decode_int8.py``
 (its ``int8_grouped`` kernel: int8 KV with the scales applied to the dots' results, and that kernel's keys-major
@@ -45,6 +48,7 @@ from kernels.attention.decode import (
 from kernels.attention.decode import (
     NEW_DEFAULTS as DECODE_NEW_DEFAULTS,
 )
+from kernels.attention.fuse import attn_fuse_enabled, qk_norm_rope_store, qk_norm_rope_store_ref
 from kernels.attention.int8 import (
     KV_INT8_GROUP,
     dequantize_kv_int8_ref,
@@ -67,6 +71,7 @@ __all__ = [
     "KV_INT8_GROUP",
     "PrefillTiles",
     "_launch_paged_prefill_attention",
+    "attn_fuse_enabled",
     "decode_block_n",
     "decode_split_tokens",
     "dequantize_kv_int8_ref",
@@ -78,6 +83,8 @@ __all__ = [
     "paged_prefill_attention",
     "paged_prefill_attention_ref",
     "prefill_tiles",
+    "qk_norm_rope_store",
+    "qk_norm_rope_store_ref",
     "quantize_kv_int8_ref",
     "store_kv",
     "store_kv_ref",

@@ -7,6 +7,8 @@ import torch
 
 from kernels import _dispatch
 from kernels._dispatch import HAS_TRITON, INTERPRET, use_triton
+from kernels.activation import sigmoid_gate_mul, sigmoid_gate_mul_ref
+from kernels.attention.fuse import attn_fuse_enabled
 from kernels.attention.int8 import _int8_scales
 from kernels.attention.ref import paged_attention_ref
 
@@ -30,18 +32,21 @@ def paged_attention_decode_ref(
     scale: float,
     key_scale: torch.Tensor | None = None,
     value_scale: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention: ``paged_attention_ref`` with exactly one new token per sequence.
 
     query: [B, Hq, D] (sequence b's token is at position seq_lens[b] - 1); caches: [num_pages,
     page_size, Hkv, D] in a float dtype, or int8 codes with key_scale/value_scale ([num_pages,
     page_size, Hkv, G] fp16, see ``store_kv_ref``); page_table: [B, max_pages]; seq_lens: [B] (a
-    sequence of 0 keys gets zeros) -> out [B, Hq, D] in query.dtype.
+    sequence of 0 keys gets zeros) -> out [B, Hq, D] in query.dtype. With gate ([B, Hq, D], any token and head
+    strides, unit stride along D: attention's output gate) the result is ``sigmoid_gate_mul_ref(out, gate)``.
     """
     cu_seqlens_q = torch.arange(query.shape[0] + 1, device=query.device)
-    return paged_attention_ref(
+    out = paged_attention_ref(
         query, key_cache, value_cache, page_table, cu_seqlens_q, seq_lens, scale, key_scale, value_scale
     )
+    return out if gate is None else sigmoid_gate_mul_ref(out, gate)
 
 
 # NOTE: bf16 / fp32 KV keep the tiles last measured fastest on an H200 (64 splits, decode_block_n). int8 KV with
@@ -223,7 +228,10 @@ if HAS_TRITON:
         part_out_ptr,
         part_lse_ptr,
         seq_lens_ptr,
+        gate_ptr,
         out_ptr,
+        gate_stride_b,
+        gate_stride_h,
         out_stride_b,
         out_stride_h,
         part_splits,
@@ -233,12 +241,15 @@ if HAS_TRITON:
         MAX_SPLITS: tl.constexpr,
         BLOCK_S: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        HAS_GATE: tl.constexpr,
     ):
         # grid (B, Hq, cdiv(HEAD_DIM, BLOCK_D)): one program merges the splits of one query head over
         # BLOCK_D columns (weights 2^(lse - max lse)). The sequence's split count comes from its length, as
         # in the decode kernel; BLOCK_S is a constant (not the grid's split count), so the sums over splits
         # are one fixed reduction tree whatever the batch or the page table's width. A sequence of no keys
-        # has no splits and gets zeros.
+        # has no splits and gets zeros. HAS_GATE (NINFER_ATTN_FUSE=on): attention's output gate applied to the
+        # merged row as _sigmoid_gate_mul_kernel does it (the row rounded to out's dtype first, then
+        # x / (1 + exp(-gate)) in fp32, rounded once), gate read in place through its token and head strides.
         row = tl.program_id(0)
         head = tl.program_id(1)
         d_block = tl.program_id(2)
@@ -259,11 +270,13 @@ if HAS_TRITON:
             other=0.0,
         )
         out = tl.sum(parts * weight[:, None], axis=0) / tl.maximum(tl.sum(weight, axis=0), 1e-30)
-        tl.store(
-            out_ptr + row * out_stride_b + head * out_stride_h + offs_d,
-            out.to(out_ptr.dtype.element_ty),
-            mask=d_mask,
-        )
+        out = out.to(out_ptr.dtype.element_ty)
+        if HAS_GATE:
+            gate = tl.load(
+                gate_ptr + row * gate_stride_b + head * gate_stride_h + offs_d, mask=d_mask, other=0.0
+            )
+            out = (out.to(tl.float32) / (1.0 + tl.exp(-gate.to(tl.float32)))).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + row * out_stride_b + head * out_stride_h + offs_d, out, mask=d_mask)
 
 
 def paged_attention_decode(
@@ -275,7 +288,9 @@ def paged_attention_decode(
     scale: float,
     key_scale: torch.Tensor | None = None,
     value_scale: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
     *,
+    fused: bool | None = None,
     max_splits: int | None = None,
     split_unit: int | None = None,
     block_n: int | None = None,
@@ -323,13 +338,17 @@ def paged_attention_decode(
     pipeline depth and register cap, 0 for none; None: Triton's defaults, or the keys-major build's).
     bench/kernels/decode_attention.py sweeps them on the GPU.
 
+    ``gate`` (attention's output gate, a strided view of the projection output): the result is gated as
+    ``sigmoid_gate_mul`` gates it; when fused (``fused``, default ``NINFER_ATTN_FUSE``) in the reduce kernel's
+    epilogue (no launch of its own, the same bits), else by ``sigmoid_gate_mul`` after it.
+
     The grid is sized from shapes only (``min(max_splits, cdiv(capacity, split_unit))`` splits), so the
     launch needs no host sync and can be captured in a CUDA graph; programs past a sequence's last
     split exit at once.
     """
     if not use_triton(query, key_cache, value_cache, page_table, seq_lens, key_scale, value_scale):
         return paged_attention_decode_ref(
-            query, key_cache, value_cache, page_table, seq_lens, scale, key_scale, value_scale
+            query, key_cache, value_cache, page_table, seq_lens, scale, key_scale, value_scale, gate
         )
     batch, num_q_heads, head_dim = query.shape
     num_pages, page_size, num_kv_heads = key_cache.shape[:3]
@@ -339,6 +358,9 @@ def paged_attention_decode(
     assert key_cache.shape == value_cache.shape and key_cache.stride() == value_cache.stride()
     assert key_cache.stride(3) == 1 and query.stride(2) == 1
     assert page_table.shape[0] == batch and seq_lens.shape == (batch,) and page_table.stride(1) == 1
+    assert gate is None or (gate.shape == query.shape and gate.stride(2) == 1), (
+        f"gate {None if gate is None else tuple(gate.shape)} for query {tuple(query.shape)}"
+    )
     num_scales = _int8_scales(key_cache, key_scale, value_scale)
     kv_int8 = key_scale is not None
     if int8_grouped is None:  # int8 KV with 16-bit queries: the grouped kernel (H200, 2026-12-04, 100k keys)
@@ -408,9 +430,11 @@ def paged_attention_decode(
             BLOCK_D=block_d,
         )  # fmt: skip
     reduce_block_d = min(64, block_d)
+    fuse_gate = gate is not None and attn_fuse_enabled(fused)
+    gate_args = (gate, gate.stride(0), gate.stride(1)) if gate is not None and fuse_gate else (out, 0, 0)
     _paged_attention_reduce_kernel[(batch, num_q_heads, triton.cdiv(head_dim, reduce_block_d))](
-        part_out, part_lse, seq_lens, out, out.stride(0), out.stride(1), part_splits,
-        NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, SPLIT_UNIT=split_unit, MAX_SPLITS=max_splits,
-        BLOCK_S=triton.next_power_of_2(max_splits), BLOCK_D=reduce_block_d,
+        part_out, part_lse, seq_lens, gate_args[0], out, gate_args[1], gate_args[2], out.stride(0), out.stride(1),
+        part_splits, NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, SPLIT_UNIT=split_unit, MAX_SPLITS=max_splits,
+        BLOCK_S=triton.next_power_of_2(max_splits), BLOCK_D=reduce_block_d, HAS_GATE=fuse_gate,
     )  # fmt: skip
-    return out
+    return sigmoid_gate_mul(out, gate) if gate is not None and not fuse_gate else out

@@ -49,3 +49,12 @@ def test_gemv_variant_switches(monkeypatch):
     assert _dispatch.parse_gemv_variant(" mma_n64 ") == "mma_n64"
     monkeypatch.setattr(_dispatch, "FEW_ROWS_VARIANT", "mma_n128")
     assert env.gemv_variants()["NINFER_FEW_ROWS"] == "mma_n128"
+
+
+def test_attn_fuse_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NINFER_ATTN_FUSE: off or on, normalised; anything else refused with the variable named; env reports it."""
+    assert _dispatch.parse_attn_fuse_mode(" ON") == "on" and _dispatch.parse_attn_fuse_mode("off") == "off"
+    with pytest.raises(ValueError, match=r"^NINFER_ATTN_FUSE='1': expected 'off', 'on'$"):
+        _dispatch.parse_attn_fuse_mode("1")
+    monkeypatch.setattr(_dispatch, "ATTN_FUSE", "on")
+    assert env.attn_fuse_mode() == "on"

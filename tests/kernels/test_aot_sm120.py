@@ -59,6 +59,7 @@ KNOWN_KERNELS = {
     "_quant_gemv_packed_kernel",
     "_quant_dequant_packed_kernel",
     "_apply_token_bitmask_kernel",
+    "_qk_norm_rope_store_kernel",
 }
 
 

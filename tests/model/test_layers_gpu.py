@@ -60,6 +60,8 @@ def test_grouped_experts_match_the_reference(
         ("moe", "reference", 2e-3),
         # NINFER_MOE_ROUTER=fused: the decode rows route in one launch (kernels/moe_router.py)
         ("moe-fused-router", "reference", 2e-3),
+        # NINFER_ATTN_FUSE=on: q/k norms, RoPE and the KV store in one launch, the output gate in the decode reduce
+        ("dense-attn-fuse", "reference", 2e-3),
         # fla-core's chunked kernels multiply fp32 inputs in TF32 (10-bit mantissa): ~1e-3 per GDN layer. Not
         # run for the MoE model: TF32 noise flips near-tie top-k routing choices, whose outputs then differ by
         # whole experts. fla's kernel itself is checked against the reference in tests/kernels/test_gdn_triton.py.
@@ -74,6 +76,9 @@ def test_cuda_chunked_prefill_and_decode_match_the_cpu_model(
     if arch == "moe-fused-router":
         arch = "moe"
         monkeypatch.setattr(kernels._dispatch, "MOE_ROUTER_MODE", "fused")
+    if arch == "dense-attn-fuse":
+        arch = "dense"
+        monkeypatch.setattr(kernels._dispatch, "ATTN_FUSE", "on")
     if gdn == "reference":
         monkeypatch.setattr(kernels.gdn, "_fla_chunk", lambda: None)
     else:
