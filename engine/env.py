@@ -92,6 +92,15 @@ def int8_attention_mode() -> str:
     return _dispatch.INT8_ATTENTION
 
 
+def pdl_mode() -> str:
+    """`NINFER_PDL`: `off` (the default until an H200 measurement) or `on`: the decode step's Triton kernels launch
+    with Programmatic Dependent Launch on sm_90+ GPUs (`kernels.pdl`: a kernel starts while its predecessor
+    finishes, prefetches its weights, then waits). Read once when `kernels` is imported (`kernels._dispatch.PDL_MODE`)."""
+    from kernels import _dispatch
+
+    return _dispatch.PDL_MODE
+
+
 def gemv_variants() -> dict[str, str | None]:
     """`NINFER_ONE_ROW`, `NINFER_FEW_ROWS`, `NINFER_W8_ONE_ROW`: a `kernels.quant.packed_linear.GEMV_VARIANTS` name
     every groupwise-int decode GEMV of one row (Q4/Q5/Q6), of 2..8 rows (Q4/Q5/Q6), of one W8 row takes instead of

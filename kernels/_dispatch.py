@@ -41,6 +41,10 @@ sums them in the same order: no reduce launch, bitwise the same outputs).
 ``keys_major`` (keys as the MMAs' rows, the few query heads of a KV head as their columns: half the MMAs, capped at
 128 registers, 2 stages; sm_90 loop 863 instructions a 64-key tile against 1231, waiting for an H200 measurement).
 
+``NINFER_PDL`` turns on Programmatic Dependent Launch for the decode step's Triton kernels on sm_90+ GPUs
+(``kernels.pdl``: a kernel may launch while its predecessor finishes and prefetch its weights before it waits):
+``off`` (the default until an H200 measurement) or ``on``. Always off under Triton's interpreter.
+
 ``kernels`` may not import ``engine``, so this is the one place that reads these variables, once, at
 import; ``engine/env.py`` (every variable NInfer reads) reports the values parsed here.
 """
@@ -103,6 +107,11 @@ def parse_int8_attention_mode(value: str) -> str:
     return _parse("NINFER_INT8_ATTENTION", value, ("grouped", "keys_major"))
 
 
+def parse_pdl_mode(value: str) -> str:
+    """``NINFER_PDL``'s value, normalised: ``off`` or ``on``; ValueError for anything else."""
+    return _parse("NINFER_PDL", value, ("off", "on"))
+
+
 def parse_gemv_variant(value: str | None) -> str | None:
     """A forced GEMV-layout tile variant (``NINFER_ONE_ROW``, ``NINFER_FEW_ROWS``, ``NINFER_W8_ONE_ROW``): None
     when unset or empty, else the name (``kernels.quant.packed_linear`` checks it against its variants)."""
@@ -120,6 +129,7 @@ QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "pac
 MOE_ROUTER_MODE = parse_moe_router_mode(os.environ.get("NINFER_MOE_ROUTER", "split"))
 SPLITK_REDUCE = parse_splitk_reduce_mode(os.environ.get("NINFER_SPLITK_REDUCE", "launch"))
 INT8_ATTENTION = parse_int8_attention_mode(os.environ.get("NINFER_INT8_ATTENTION", "grouped"))
+PDL_MODE = parse_pdl_mode(os.environ.get("NINFER_PDL", "off"))
 
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:

@@ -27,10 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from kernels._dispatch import HAS_TRITON, use_triton
+from kernels.pdl import pdl_args
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
 
 
 def silu_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -55,9 +58,12 @@ if HAS_TRITON:
         out_stride,
         BLOCK_ROWS: tl.constexpr,
         BLOCK_COLS: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # 1-D grid (cdiv(num_rows, BLOCK_ROWS) * cdiv(inter, BLOCK_COLS),): one program does one
         # [BLOCK_ROWS, BLOCK_COLS] tile; the column blocks of one row block are consecutive program ids.
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         pid = tl.program_id(0)
         num_col_blocks = tl.cdiv(inter, BLOCK_COLS)
         rows = ((pid // num_col_blocks) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
@@ -109,7 +115,7 @@ def _launch_silu_mul(gate: torch.Tensor, up: torch.Tensor, tiles: SiluMulTiles) 
     grid = (triton.cdiv(num_rows, tiles.block_rows) * triton.cdiv(inter, tiles.block_cols),)
     _silu_mul_kernel[grid](
         gate2, up2, out2, num_rows, inter, gate2.stride(0), up2.stride(0), out2.stride(0),
-        BLOCK_ROWS=tiles.block_rows, BLOCK_COLS=tiles.block_cols, num_warps=tiles.warps,
+        BLOCK_ROWS=tiles.block_rows, BLOCK_COLS=tiles.block_cols, num_warps=tiles.warps, **pdl_args(gate.device),
     )  # fmt: skip
     return out
 
@@ -151,10 +157,13 @@ if HAS_TRITON:
         gate_stride_h,
         BLOCK_ROWS: tl.constexpr,
         BLOCK_COLS: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # 1-D grid (cdiv(T * H, BLOCK_ROWS) * cdiv(D, BLOCK_COLS),): one program does one [BLOCK_ROWS,
         # BLOCK_COLS] tile of the (token, head) rows; row r is token r // H, head r % H, read through each
         # input's token and head strides (unit stride along D); out is contiguous [T * H, D].
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         pid = tl.program_id(0)
         num_col_blocks = tl.cdiv(head_dim, BLOCK_COLS)
         rows = ((pid // num_col_blocks) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
@@ -211,7 +220,7 @@ def _launch_sigmoid_gate_mul(x: torch.Tensor, gate: torch.Tensor, tiles: Sigmoid
     grid = (triton.cdiv(num_rows, tiles.block_rows) * triton.cdiv(head_dim, tiles.block_cols),)
     _sigmoid_gate_mul_kernel[grid](
         x, gate, out, num_rows, num_heads, head_dim, x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
-        BLOCK_ROWS=tiles.block_rows, BLOCK_COLS=tiles.block_cols, num_warps=tiles.warps,
+        BLOCK_ROWS=tiles.block_rows, BLOCK_COLS=tiles.block_cols, num_warps=tiles.warps, **pdl_args(x.device),
     )  # fmt: skip
     return out
 

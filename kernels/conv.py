@@ -27,10 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from kernels._dispatch import HAS_TRITON, use_triton
+from kernels.pdl import pdl_args
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
 
 
 def _activate(x: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -177,11 +180,14 @@ if HAS_TRITON:
         KERNEL: tl.constexpr,
         SILU: tl.constexpr,
         BLOCK_C: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (B, cdiv(C, BLOCK_C)): one program convolves BLOCK_C channels of one sequence's token and
         # writes those channels' conv state shifted by one from slot ``slots[row]`` to slot ``out_slots[row]``
         # (the same slot in place: entry j - 1 is written after entry j is read; none when negative). Each
         # thread owns its channels: no races.
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         row = tl.program_id(0)
         offs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = offs < channels
@@ -243,7 +249,7 @@ def causal_conv1d_decode(
         _causal_conv1d_decode_kernel[(batch, triton.cdiv(channels, block_c))](
             x, weight, conv_states, state_slots, out_slots, has_initial_state, out, channels,
             state_slots.stride(0), out_slots.stride(0), x.stride(0), out.stride(0),
-            KERNEL=kernel, SILU=activation == "silu", BLOCK_C=block_c,
+            KERNEL=kernel, SILU=activation == "silu", BLOCK_C=block_c, **pdl_args(x.device),
         )  # fmt: skip
     return out
 

@@ -38,10 +38,13 @@ import torch
 import torch.nn.functional as F
 
 from kernels._dispatch import HAS_TRITON, use_triton
+from kernels.pdl import pdl_args
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
 
 
 def l2norm_ref(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -298,10 +301,13 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         BLOCK_V: tl.constexpr,
         USE_QK_L2NORM: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (B, Hv, cdiv(Dv, BLOCK_V)): one program owns the [Dk, BLOCK_V] columns of one value head's
         # fp32 state: read once from slot ``slots[row]``, decay, delta-rule update, write once to slot
         # ``out_slots[row]`` (the same slot in place; none when negative); its output slice is S^T q.
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         row = tl.program_id(0)
         head = tl.program_id(1)
         offs_k = tl.arange(0, BLOCK_K)
@@ -393,7 +399,7 @@ def gated_delta_rule_decode(
             state_slots.stride(0), out_slots.stride(0), q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
             scale if scale is not None else k_dim**-0.5,
             NUM_V_HEADS=num_v_heads, HEAD_RATIO=num_v_heads // num_k_heads, K_DIM=k_dim, V_DIM=v_dim,
-            BLOCK_K=block_k, BLOCK_V=block_v, USE_QK_L2NORM=use_qk_l2norm, num_warps=4,
+            BLOCK_K=block_k, BLOCK_V=block_v, USE_QK_L2NORM=use_qk_l2norm, num_warps=4, **pdl_args(q.device),
         )  # fmt: skip
     return out
 

@@ -55,6 +55,10 @@ import torch.nn.functional as F
 
 from kernels import _dispatch
 from kernels._dispatch import HAS_TRITON, use_triton
+from kernels.pdl import pdl_args
+
+if HAS_TRITON:
+    from kernels.pdl import pdl_launch_dependents, pdl_prefetch_l2, pdl_wait
 
 if HAS_TRITON:
     import triton
@@ -116,6 +120,30 @@ if HAS_TRITON:
         return acc
 
     @triton.jit
+    def gemv_prefetch_weights(
+        w_ptr,
+        rows,
+        split,
+        N,
+        w_stride,
+        K_SPLIT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
+        # Under PDL: an L2 prefetch of each 128-byte line of the first two K steps of this program's weight rows
+        # (split's columns), issued before pdl_wait; nothing at all without PDL. Two steps x 512 bytes x 32 rows =
+        # 32 KiB a program, ~12 MiB for an H200's first wave (3 programs an SM): about what HBM delivers in the
+        # ~2-3 us that a predecessor's tail and a launch take.
+        if PDL:
+            LINE: tl.constexpr = 128 // (w_ptr.dtype.element_ty.primitive_bitwidth // 8)  # elements a line
+            SPAN: tl.constexpr = 2 * BLOCK_K if K_SPLIT > 2 * BLOCK_K else K_SPLIT
+            LINES: tl.constexpr = SPAN // LINE if SPAN >= LINE else 1
+            w_rows = tl.minimum(rows, N - 1).to(tl.int64) * w_stride
+            lines = split * K_SPLIT + tl.arange(0, LINES) * LINE
+            pdl_prefetch_l2(w_ptr + w_rows[:, None] + lines[None, :], PDL)
+
+    @triton.jit
     def _linear_gemv_kernel(
         x_ptr,
         w_ptr,
@@ -133,6 +161,7 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
         IEEE: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (cdiv(N, BLOCK_N), SPLIT_K): out^T [BLOCK_N, BLOCK_T] = w [BLOCK_N, K_SPLIT] @ x^T [K_SPLIT,
         # BLOCK_T] for the weight rows of program_id(0) and the K_SPLIT columns of split program_id(1) (see
@@ -145,10 +174,15 @@ if HAS_TRITON:
         rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         ts = tl.arange(0, BLOCK_T)
         t_mask = (ts < T)[None, :]
+        # PDL (kernels/pdl.py): the first two weight steps of this program into L2 while the
+        # kernel before finishes (weights only), then the wait before x is read or anything is written
+        gemv_prefetch_weights(w_ptr, rows, split, N, w_stride, K_SPLIT, BLOCK_N, BLOCK_K, PDL)
+        pdl_wait(PDL)
         acc = gemv_split_tile(
             x_ptr, w_ptr, rows, ts, t_mask, split, N, x_stride, w_stride, K_SPLIT, BLOCK_N, BLOCK_K, BLOCK_T,
             NUM_STAGES, IEEE,
         )  # fmt: skip
+        pdl_launch_dependents(PDL)  # the weight stream is done: the next kernel may launch and prefetch
         tile_ptrs = ts[None, :] * N + rows[:, None]  # [BLOCK_N, BLOCK_T]
         out_mask = (rows < N)[:, None] & t_mask
         tl.store(out_ptr + split * (T * N) + tile_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -167,9 +201,13 @@ if HAS_TRITON:
                 tl.store(final_ptr + tile_ptrs, total.to(final_ptr.dtype.element_ty), mask=out_mask)
 
     @triton.jit
-    def _linear_reduce_kernel(part_ptr, out_ptr, N, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    def _linear_reduce_kernel(
+        part_ptr, out_ptr, N, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+    ):
         # grid (cdiv(N, BLOCK), T): out[t, n] = sum over s = 0, 1, .. SPLIT_K - 1 (in that order) of the fp32
         # partials part[s, t, n], rounded once to out's dtype.
+        pdl_wait(PDL)
+        pdl_launch_dependents(PDL)
         t = tl.program_id(1)
         rows = tl.num_programs(1)
         cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -316,11 +354,11 @@ def _gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles) -> torch.Tens
         x, weight, target, ticket_counters(x.device), out, n, rows, x.stride(0), weight.stride(0),
         K_SPLIT=k // tiles.split_k, SPLIT_K=tiles.split_k, LAST_REDUCES=last, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, IEEE=x.dtype == torch.float32,
-        num_warps=tiles.num_warps,
+        num_warps=tiles.num_warps, **pdl_args(x.device),
     )  # fmt: skip
     if tiles.split_k > 1 and not last:
         _linear_reduce_kernel[(triton.cdiv(n, REDUCE_BLOCK), rows)](
-            target, out, n, SPLIT_K=tiles.split_k, BLOCK=REDUCE_BLOCK, num_warps=4
+            target, out, n, SPLIT_K=tiles.split_k, BLOCK=REDUCE_BLOCK, num_warps=4, **pdl_args(x.device)
         )
     return out
 

@@ -44,10 +44,13 @@ import torch
 import torch.nn.functional as F
 
 from kernels._dispatch import HAS_TRITON, use_triton
+from kernels.pdl import pdl_args
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
 
 
 def moe_route_ref(
@@ -178,9 +181,12 @@ if HAS_TRITON:
         BLOCK_T: tl.constexpr,
         BLOCK_E: tl.constexpr,
         RENORMALIZE: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (cdiv(T, BLOCK_T),): one program routes BLOCK_T tokens (route_rows; each row's reductions along
         # its own experts, so a token's result does not depend on its neighbours).
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         rs = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         es = tl.arange(0, BLOCK_E)
         e_ok = es < num_experts
@@ -235,6 +241,7 @@ if HAS_TRITON:
         SORTED: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T * SLOTS, cdiv(max(I, I_s), BLOCK_N)), SLOTS = TOP_K (+ 1 with a shared expert, the last
         # slot): one program streams BLOCK_N gate rows and the matching BLOCK_N up rows of one (token, slot)
@@ -244,6 +251,8 @@ if HAS_TRITON:
         # gate and up tensors and w = sigmoid(shared_score . x), which it computes first. Rows past the
         # slot's own intermediate size are masked. SORTED: program p takes pair order[p] (pairs sorted by
         # expert, so the pairs sharing an expert are neighbours in launch order).
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         SLOTS: tl.constexpr = TOP_K + (1 if SHARED_INTER > 0 else 0)
         ACT_STRIDE: tl.constexpr = TOP_K * INTER + SHARED_INTER
         pair = tl.program_id(0)
@@ -308,12 +317,15 @@ if HAS_TRITON:
         BLOCK_TOPK: tl.constexpr,
         BLOCK_H: tl.constexpr,
         BLOCK_I: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T, cdiv(H, BLOCK_H)): one program computes BLOCK_H outputs of one token, loading those down
         # rows of all its TOP_K experts at once ([TOP_K, BLOCK_H, BLOCK_I] a step) against the weighted act,
         # then (SHARED_INTER > 0) the shared expert's down rows ([BLOCK_H, BLOCK_I] a step) against its act;
         # out = (sum over the routed experts) + shared, a fixed-order reduction inside the program (no
         # atomics, batch invariant).
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         ACT_STRIDE: tl.constexpr = TOP_K * INTER + SHARED_INTER
         token = tl.program_id(0)
         tile = tl.program_id(1)
@@ -368,11 +380,14 @@ if HAS_TRITON:
         HAS_SHARED: tl.constexpr,
         BLOCK_TOPK: tl.constexpr,
         BLOCK_H: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T, cdiv(H, BLOCK_H)): one program loads BLOCK_H columns of its token's TOP_K expert-output
         # rows at once ([BLOCK_TOPK, BLOCK_H], every load in flight together), sums them weighted in fp32
         # (a fixed-order reduction inside the program: no atomics, batch invariant), adds the shared
         # expert's output (HAS_SHARED) and rounds once. Only the rows named in rows_ptr are read.
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         token = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         col_mask = cols < HIDDEN
@@ -416,7 +431,7 @@ def moe_route(
         _moe_route_kernel[(triton.cdiv(num_tokens, ROUTE_BLOCK_T),)](
             logits, weights, expert_ids, num_tokens, num_experts, logits.stride(0),
             TOP_K=top_k, BLOCK_TOPK=triton.next_power_of_2(top_k), BLOCK_T=ROUTE_BLOCK_T,
-            BLOCK_E=triton.next_power_of_2(num_experts), RENORMALIZE=renormalize, num_warps=4,
+            BLOCK_E=triton.next_power_of_2(num_experts), RENORMALIZE=renormalize, num_warps=4, **pdl_args(logits.device),
         )  # fmt: skip
     return weights, expert_ids
 
@@ -565,7 +580,7 @@ def _launch_gate_up(
         x, gate_up, expert_ids, weights, order, gate_s, up_s, score_s, act,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), gate_s.stride(0) if shared is not None else 0,
         HIDDEN=x.shape[1], INTER=inter, TOP_K=top_k, SHARED_INTER=shared_inter, SORTED=sort,
-        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.warps_gate_up,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.warps_gate_up, **pdl_args(x.device),
     )  # fmt: skip
 
 
@@ -587,7 +602,7 @@ def _launch_down(
         down_s.stride(0) if shared is not None else 0, out.stride(0),
         HIDDEN=hidden, INTER=inter, TOP_K=top_k, SHARED_INTER=shared_inter,
         BLOCK_TOPK=triton.next_power_of_2(top_k), BLOCK_H=tiles.block_h, BLOCK_I=tiles.block_i,
-        num_warps=tiles.warps_down,
+        num_warps=tiles.warps_down, **pdl_args(act.device),
     )  # fmt: skip
 
 
@@ -628,6 +643,6 @@ def moe_combine(
             expert_out, expert_rows, weights, shared_t, out,
             expert_out.stride(0), shared_t.stride(0), out.stride(0),
             HIDDEN=hidden, TOP_K=top_k, HAS_SHARED=shared is not None, BLOCK_TOPK=block_topk, BLOCK_H=block_h,
-            num_warps=4,
+            num_warps=4, **pdl_args(out.device),
         )  # fmt: skip
     return out

@@ -39,6 +39,7 @@ from kernels import _dispatch
 from kernels._dispatch import HAS_TRITON, use_triton
 from kernels.linear import GEMV_MAX_ROWS, gemv_tiles, linear, linear_ref
 from kernels.moe import ROUTE_BLOCK_T, moe_route, moe_route_ref
+from kernels.pdl import pdl_args
 
 if HAS_TRITON:
     import triton
@@ -46,6 +47,7 @@ if HAS_TRITON:
 
     from kernels.linear import gemv_split_tile
     from kernels.moe import route_rows
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
 
 
 def moe_router_ref(
@@ -80,10 +82,13 @@ if HAS_TRITON:
         NUM_STAGES: tl.constexpr,
         RENORMALIZE: tl.constexpr,
         IEEE: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (cdiv(E, BLOCK_N), SPLIT_K). Phase 1 (every program): _linear_gemv_kernel's loop for weight rows
         # tile * BLOCK_N.. and columns split * K_SPLIT.., fp32 partials stored at part[split, t, n]. Phase 2
         # (the last program to take a ticket): the logits of all T rows, then the routing (see the docstring).
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         DOT_T: tl.constexpr = 16  # x's rows as the dot's columns (rows past T load as zeros, never stored)
         tile = tl.program_id(0)
         split = tl.program_id(1)
@@ -170,6 +175,6 @@ def moe_router(
         BLOCK_TOPK=triton.next_power_of_2(top_k), BLOCK_T=ROUTE_BLOCK_T,
         BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         NUM_STAGES=tiles.num_stages, RENORMALIZE=renormalize, IEEE=x.dtype == torch.float32,
-        num_warps=tiles.num_warps,
+        num_warps=tiles.num_warps, **pdl_args(x.device),
     )  # fmt: skip
     return weights, expert_ids

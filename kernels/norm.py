@@ -23,10 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from kernels._dispatch import HAS_TRITON, use_triton
+from kernels.pdl import pdl_args
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -86,10 +89,13 @@ if HAS_TRITON:
         ONE_PLUS_WEIGHT: tl.constexpr,
         BLOCK_ROWS: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (cdiv(num_rows, BLOCK_ROWS),): one program normalises BLOCK_ROWS whole rows in registers.
         # x and gate address row r as (token r // num_heads, head r % num_heads) with their own token and
         # head strides (num_heads 1: one row stride); residual, sum and out are [num_rows, dim] rows.
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         rows32 = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         rows = rows32.to(tl.int64)
         tokens = (rows32 // num_heads).to(tl.int64)
@@ -178,7 +184,7 @@ def _launch_rms_norm(
             x_stride, x_head_stride, res2.stride(0), gate_stride, gate_head_stride, out2.stride(0),
             sum2.stride(0), eps,
             HAS_RESIDUAL=residual is not None, HAS_GATE=gate is not None, ONE_PLUS_WEIGHT=one_plus_weight,
-            BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=8 if block_d >= 4096 else 4,
+            BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=8 if block_d >= 4096 else 4, **pdl_args(x.device),
         )  # fmt: skip
     return out, summed
 

@@ -20,10 +20,13 @@ from __future__ import annotations
 import torch
 
 from kernels._dispatch import HAS_TRITON, use_triton
+from kernels.pdl import pdl_args
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
 
 
 def rope_inv_freq_ref(rotary_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
@@ -133,10 +136,13 @@ if HAS_TRITON:
         BLOCK_HQ: tl.constexpr,
         BLOCK_HK: tl.constexpr,
         BLOCK_HALF: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (cdiv(T, BLOCK_T),): one program loads the cos/sin rows of BLOCK_T tokens once and
         # rotates every query head and every key head of those tokens in place (only the rotary
         # channels are read and written; the pass-through channels are never touched).
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         row_ok = rows < num_tokens
         j = tl.arange(0, BLOCK_HALF)
@@ -192,6 +198,6 @@ def apply_rope_qk(
             query, key, cos, sin, num_tokens, num_q_heads, key.shape[1],
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), cos.stride(0), sin.stride(0),
             HALF=half, BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(key.shape[1]),
-            BLOCK_HALF=block_half, num_warps=4,
+            BLOCK_HALF=block_half, num_warps=4, **pdl_args(query.device),
         )  # fmt: skip
     return query, key

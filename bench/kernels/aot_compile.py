@@ -30,7 +30,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -112,8 +112,28 @@ VARIANTS: dict[str, list[Variant]] = _variants.VARIANTS
 VARIANTS.update(_sibling("aot_quant").variants(Variant))
 
 
+PDL = "PDL"  # the constexpr of the kernels launched with Programmatic Dependent Launch (kernels/pdl.py)
+
+
+def variants_of(kernel: KernelSource) -> list[Variant]:
+    """The variants ``compile_all`` builds for a kernel: its ``VARIANTS``, and for a kernel with a ``PDL``
+    constexpr (kernels/pdl.py) its first variant once more with ``PDL=True`` (label suffixed " PDL"), the build
+    ``NINFER_PDL=on`` launches on sm_90+ (its PTX must hold ``griddepcontrol.wait``). A variant that does not name
+    ``PDL`` compiles with ``PDL=False`` (the default build)."""
+    variants = list(VARIANTS[kernel.name])
+    if PDL in kernel.constexprs and variants:
+        first = variants[0]
+        variants.append(
+            replace(first, label=first.label + " PDL", constexprs={**first.constexprs, PDL: True})
+        )
+    return variants
+
+
 def signature(kernel: KernelSource, variant: Variant) -> tuple[dict[str, str], dict[str, int | bool]]:
-    """(Triton signature {arg: type}, constexprs {arg: value}) for one variant; raises on a mismatch."""
+    """(Triton signature {arg: type}, constexprs {arg: value}) for one variant (``PDL`` False unless the variant
+    names it); raises on a mismatch."""
+    if PDL in kernel.constexprs and PDL not in variant.constexprs:
+        variant = replace(variant, constexprs={**variant.constexprs, PDL: False})
     missing = set(kernel.constexprs) - set(variant.constexprs)
     extra = set(variant.constexprs) - set(kernel.constexprs)
     if missing or extra:
@@ -152,16 +172,20 @@ def compile_options(variant: Variant) -> dict[str, int]:
 
 
 def _imported_kernel_modules(path: Path) -> list[Path]:
-    """The top-level kernels/*.py modules that ``path`` imports names from (``from kernels.linear import ...``)."""
-    found = []
+    """The top-level kernels/*.py modules that ``path`` imports names from (``from kernels.linear import ...``), from
+    a kernel package's module too (kernels/quant/triton_gemv.py's ``from kernels.pdl import ...``), and what those
+    import in turn (dependencies first)."""
+    root = path.parent if path.parent.name == KERNELS_DIR.name else path.parent.parent
+    found: list[Path] = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.count(".") == 1:
             package, name = node.module.split(".")
-            module = path.parent / f"{name}.py"
-            if package != KERNELS_DIR.name or path.parent.name != KERNELS_DIR.name:
+            module = root / f"{name}.py"
+            if package != KERNELS_DIR.name or not module.exists() or module == path:
                 continue
-            if module.exists() and module != path and module not in found:
-                found.append(module)
+            for dep in (*_imported_kernel_modules(module), module):
+                if dep not in found and dep != path:
+                    found.append(dep)
     return found
 
 
@@ -220,16 +244,30 @@ def _ptx_target(ptx: str) -> str | None:
     return found.group(1) if found else None
 
 
+_GLOBAL_MEMORY_OP = re.compile(
+    r"^\s*(?:@%\w+\s+)?(?:ld\.global|st\.global|cp\.async\.|atom\.|red\.)", re.MULTILINE
+)
+
+
+def memory_ops_before_wait(ptx: str) -> int | None:
+    """Global loads, stores, async copies and atomics in the PTX before its first ``griddepcontrol.wait``
+    (L2 prefetches of weights are not counted); None when there is no wait. A PDL build must have none: every
+    read of a predecessor's output and every write comes after the wait (kernels/pdl.py)."""
+    at = ptx.find("griddepcontrol.wait")
+    return None if at < 0 else len(_GLOBAL_MEMORY_OP.findall(ptx[:at]))
+
+
 def compile_all(
-    targets: tuple[str, ...] = DEFAULT_TARGETS, kernels_dir: Path = KERNELS_DIR
+    targets: tuple[str, ...] = DEFAULT_TARGETS, kernels_dir: Path = KERNELS_DIR, only: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """Compile every discovered kernel's every variant for every target; a report with one row each."""
+    """Compile every discovered kernel's every variant (``variants_of``) for every target (only the kernels named
+    in ``only`` when it is not empty); a report with one row each."""
     import triton
     import triton.backends.nvidia.compiler as nvidia
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    kernels = discover(kernels_dir)
+    kernels = [k for k in discover(kernels_dir) if not only or k.name in only]
     unspecified = [k.name for k in kernels if k.name not in VARIANTS]
     if unspecified:
         raise SystemExit(
@@ -246,7 +284,7 @@ def compile_all(
                 path = kernels_dir.joinpath(*kernel.module.split(".")[1:]).with_suffix(".py")
                 modules[kernel.module] = _torch_free_module(path, work)
             fn = getattr(modules[kernel.module], kernel.name)
-            for variant in VARIANTS[kernel.name]:
+            for variant in variants_of(kernel):
                 sig, constexprs = signature(kernel, variant)
                 attrs = {
                     (i,): [["tt.divisibility", 16]]
@@ -273,12 +311,15 @@ def compile_all(
                         rows.append(row)
                         continue
                     cubin = compiled.asm.get("cubin", b"")
+                    ptx = compiled.asm.get("ptx", "")
                     meta = compiled.metadata
                     row.update(
                         ok=bool(cubin),
                         compile_s=round(time.perf_counter() - start, 3),
                         cubin_bytes=len(cubin),
-                        ptx_target=_ptx_target(compiled.asm.get("ptx", "")),
+                        ptx_target=_ptx_target(ptx),
+                        griddepcontrol_wait=ptx.count("griddepcontrol.wait"),
+                        memory_ops_before_wait=memory_ops_before_wait(ptx),
                         triton_shared_bytes=meta.shared,
                         **(_resource_usage(cuobjdump, cubin, work) if cubin else {}),
                     )
@@ -320,8 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, required=True, help="where to write the report")
     p.add_argument("--target", action="append", help="backend:arch, repeatable (default cuda:120, cuda:90)")
     p.add_argument("--kernels-dir", type=Path, default=KERNELS_DIR)
+    p.add_argument(
+        "--kernel", action="append", help="compile only this kernel (repeatable; default: every one)"
+    )
     args = p.parse_args(argv)
-    report = compile_all(tuple(args.target or DEFAULT_TARGETS), args.kernels_dir)
+    report = compile_all(tuple(args.target or DEFAULT_TARGETS), args.kernels_dir, tuple(args.kernel or ()))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     for row in report["rows"]:

@@ -6,12 +6,14 @@ import torch
 
 from kernels._dispatch import HAS_TRITON, use_triton
 from kernels.attention.int8 import _int8_scales, quantize_kv_int8_ref
+from kernels.pdl import pdl_args
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
     from kernels.attention.int8 import _quantize_store_row
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
 
 
 def store_kv_ref(
@@ -70,9 +72,12 @@ if HAS_TRITON:
         BLOCK_SCALES: tl.constexpr,
         BLOCK_GROUP: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T, Hkv): one program writes one token's key and value row for one KV head into its slot:
         # a copy (cast to the cache dtype), or with KV_INT8 int8 codes plus one fp16 scale per group.
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         token = tl.program_id(0)
         head = tl.program_id(1)
         slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -134,5 +139,5 @@ def store_kv(
             scale_args[2], scale_args[3],
             HEAD_DIM=head_dim, KV_INT8=key_scale is not None, SCALE_GROUP=group, NUM_SCALES=num_scales,
             BLOCK_SCALES=triton.next_power_of_2(num_scales), BLOCK_GROUP=triton.next_power_of_2(group),
-            BLOCK_D=triton.next_power_of_2(head_dim),
+            BLOCK_D=triton.next_power_of_2(head_dim), **pdl_args(key.device),
         )  # fmt: skip

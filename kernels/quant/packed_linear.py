@@ -17,6 +17,7 @@ import torch
 
 from kernels import _dispatch
 from kernels._dispatch import HAS_TRITON, INTERPRET
+from kernels.pdl import pdl_args
 from kernels.quant.formats import GROUP_FORMATS
 from kernels.quant.repack import UNIT
 from kernels.quant.weight import QuantWeight
@@ -292,11 +293,11 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
             x, words, high, qw.scales, target, n, rows, k, x.stride(0), words.stride(0), high.stride(0),
             qw.scales.stride(0), BITS=bits, UNITS_SPLIT=units // tiles.split_k,
             STEP_UNITS=tiles.step_units, BLOCK_N=tiles.block_n, MODE=MODES[tiles.mode], EVEN_K=k % UNIT == 0,
-            ASM=not INTERPRET, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            ASM=not INTERPRET, num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(x.device),
         )  # fmt: skip
     if tiles.split_k > 1:
         _linear_reduce_kernel[(triton.cdiv(n, REDUCE_BLOCK), rows)](
-            target, out, n, SPLIT_K=tiles.split_k, BLOCK=REDUCE_BLOCK, num_warps=4
+            target, out, n, SPLIT_K=tiles.split_k, BLOCK=REDUCE_BLOCK, num_warps=4, **pdl_args(x.device)
         )
     return out
 

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import torch
 
 from kernels._dispatch import HAS_TRITON, INTERPRET, use_triton
+from kernels.pdl import pdl_args
 from kernels.quant.formats import FP8, GROUP_FORMATS, NVFP4
 from kernels.quant.gluon_gemv import HAS_GLUON
 from kernels.quant.packed_linear import (
@@ -283,7 +284,7 @@ def _gemv(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor
         assert k % (tiles.split_k * tiles.block_k) == 0, f"{tiles}: K={k} is no whole number of steps"
         _quant_gemv_nvfp4_kernel[grid](
             x, qw.codes, qw.scales, target, n, rows, x.stride(0), qw.codes.stride(0), qw.scales.stride(0),
-            qw.divisor, K_SPLIT=k // tiles.split_k, BLOCK_K=tiles.block_k, **common,
+            qw.divisor, K_SPLIT=k // tiles.split_k, BLOCK_K=tiles.block_k, **common, **pdl_args(x.device),
         )  # fmt: skip
     else:
         assert tiles.split_k == 1 or k % (tiles.split_k * tiles.block_k) == 0, (
@@ -291,11 +292,11 @@ def _gemv(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor
         )
         _quant_gemv_fp8_kernel[grid](
             x, qw.codes, qw.scales, target, n, rows, x.stride(0), qw.codes.stride(0),
-            K_SPLIT=k // tiles.split_k, BLOCK_K=tiles.block_k, **common,
+            K_SPLIT=k // tiles.split_k, BLOCK_K=tiles.block_k, **common, **pdl_args(x.device),
         )  # fmt: skip
     if tiles.split_k > 1:
         _linear_reduce_kernel[(triton.cdiv(n, REDUCE_BLOCK), rows)](
-            target, out, n, SPLIT_K=tiles.split_k, BLOCK=REDUCE_BLOCK, num_warps=4
+            target, out, n, SPLIT_K=tiles.split_k, BLOCK=REDUCE_BLOCK, num_warps=4, **pdl_args(x.device)
         )
     return out
 

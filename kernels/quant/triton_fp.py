@@ -23,6 +23,8 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
+
     @triton.jit
     def _e2m1(code):
         # E2M1 word (int32, 0..15) -> float32 value: its sign, exponent and mantissa bits placed in a binary16's
@@ -65,9 +67,12 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (cdiv(N, BLOCK_N), SPLIT_K): out^T [BLOCK_N, 16] over the K_SPLIT columns of split program_id(1),
         # BLOCK_K columns (BLOCK_K / 2 code bytes, BLOCK_K / 16 scales) a step; K_SPLIT is a multiple of BLOCK_K.
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         BLOCK_T: tl.constexpr = 16
         BYTES: tl.constexpr = BLOCK_K // 2
         BLOCKS: tl.constexpr = BLOCK_K // 16
@@ -152,9 +157,12 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         NUM_STAGES: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (cdiv(N, BLOCK_N), SPLIT_K): out^T [BLOCK_N, 16] over the K_SPLIT columns of split program_id(1);
         # only an unsplit K ends in a partial step. The row scale multiplies each split's sum.
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         BLOCK_T: tl.constexpr = 16
         EVEN_K: tl.constexpr = K_SPLIT % BLOCK_K == 0
         dtype = x_ptr.dtype.element_ty

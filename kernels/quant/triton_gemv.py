@@ -39,6 +39,8 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
+
     @triton.jit
     def _packed_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows, unit,
                      BITS: tl.constexpr, WORDS: tl.constexpr, GROUPS: tl.constexpr):  # fmt: skip
@@ -194,10 +196,13 @@ if HAS_TRITON:
         MODE: tl.constexpr,
         EVEN_K: tl.constexpr,
         ASM: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (cdiv(N, BLOCK_N), SPLIT_K); codes_ptr: int32 words (strides in words), high_ptr: int32 (Q5) or
         # int16 (Q6) (strides in elements), scales_ptr: fp16 [N, K_pad / GROUP]. out: [T, N] in x's dtype (one
         # split) or fp32 partials [SPLIT_K, T, N]. UNITS_SPLIT is a multiple of STEP_UNITS. See the docstring.
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         WORDS: tl.constexpr = 32 if BITS == 8 else 16
         GROUPS: tl.constexpr = 4 if BITS == 8 else 2
         OFFSET: tl.constexpr = 1 << (BITS - 1)
