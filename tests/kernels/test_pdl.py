@@ -1,0 +1,239 @@
+"""NINFER_PDL (kernels/pdl.py): the switch's parsing, when a launch gets ``launch_pdl`` (never under Triton's
+interpreter, on a CPU tensor or below sm_90), the source guard against the race (every kernel launched with PDL
+waits before it touches a predecessor's data), and, marked ``gpu``, PDL on against off bitwise for the GEMV, its
+split-K reduce, the norms and the activation (on the device those launches really are programmatic)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels._dispatch
+import kernels.pdl
+from engine import env
+from kernels.pdl import pdl_args, pdl_enabled
+
+REPO = Path(__file__).resolve().parents[2]
+KERNELS = REPO / "kernels"
+# the only calls a PDL kernel may make before pdl_wait that touch memory: L2 prefetches of its WEIGHTS
+PREFETCH_HELPERS = {"pdl_prefetch_l2", "gemv_prefetch_weights"}
+MEMORY_CALLS = {"load", "store", "atomic_add", "atomic_cas", "atomic_xchg", "atomic_max", "atomic_min"}
+
+
+def test_switch_is_normalised_refused_and_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (
+        kernels._dispatch.parse_pdl_mode(" ON ") == "on" and kernels._dispatch.parse_pdl_mode("off") == "off"
+    )
+    with pytest.raises(ValueError, match=r"^NINFER_PDL='1': expected 'off', 'on'$"):
+        kernels._dispatch.parse_pdl_mode("1")
+    monkeypatch.setattr(kernels._dispatch, "PDL_MODE", "on")
+    assert env.pdl_mode() == "on"
+
+
+def test_launch_keywords(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(kernels.pdl, "HAS_TRITON", True)
+    monkeypatch.setattr(kernels._dispatch, "INTERPRET", False)
+    monkeypatch.setattr(kernels.pdl, "_capable", lambda device: True)
+    monkeypatch.setattr(kernels._dispatch, "PDL_MODE", "off")
+    assert dict(pdl_args(cuda)) == {"PDL": False}  # off: the kernels' default build, no launch attribute
+    monkeypatch.setattr(kernels._dispatch, "PDL_MODE", "on")
+    assert dict(pdl_args(cuda)) == {"PDL": True, "launch_pdl": True}
+    assert dict(pdl_args(torch.device("cpu"))) == {"PDL": False}  # a CPU tensor never launches with PDL
+    monkeypatch.setattr(kernels._dispatch, "INTERPRET", True)  # Triton's interpreter cannot run inline PTX
+    assert dict(pdl_args(cuda)) == {"PDL": False} and not pdl_enabled(cuda)
+    monkeypatch.setattr(kernels._dispatch, "INTERPRET", False)
+    monkeypatch.setattr(kernels.pdl, "_capable", lambda device: False)  # below sm_90: no PDL
+    assert dict(pdl_args(cuda)) == {"PDL": False}
+
+
+def test_on_changes_nothing_on_the_cpu() -> None:
+    # a fresh interpreter reading NINFER_PDL=on at import: the CPU path (torch references) is what it was
+    code = (
+        "import torch\nfrom kernels import _dispatch\nfrom kernels.linear import linear, linear_ref\n"
+        "from kernels.norm import rms_norm, rms_norm_ref\nfrom kernels.pdl import pdl_args\n"
+        "assert _dispatch.PDL_MODE == 'on'\nassert dict(pdl_args(torch.device('cpu'))) == {'PDL': False}\n"
+        "x, w = torch.randn(3, 40), torch.randn(24, 40)\nassert torch.equal(linear(x, w), torch.nn.functional.linear(x, w))\n"
+        "n = torch.randn(40)\nassert torch.equal(rms_norm(x, n, 1e-6), rms_norm_ref(x, n, 1e-6))\nprint('ok')\n"
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"NINFER_PDL": "on"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=environ, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The source guard: every kernel a launcher passes pdl_args to waits before it reads or writes dependent data
+
+
+def _name(func: ast.expr) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def _pdl_launches(tree: ast.Module) -> set[str]:
+    """Kernels launched as ``kernel[grid](..., **pdl_args(...))`` in a module."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
+            if any(kw.arg is None and isinstance(kw.value, ast.Call) and _name(kw.value.func) == "pdl_args"
+                   for kw in node.keywords):  # fmt: skip
+                found.add(_name(node.func.value))
+    return found
+
+
+def _all_launches(tree: ast.Module) -> dict[str, list[bool]]:
+    """Every ``name[grid](...)`` launch: kernel name -> whether each passes pdl_args."""
+    found: dict[str, list[bool]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and _name(node.func.value):
+            passes = any(kw.arg is None and isinstance(kw.value, ast.Call) and _name(kw.value.func) == "pdl_args"
+                         for kw in node.keywords)  # fmt: skip
+            found.setdefault(_name(node.func.value), []).append(passes)
+    return found
+
+
+def _jit_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    return {
+        node.name: node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list)
+    }
+
+
+def pdl_violations(sources: list[str]) -> list[str]:
+    """What breaks kernels/pdl.py's rule in these module sources: a kernel launched with pdl_args that has no
+    ``PDL: tl.constexpr``, no top-level ``pdl_wait(PDL)``, or, before that wait, a load, store, atomic or call of
+    another jit function (only the weight-prefetch helpers may come first); a launch of a PDL kernel without
+    pdl_args; a prefetch helper that touches memory otherwise."""
+    trees = [ast.parse(s) for s in sources]
+    jit: dict[str, ast.FunctionDef] = {}
+    launched: set[str] = set()
+    launches: dict[str, list[bool]] = {}
+    for tree in trees:
+        jit.update(_jit_functions(tree))
+        launched |= _pdl_launches(tree)
+        for name, passes in _all_launches(tree).items():
+            launches.setdefault(name, []).extend(passes)
+    problems = []
+    for name in sorted(launched):
+        fn = jit.get(name)
+        if fn is None:
+            problems.append(f"{name}: launched with pdl_args, no @triton.jit source found")
+            continue
+        if not any(a.arg == "PDL" and a.annotation is not None and "constexpr" in ast.unparse(a.annotation)
+                   for a in fn.args.args):  # fmt: skip
+            problems.append(f"{name}: no `PDL: tl.constexpr` argument")
+        waits = [i for i, stmt in enumerate(fn.body) if ast.unparse(stmt).strip() == "pdl_wait(PDL)"]
+        if not waits:
+            problems.append(f"{name}: no top-level pdl_wait(PDL)")
+            continue
+        for stmt in fn.body[: waits[0]]:
+            for node in ast.walk(stmt):
+                if isinstance(node, ast.Call):
+                    called = _name(node.func)
+                    if called in MEMORY_CALLS or (called in jit and called not in PREFETCH_HELPERS):
+                        problems.append(f"{name}: {called}() before pdl_wait(PDL), line {node.lineno}")
+    for name, passes in sorted(launches.items()):
+        fn = jit.get(name)
+        if fn is not None and any(a.arg == "PDL" for a in fn.args.args) and not all(passes):
+            problems.append(f"{name}: has a PDL argument but a launch without pdl_args")
+    for helper in PREFETCH_HELPERS & set(jit):
+        for node in ast.walk(jit[helper]):
+            if isinstance(node, ast.Call) and _name(node.func) in MEMORY_CALLS:
+                problems.append(f"{helper}: a prefetch helper calls {_name(node.func)}()")
+    return problems
+
+
+def test_every_pdl_kernel_waits_before_touching_dependent_data() -> None:
+    sources = [p.read_text() for p in sorted(KERNELS.rglob("*.py"))]
+    launched = set().union(*(_pdl_launches(ast.parse(s)) for s in sources))
+    # the decode hot path this switch covers (kernels/attention/decode.py and kernels/quant/triton_group.py not yet)
+    assert {"_linear_gemv_kernel", "_linear_reduce_kernel", "_rms_norm_kernel", "_silu_mul_kernel",
+            "_gated_delta_rule_decode_kernel", "_store_kv_kernel", "_moe_down_kernel"} <= launched  # fmt: skip
+    assert pdl_violations(sources) == []
+
+
+def test_the_guard_catches_a_read_before_the_wait() -> None:
+    head = "import triton\nimport triton.language as tl\n\n@triton.jit\n"
+    good = head + (
+        "def _k(x_ptr, w_ptr, PDL: tl.constexpr):\n    pdl_prefetch_l2(w_ptr, PDL)\n    pdl_wait(PDL)\n"
+        "    tl.store(x_ptr, tl.load(x_ptr))\n\ndef launch(x):\n    _k[(1,)](x, x, **pdl_args(x.device))\n"
+    )
+    assert pdl_violations([good]) == []
+    early = good.replace("    pdl_prefetch_l2(w_ptr, PDL)\n", "    v = tl.load(x_ptr)\n")
+    assert pdl_violations([early]) == ["_k: load() before pdl_wait(PDL), line 6"]
+    assert pdl_violations([good.replace("    pdl_wait(PDL)\n", "")]) == ["_k: no top-level pdl_wait(PDL)"]
+    no_flag = good.replace(", PDL: tl.constexpr", "")
+    assert pdl_violations([no_flag]) == ["_k: no `PDL: tl.constexpr` argument"]
+    bare = good + "\ndef other(x):\n    _k[(1,)](x, x, PDL=False)\n"
+    assert pdl_violations([bare]) == ["_k: has a PDL argument but a launch without pdl_args"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU (or CPU under TRITON_INTERPRET=1, where PDL stays off): on against off, bitwise
+
+
+def _twice(monkeypatch: pytest.MonkeyPatch, fn):
+    monkeypatch.setattr(kernels._dispatch, "PDL_MODE", "off")
+    off = fn()
+    monkeypatch.setattr(kernels._dispatch, "PDL_MODE", "on")
+    on = fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return off, on
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("interpreter_fixes")
+@pytest.mark.parametrize(
+    ("n", "k", "reduce"), [(96, 256, "launch"), (40, 2048, "launch"), (40, 2048, "last")]
+)
+def test_gemv_with_pdl_is_bitwise_the_gemv_without(
+    monkeypatch: pytest.MonkeyPatch, device: str, n: int, k: int, reduce: str
+) -> None:
+    from kernels.linear import linear
+
+    monkeypatch.setattr(kernels._dispatch, "GEMV_MODE", "on")
+    monkeypatch.setattr(kernels._dispatch, "SPLITK_REDUCE", reduce)
+    x = torch.randn(3, k, device=device, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+    off, on = _twice(monkeypatch, lambda: linear(x, w))
+    assert torch.equal(off, on)
+    if device == "cuda" and torch.cuda.get_device_capability()[0] >= 9:
+        assert pdl_enabled(x.device)  # the "on" run really launched with PDL
+
+
+@pytest.mark.gpu
+def test_norm_and_activation_with_pdl_are_bitwise_without(
+    monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    from kernels.activation import silu_mul
+    from kernels.norm import add_rms_norm
+
+    x, res = (torch.randn(5, 320, device=device, dtype=torch.bfloat16) for _ in range(2))
+    w = torch.randn(320, device=device, dtype=torch.bfloat16)
+    off, on = _twice(monkeypatch, lambda: (*add_rms_norm(x, res, w, 1e-6), silu_mul(x, res)))
+    assert all(torch.equal(a, b) for a, b in zip(off, on, strict=True))
+
+
+@pytest.mark.gpu
+def test_the_interpreter_never_gets_launch_pdl(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    if device != "cpu":
+        pytest.skip("a check of Triton's interpreter (TRITON_INTERPRET=1)")
+    import kernels.norm
+
+    seen: list[dict] = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append(kwargs)
+
+    monkeypatch.setattr(kernels._dispatch, "PDL_MODE", "on")
+    monkeypatch.setattr(kernels.norm, "_rms_norm_kernel", Recorder())
+    kernels.norm.rms_norm(torch.randn(2, 64), torch.randn(64), 1e-6)
+    assert len(seen) == 1 and seen[0]["PDL"] is False and "launch_pdl" not in seen[0]
