@@ -201,8 +201,6 @@ if HAS_TRITON:
         # grid (cdiv(N, BLOCK_N), SPLIT_K); codes_ptr: int32 words (strides in words), high_ptr: int32 (Q5) or
         # int16 (Q6) (strides in elements), scales_ptr: fp16 [N, K_pad / GROUP]. out: [T, N] in x's dtype (one
         # split) or fp32 partials [SPLIT_K, T, N]. UNITS_SPLIT is a multiple of STEP_UNITS. See the docstring.
-        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
-        pdl_launch_dependents(PDL)
         WORDS: tl.constexpr = 32 if BITS == 8 else 16
         GROUPS: tl.constexpr = 4 if BITS == 8 else 2
         OFFSET: tl.constexpr = 1 << (BITS - 1)
@@ -228,8 +226,13 @@ if HAS_TRITON:
         else:
             acc = tl.zeros([BLOCK_N, 32], dtype=tl.float32)
         u0 = split * UNITS_SPLIT
+        # the split's first unit of WEIGHT planes (codes, high bits, scales: no kernel of a step writes them) is
+        # loaded before pdl_wait, so under PDL it streams while the kernel before finishes (kernels/pdl.py); x and
+        # every write come after the wait
         w, g, s0, s1, s2, s3 = _packed_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
                                             u0, BITS, WORDS, GROUPS)  # fmt: skip
+        pdl_wait(PDL)
+        pdl_launch_dependents(PDL)
         for step in range(0, UNITS_SPLIT, STEP_UNITS):
             for j in tl.static_range(STEP_UNITS):
                 unit = u0 + step + j

@@ -200,6 +200,42 @@ def test_every_kernel_compiles_for_sm120_and_sm90(aot: ModuleType, report: dict[
                 assert row["triton_shared_bytes"] >= 0 and row["local_bytes"] >= 0, where
 
 
+def test_pdl_builds_wait_before_every_memory_access(aot: ModuleType, report: dict[str, Any]) -> None:
+    # NINFER_PDL (kernels/pdl.py): each kernel with a PDL constexpr also compiles with PDL=True (variants_of); that
+    # build's PTX holds griddepcontrol.wait with no global load, store, async copy or atomic before it (L2 prefetches
+    # of weights aside; the quantized GEMV loads its first unit of weight planes first: tests/kernels/test_pdl.py
+    # checks which pointers), and every default build holds no wait at all
+    rows = {(r["kernel"], r["variant"], r["target"]): r for r in report["rows"]}
+    pdl_kernels = [k for k in aot.discover() if aot.PDL in k.constexprs]
+    assert {"_linear_gemv_kernel", "_rms_norm_kernel", "_gated_delta_rule_decode_kernel"} <= {
+        k.name for k in pdl_kernels
+    }
+    for kernel in aot.discover():
+        for variant in aot.variants_of(kernel):
+            pdl = variant.constexprs.get(aot.PDL, False)
+            for target in TARGETS:
+                row = rows[(kernel.name, variant.label, target)]
+                where = f"{target} {kernel.name} [{variant.label}]"
+                if pdl:
+                    assert row["griddepcontrol_wait"] >= 1, where
+                    if kernel.name != "_quant_gemv_packed_kernel":
+                        assert row["memory_ops_before_wait"] == 0, where
+                else:
+                    assert row["griddepcontrol_wait"] == 0, where
+    assert sum(aot.PDL in v.label for k in pdl_kernels for v in aot.variants_of(k)) == len(pdl_kernels)
+
+
+def test_memory_ops_before_wait_counts_what_precedes_the_first_wait(aot: ModuleType) -> None:
+    ptx = (
+        "\tld.param.u64 %rd1, [p];\n\tprefetch.global.L2 [%rd1];\n\t@%p1 ld.global.v4.b32 {%r1}, [%rd1];\n"
+        "\tgriddepcontrol.wait; // dummy %r2\n\tst.global.b16 [%rd1], %rs1;\n"
+    )
+    assert (
+        aot.memory_ops_before_wait(ptx) == 1
+    )  # the predicated load; the param load and the prefetch are fine
+    assert aot.memory_ops_before_wait(ptx.replace("griddepcontrol.wait", "bar.sync 0")) is None
+
+
 def test_sass_loop_counter_takes_the_longest_backward_branch() -> None:
     # bench/kernels/aot_sass.py reads a kernel's main loop from cuobjdump's SASS: the instructions from a backward
     # branch's target to the branch, the longest first, counted by opcode (predicates and modifiers aside)

@@ -23,6 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 KERNELS = REPO / "kernels"
 # the only calls a PDL kernel may make before pdl_wait that touch memory: L2 prefetches of its WEIGHTS
 PREFETCH_HELPERS = {"pdl_prefetch_l2", "gemv_prefetch_weights"}
+# jit helpers that read only WEIGHTS (their pointer arguments are model parameters), allowed before the wait in these
+# kernels alone: the quantized GEMV loads its split's first unit of planes (codes, high bits, scales) there
+WEIGHT_LOADS_BEFORE_WAIT = {"_quant_gemv_packed_kernel": {"_packed_load"}}
 MEMORY_CALLS = {"load", "store", "atomic_add", "atomic_cas", "atomic_xchg", "atomic_max", "atomic_min"}
 
 
@@ -136,12 +139,19 @@ def pdl_violations(sources: list[str]) -> list[str]:
             for node in ast.walk(stmt):
                 if isinstance(node, ast.Call):
                     called = _name(node.func)
-                    if called in MEMORY_CALLS or (called in jit and called not in PREFETCH_HELPERS):
+                    allowed = PREFETCH_HELPERS | WEIGHT_LOADS_BEFORE_WAIT.get(name, set())
+                    if called in MEMORY_CALLS or (called in jit and called not in allowed):
                         problems.append(f"{name}: {called}() before pdl_wait(PDL), line {node.lineno}")
     for name, passes in sorted(launches.items()):
         fn = jit.get(name)
         if fn is not None and any(a.arg == "PDL" for a in fn.args.args) and not all(passes):
             problems.append(f"{name}: has a PDL argument but a launch without pdl_args")
+    for name, helpers in WEIGHT_LOADS_BEFORE_WAIT.items():
+        for node in ast.walk(jit[name]) if name in jit else ():
+            if isinstance(node, ast.Call) and _name(node.func) in helpers:
+                pointers = {ast.unparse(a) for a in node.args if ast.unparse(a).endswith("_ptr")}
+                if not pointers <= {"codes_ptr", "high_ptr", "scales_ptr"}:
+                    problems.append(f"{name}: {_name(node.func)}() reads {sorted(pointers)}: weights only")
     for helper in PREFETCH_HELPERS & set(jit):
         for node in ast.walk(jit[helper]):
             if isinstance(node, ast.Call) and _name(node.func) in MEMORY_CALLS:
