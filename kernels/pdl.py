@@ -29,6 +29,13 @@ completion); it only moves the dependent's launch and prologue (its weight prefe
 it after their main loop (GEMVs: the dependent's programs start while this kernel stores its outputs), or right
 after the wait in the one-wave elementwise kernels, whose dependents (the next GEMV) then prefetch their weights
 while this kernel runs.
+
+Converted: the bf16 GEMV and its split-K reduce (``kernels.linear``; the reduce also after the quantized GEMVs), the
+norms, RoPE, the K/V store, SiLU-mul and the sigmoid gate, GDN and conv decode, MoE routing, experts and combine, the
+fused router, the quantized few-row GEMV (``kernels.quant.triton_gemv``: its first unit of weight planes is loaded
+before the wait) and the NVFP4 / FP8 Triton GEMVs. Not yet (plain launches, which is safe): decode attention and its
+reduce (``kernels.attention.decode`` / ``decode_int8`` / ``fuse``), ``kernels.quant.triton_group`` and the quantized
+MoE experts, the Gluon GEMVs, prefill-only kernels, cuBLAS and torch ops.
 """
 
 from __future__ import annotations
