@@ -62,6 +62,15 @@ def splitk_reduce_mode() -> str:
     return _dispatch.SPLITK_REDUCE
 
 
+def quant_moe_mode() -> str:
+    """`NINFER_QUANT_MOE`: `v1` (the default) or `v2`: which decode kernels the groupwise-int routed experts run
+    (`kernels.quant.quant_moe`; v2 has ~8x the programs a token, pending an H200 measurement).
+    Read once when `kernels` is imported (`kernels._dispatch.QUANT_MOE_MODE`)."""
+    from kernels import _dispatch
+
+    return _dispatch.QUANT_MOE_MODE
+
+
 def gemv_variants() -> dict[str, str | None]:
     """`NINFER_ONE_ROW`, `NINFER_FEW_ROWS`, `NINFER_W8_ONE_ROW`: a `kernels.quant.packed_linear.GEMV_VARIANTS` name
     every groupwise-int decode GEMV of one row (Q4/Q5/Q6), of 2..8 rows (Q4/Q5/Q6), of one W8 row takes instead of

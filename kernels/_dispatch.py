@@ -29,6 +29,12 @@ launches) or ``fused`` (``kernels.moe_router.moe_router``: the router GEMV and t
 (the default: ``_linear_reduce_kernel``, one more launch) or ``last`` (the last split of each row tile to finish
 sums them in the same order: no reduce launch, bitwise the same outputs).
 
+``NINFER_QUANT_MOE`` picks the decode kernels of the groupwise-int routed experts (``kernels.quant.quant_moe``):
+``v1`` (the default: ``triton_group.py``'s two kernels, a grid of 128 down programs a token) or ``v2``
+(``kernels.quant.triton_moe``: ~8x the programs a token, whole-row tiles whose loads are issued before the
+arithmetic); both batch invariant, neither bitwise the other (they sum in different orders). ``v2`` waits for an
+H200 measurement (``bench/kernels/quant.py --moe-only``) before it becomes the default.
+
 ``kernels`` may not import ``engine``, so this is the one place that reads these variables, once, at
 import; ``engine/env.py`` (every variable NInfer reads) reports the values parsed here.
 """
@@ -81,6 +87,11 @@ def parse_splitk_reduce_mode(value: str) -> str:
     return _parse("NINFER_SPLITK_REDUCE", value, ("launch", "last"))
 
 
+def parse_quant_moe_mode(value: str) -> str:
+    """``NINFER_QUANT_MOE``'s value, normalised: ``v1`` or ``v2``; ValueError for anything else."""
+    return _parse("NINFER_QUANT_MOE", value, ("v1", "v2"))
+
+
 def parse_gemv_variant(value: str | None) -> str | None:
     """A forced GEMV-layout tile variant (``NINFER_ONE_ROW``, ``NINFER_FEW_ROWS``, ``NINFER_W8_ONE_ROW``): None
     when unset or empty, else the name (``kernels.quant.packed_linear`` checks it against its variants)."""
@@ -96,6 +107,7 @@ GEMV_MODE = parse_gemv_mode(os.environ.get("NINFER_GEMV", "auto"))
 QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "packed"))
 MOE_ROUTER_MODE = parse_moe_router_mode(os.environ.get("NINFER_MOE_ROUTER", "split"))
 SPLITK_REDUCE = parse_splitk_reduce_mode(os.environ.get("NINFER_SPLITK_REDUCE", "launch"))
+QUANT_MOE_MODE = parse_quant_moe_mode(os.environ.get("NINFER_QUANT_MOE", "v1"))
 
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:

@@ -292,6 +292,65 @@ def variants(variant: Any) -> dict[str, list[Any]]:
             )  # fmt: skip
             for bits in (5,)
         ],
+        # NINFER_QUANT_MOE=v2 (kernels/quant/triton_moe.py) at the same geometry; quant_moe_tiles_v2's defaults:
+        # gate_up 8 row pairs a program, chunks of 512 lanes (K_pad 2048: 4), 4 warps; down 8 rows a program, top_k 8 at
+        # once, chunks of 256 lanes (K_pad 512: 2), 8 warps
+        "_quant_moe_gate_up_v2_kernel": [
+            variant(
+                f"35B-A3B gate_up Q{bits}",
+                dict(
+                    x_ptr="bf16",
+                    codes_ptr="u8",
+                    high_ptr="u8",
+                    scales_ptr="fp16",
+                    ids_ptr="i64",
+                    weights_ptr="fp32",
+                    act_ptr="fp32",
+                ),
+                dict(
+                    HIDDEN=2048,
+                    INTER=512,
+                    ACT_STRIDE=512,
+                    TOP_K=8,
+                    BITS=bits,
+                    GROUP=64,
+                    K_PAD=2048,
+                    BLOCK_N=8,
+                    BLOCK_K=512,
+                    X_PAIRS=True,
+                ),
+                aligned=("x_stride", "codes_stride", "high_stride", "scales_stride"),
+            )
+            for bits in (4, 6)
+        ],
+        "_quant_moe_down_v2_kernel": [
+            variant(
+                f"35B-A3B down Q{bits}",
+                dict(
+                    act_ptr="fp32",
+                    codes_ptr="u8",
+                    high_ptr="u8",
+                    scales_ptr="fp16",
+                    ids_ptr="i64",
+                    out_ptr="bf16",
+                ),
+                dict(
+                    HIDDEN=2048,
+                    INTER=512,
+                    ACT_STRIDE=512,
+                    TOP_K=8,
+                    BLOCK_TOPK=8,
+                    BITS=bits,
+                    GROUP=64,
+                    K_PAD=512,
+                    BLOCK_H=8,
+                    BLOCK_K=256,
+                ),
+                aligned=("codes_stride", "high_stride"),
+                num_warps=8,
+            )
+            for bits in (5, 6)
+        ],  # fmt: skip
         # dequantize_to (the "dequant" prefill route): 32 rows x 128 columns a program (NVFP4: 64), 4 warps
         "_quant_dequant_group_kernel": [
             variant(
