@@ -26,6 +26,19 @@ def _mma_group_asm(bits: int) -> str:
 
 
 _GROUP_PTRS = {"x_ptr": "bf16", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16"}
+# quant_moe_experts' two kernels (v1 and v2 alike): bf16 x and output, fp32 routing weights and act, int64 ids
+_MOE_GATE_UP_PTRS = {
+    "x_ptr": "bf16", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16", "ids_ptr": "i64",
+    "weights_ptr": "fp32", "act_ptr": "fp32",
+}  # fmt: skip
+_MOE_DOWN_PTRS = {
+    "act_ptr": "fp32",
+    "codes_ptr": "u8",
+    "high_ptr": "u8",
+    "scales_ptr": "fp16",
+    "ids_ptr": "i64",
+    "out_ptr": "bf16",
+}
 _GROUP_ALIGNED = ("x_stride", "codes_stride", "high_stride", "scales_stride")
 # (label, format bits, group, K, split): one shape per code path (each BITS; split and unsplit), to keep the
 # compile short, with gemv_tiles' split (K is split until the grid has MIN_PROGRAMS = 1024 programs): the
@@ -263,15 +276,7 @@ def variants(variant: Any) -> dict[str, list[Any]]:
         "_quant_moe_gate_up_kernel": [
             variant(
                 "35B-A3B gate_up Q4",
-                dict(
-                    x_ptr="bf16",
-                    codes_ptr="u8",
-                    high_ptr="u8",
-                    scales_ptr="fp16",
-                    ids_ptr="i64",
-                    weights_ptr="fp32",
-                    act_ptr="fp32",
-                ),
+                _MOE_GATE_UP_PTRS,
                 dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=4, GROUP=64, GROUPS=32, BLOCK_N=32, NUM_STAGES=3),
                 aligned=("x_stride", "codes_stride", "high_stride", "scales_stride"),
             )  # fmt: skip
@@ -279,14 +284,7 @@ def variants(variant: Any) -> dict[str, list[Any]]:
         "_quant_moe_down_kernel": [
             variant(
                 f"35B-A3B down Q{bits}",
-                dict(
-                    act_ptr="fp32",
-                    codes_ptr="u8",
-                    high_ptr="u8",
-                    scales_ptr="fp16",
-                    ids_ptr="i64",
-                    out_ptr="bf16",
-                ),
+                _MOE_DOWN_PTRS,
                 dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=bits, GROUP=64, GROUPS=8, BLOCK_H=16),
                 aligned=("codes_stride", "high_stride"),
             )  # fmt: skip
@@ -298,15 +296,7 @@ def variants(variant: Any) -> dict[str, list[Any]]:
         "_quant_moe_gate_up_v2_kernel": [
             variant(
                 f"35B-A3B gate_up Q{bits}",
-                dict(
-                    x_ptr="bf16",
-                    codes_ptr="u8",
-                    high_ptr="u8",
-                    scales_ptr="fp16",
-                    ids_ptr="i64",
-                    weights_ptr="fp32",
-                    act_ptr="fp32",
-                ),
+                _MOE_GATE_UP_PTRS,
                 dict(
                     HIDDEN=2048,
                     INTER=512,
@@ -326,14 +316,7 @@ def variants(variant: Any) -> dict[str, list[Any]]:
         "_quant_moe_down_v2_kernel": [
             variant(
                 f"35B-A3B down Q{bits}",
-                dict(
-                    act_ptr="fp32",
-                    codes_ptr="u8",
-                    high_ptr="u8",
-                    scales_ptr="fp16",
-                    ids_ptr="i64",
-                    out_ptr="bf16",
-                ),
+                _MOE_DOWN_PTRS,
                 dict(
                     HIDDEN=2048,
                     INTER=512,
