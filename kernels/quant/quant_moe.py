@@ -85,8 +85,9 @@ class QuantMoeTilesV2(NamedTuple):
 
 
 # Alternatives to time on a GPU (``bench/kernels/quant.py --moe-only``): overrides of ``quant_moe_tiles_v2``'s
-# arguments, each changing one kernel. sm_90 registers (no spills; bench/results/triton_aot_quant_moe_v2_sm90.json):
-# gate_up default 117, whole-row 155; down default 103, h4 96, whole-row 165-172.
+# arguments, each changing one kernel. sm_90 registers, Q4 gate_up / Q5 down, no spills (bench/kernels/aot_compile.py):
+# gate_up default 119, n4 64, n16 213, gu_k1024 157, gu_whole_n4 153; down default 125, h4 127, h16 242, dn_whole
+# 170, dn_whole_h4 164.
 QUANT_MOE_V2_VARIANTS: dict[str, dict[str, int]] = {
     "default": {},
     "n4": dict(block_n=4),  # 1024 gate_up programs a token

@@ -8,23 +8,25 @@ grid shapes and contract (no host sync, no atomics, CUDA-graph safe, a token's p
 and changes what a program holds:
 
 * ``_quant_moe_gate_up_v2_kernel``, grid ``(T * top_k, cdiv(I, BLOCK_N))``: one (token, slot) pair's BLOCK_N
-  gate rows and the matching up rows as ONE tile of ``2 * BLOCK_N`` rows (gate r, up r interleaved) over whole
-  chunks of K (``BLOCK_K`` lanes; K_pad / BLOCK_K chunks unrolled, so every chunk's loads can be issued before
-  the first chunk's arithmetic), ``act = w * silu(gate) * up`` stored fp32 as in v1. BLOCK_N = 8 gives 64
-  programs a pair at I = 512: 512 a token at top_k 8.
+  gate rows and the matching up rows as one tile ``[BLOCK_N, 2, BLOCK_K / 2]`` (row, gate / up, lane pair) a chunk
+  of ``BLOCK_K`` lanes of K, ``act = w * silu(gate) * up`` stored fp32 as in v1. BLOCK_N = 8: 64 programs a pair
+  at I = 512, 512 a token at top_k 8.
 * ``_quant_moe_down_v2_kernel``, grid ``(T, cdiv(H, BLOCK_H))``: BLOCK_H output rows of one token against ALL
   its top_k experts at once: a tile ``[BLOCK_H, top_k, BLOCK_K / 2]`` of code bytes against the token's act
   ``[top_k, BLOCK_K]`` (fp32, broadcast over the rows), so the 8 experts' loads are independent requests issued
-  together instead of 8 sequential loops. BLOCK_H = 8: 256 programs a
-  token at H = 2048.
+  together instead of 8 sequential loops. BLOCK_H = 8: 256 programs a token at H = 2048.
+
+Both unroll their K_pad / BLOCK_K chunks twice: first every chunk's loads (codes, high bits, scales, activations:
+a tuple of tiles), then the arithmetic, so all of a program's bytes are requested before the first register
+shuffle (``ttg.convert_layout`` through shared memory, with a barrier) that the decode needs; in the PTX every
+``ld.global`` precedes the first ``bar.sync``. Activations are read as lane pairs in one word (bf16 x: int32;
+fp32 act: int64, act rows padded to an even length).
 
 Arithmetic: a group's codes times the activation times the group's scale summed in fp32 (tree order within the
-group), the groups, chunks and experts then summed in a fixed order, one rounding at the output. Activations are
-read as lane pairs in one word (bf16 x: int32; fp32 act: int64, act rows padded to an even stride) and the
-scales in the products' own layout, so no register shuffle through shared memory sits between the chunks. The
-order is a function of the tiles, and the tiles of the geometry only (``quant_moe_tiles_v2``), never of T or of
-the other tokens: a token's output is bitwise the same alone or in any batch. It is NOT bitwise v1's (v1 sums
-groups and experts sequentially); both match ``quant_moe_experts_ref`` within the same tolerance.
+group), the groups, chunks and experts then summed in a fixed order, one rounding at the output. The order is a
+function of the tiles, and the tiles of the geometry only (``quant_moe_tiles_v2``), never of T or of the other
+tokens: a token's output is bitwise the same alone or in any batch. It is NOT bitwise v1's (v1 sums groups and
+experts sequentially); both match ``quant_moe_experts_ref`` within the same tolerance.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ if HAS_TRITON:
     ):
         # grid (T * TOP_K, cdiv(INTER, BLOCK_N)): act[pair, r] = w * silu(gate_r . x) * (up_r . x) for BLOCK_N
         # rows r of the pair's expert e (gate row e * 2 * INTER + r of the stacked [E * 2I, H] weight, up row
-        # e * 2 * INTER + INTER + r), K_PAD / BLOCK_K chunks of BLOCK_K lanes unrolled (BLOCK_K | K_PAD); tile
+        # e * 2 * INTER + INTER + r), K_PAD / BLOCK_K chunks of BLOCK_K lanes unrolled (BLOCK_K | K_PAD), every
+        # chunk's loads first (a tuple of tiles), then the arithmetic; tile
         # [BLOCK_N, 2, BLOCK_K / 2] (row, gate / up, lane pair). X_PAIRS: x is bf16 with 4-byte aligned rows, read
         # as int32 lane pairs (no even / odd shuffle through shared memory).
         PAIRS: tl.constexpr = BLOCK_K // 2
@@ -91,38 +94,52 @@ if HAS_TRITON:
         scale_rows = (rows * scales_stride)[:, :, None, None]
         x_row = x_ptr + token.to(tl.int64) * x_stride
         acc = tl.zeros([BLOCK_N, 2], dtype=tl.float32)
-        for c in tl.static_range(K_PAD // BLOCK_K):
+        loaded = ()
+        for c in tl.static_range(K_PAD // BLOCK_K):  # every chunk's loads, issued before any arithmetic
             j = c * PAIRS + tl.arange(0, PAIRS)  # lane pairs (2j, 2j + 1)
             if X_PAIRS:
-                w = tl.load(x_row.to(tl.pointer_type(tl.int32)) + j, mask=2 * j < HIDDEN, other=0)
-                xe, xo = _bf16_pairs(w)
+                xa = tl.load(x_row.to(tl.pointer_type(tl.int32)) + j, mask=2 * j < HIDDEN, other=0)
+                xb = xa
             else:
-                xe = tl.load(x_row + 2 * j, mask=2 * j < HIDDEN, other=0.0).to(tl.float32)
-                xo = tl.load(x_row + 2 * j + 1, mask=2 * j + 1 < HIDDEN, other=0.0).to(tl.float32)
-            if BITS == 8:
-                lanes = (2 * j)[None, None, :]
-                ev = _w8_values(tl.load(codes_ptr + code_rows[:, :, None] + lanes))
-                od = _w8_values(tl.load(codes_ptr + code_rows[:, :, None] + lanes + 1))
-            else:
-                cb = tl.load(codes_ptr + code_rows[:, :, None] + j[None, None, :]).to(tl.int32)
-                if BITS == 4:  # elementwise: no reshape
-                    ev, od = _nibble_values(cb, cb, BITS)
-                else:
-                    jh = c * HIGH + tl.arange(0, HIGH)
-                    hb = tl.load(high_ptr + high_rows[:, :, None] + jh[None, None, :]).to(tl.int32)
-                    ev, od = _nibble_values(
-                        tl.reshape(cb, [2 * BLOCK_N, PAIRS]), tl.reshape(hb, [2 * BLOCK_N, HIGH]), BITS
+                xa = tl.load(x_row + 2 * j, mask=2 * j < HIDDEN, other=0.0)
+                xb = tl.load(x_row + 2 * j + 1, mask=2 * j + 1 < HIDDEN, other=0.0)
+            if BITS == 8:  # even and odd lanes' codes
+                ca = tl.load(codes_ptr + code_rows[:, :, None] + (2 * j)[None, None, :])
+                cb = tl.load(codes_ptr + code_rows[:, :, None] + (2 * j + 1)[None, None, :])
+            else:  # code bytes and high bytes
+                ca = tl.load(codes_ptr + code_rows[:, :, None] + j[None, None, :])
+                cb = ca  # unused for Q4
+                if BITS != 4:
+                    cb = tl.load(
+                        high_ptr + high_rows[:, :, None] + (c * HIGH + tl.arange(0, HIGH))[None, None, :]
                     )
-                    ev = tl.reshape(ev, [BLOCK_N, 2, PAIRS])
-                    od = tl.reshape(od, [BLOCK_N, 2, PAIRS])
+            g = c * GROUPS + tl.arange(0, GROUPS)
+            s = tl.load(scales_ptr + scale_rows + g[None, None, :, None])  # [BLOCK_N, 2, GROUPS, 1]
+            loaded = loaded + ((xa, xb, ca, cb, s),)
+        for c in tl.static_range(K_PAD // BLOCK_K):
+            xa, xb, ca, cb, s = loaded[c]
+            if X_PAIRS:
+                xe, xo = _bf16_pairs(xa)
+            else:
+                xe = xa.to(tl.float32)
+                xo = xb.to(tl.float32)
+            if BITS == 8:
+                ev = _w8_values(ca)
+                od = _w8_values(cb)
+            elif BITS == 4:  # elementwise: no reshape
+                ev, od = _nibble_values(ca.to(tl.int32), ca.to(tl.int32), BITS)
+            else:
+                ev, od = _nibble_values(
+                    tl.reshape(ca.to(tl.int32), [2 * BLOCK_N, PAIRS]),
+                    tl.reshape(cb.to(tl.int32), [2 * BLOCK_N, HIGH]),
+                    BITS,
+                )
+                ev = tl.reshape(ev, [BLOCK_N, 2, PAIRS])
+                od = tl.reshape(od, [BLOCK_N, 2, PAIRS])
             prod = tl.reshape(
                 ev * xe[None, None, :] + od * xo[None, None, :], [BLOCK_N, 2, GROUPS, GROUP // 2]
             )
-            g = c * GROUPS + tl.arange(0, GROUPS)
-            s = tl.load(scales_ptr + scale_rows + g[None, None, :, None]).to(
-                tl.float32
-            )  # [BLOCK_N, 2, GROUPS, 1]
-            acc += tl.sum(tl.sum(prod * s, axis=3), axis=2)
+            acc += tl.sum(tl.sum(prod * s.to(tl.float32), axis=3), axis=2)
         gate, up = tl.split(acc)
         w = tl.load(weights_ptr + pair).to(tl.float32)
         act = w * gate / (1.0 + tl.exp(-gate)) * up
@@ -152,7 +169,8 @@ if HAS_TRITON:
     ):
         # grid (T, cdiv(HIDDEN, BLOCK_H)): out[t, h] = sum over the token's TOP_K experts e_k of down_{e_k}[h] .
         # act[t, k] for BLOCK_H rows h (expert e's row h: row e * HIDDEN + h of the stacked [E * H, I] weight).
-        # Each chunk of BLOCK_K lanes is one tile [BLOCK_H, BLOCK_TOPK, BLOCK_K / 2] of code bytes (the last
+        # Every chunk's loads first (a tuple of tiles), then the arithmetic. Each chunk of BLOCK_K lanes is one
+        # tile [BLOCK_H, BLOCK_TOPK, BLOCK_K / 2] of code bytes (the last
         # axis contiguous in memory: vector loads) against the act's lane pairs (int64 words: ACT_STRIDE is even);
         # slots k >= TOP_K (BLOCK_TOPK = next power of 2) read slot TOP_K - 1's rows against a zero act.
         # Sums: a group's lanes, the groups, then the experts.
@@ -172,29 +190,41 @@ if HAS_TRITON:
         act_rows = act_ptr.to(tl.pointer_type(tl.int64)) + (pairs.to(tl.int64) * (ACT_STRIDE // 2))[:, None]
         live = (ks < TOP_K)[:, None]
         acc = tl.zeros([BLOCK_H, BLOCK_TOPK], dtype=tl.float32)
-        for c in tl.static_range(K_PAD // BLOCK_K):
+        loaded = ()
+        for c in tl.static_range(K_PAD // BLOCK_K):  # every chunk's loads, issued before any arithmetic
             j = c * PAIRS + tl.arange(0, PAIRS)  # lane pairs (2j, 2j + 1)
-            ae, ao = _f32_pairs(tl.load(act_rows + j[None, :], mask=live & (2 * j < INTER)[None, :], other=0))
+            a = tl.load(act_rows + j[None, :], mask=live & (2 * j < INTER)[None, :], other=0)
+            if BITS == 8:  # even and odd lanes' codes
+                ca = tl.load(codes_ptr + code_rows + (2 * j)[None, None, :])
+                cb = tl.load(codes_ptr + code_rows + (2 * j + 1)[None, None, :])
+            else:  # code bytes and high bytes
+                ca = tl.load(codes_ptr + code_rows + j[None, None, :])
+                cb = ca  # unused for Q4
+                if BITS != 4:
+                    cb = tl.load(high_ptr + high_rows + (c * HIGH + tl.arange(0, HIGH))[None, None, :])
+            g = c * GROUPS + tl.arange(0, GROUPS)
+            s = tl.load(scales_ptr + scale_rows + g[None, None, :, None])  # [BLOCK_H, BLOCK_TOPK, GROUPS, 1]
+            loaded = loaded + ((a, ca, cb, s),)
+        for c in tl.static_range(K_PAD // BLOCK_K):
+            a, ca, cb, s = loaded[c]
+            ae, ao = _f32_pairs(a)
             if INTER % 2 == 1:  # the last pair's odd lane is the row's padding
-                ao = tl.where((2 * j + 1 < INTER)[None, :], ao, 0.0)
+                ao = tl.where((2 * (c * PAIRS + tl.arange(0, PAIRS)) + 1 < INTER)[None, :], ao, 0.0)
             if BITS == 8:
-                lanes = (2 * j)[None, None, :]
-                ev = _w8_values(tl.load(codes_ptr + code_rows + lanes))
-                od = _w8_values(tl.load(codes_ptr + code_rows + lanes + 1))
+                ev = _w8_values(ca)
+                od = _w8_values(cb)
+            elif BITS == 4:  # elementwise: no reshape
+                ev, od = _nibble_values(ca.to(tl.int32), ca.to(tl.int32), BITS)
             else:
-                cb = tl.load(codes_ptr + code_rows + j[None, None, :]).to(tl.int32)
-                if BITS == 4:  # elementwise: no reshape
-                    ev, od = _nibble_values(cb, cb, BITS)
-                else:
-                    jh = c * HIGH + tl.arange(0, HIGH)
-                    hb = tl.load(high_ptr + high_rows + jh[None, None, :]).to(tl.int32)
-                    ev, od = _nibble_values(tl.reshape(cb, [ROWS, PAIRS]), tl.reshape(hb, [ROWS, HIGH]), BITS)
-                    ev = tl.reshape(ev, [BLOCK_H, BLOCK_TOPK, PAIRS])
-                    od = tl.reshape(od, [BLOCK_H, BLOCK_TOPK, PAIRS])
+                ev, od = _nibble_values(
+                    tl.reshape(ca.to(tl.int32), [ROWS, PAIRS]),
+                    tl.reshape(cb.to(tl.int32), [ROWS, HIGH]),
+                    BITS,
+                )
+                ev = tl.reshape(ev, [BLOCK_H, BLOCK_TOPK, PAIRS])
+                od = tl.reshape(od, [BLOCK_H, BLOCK_TOPK, PAIRS])
             prod = ev * ae[None, :, :] + od * ao[None, :, :]
             prod = tl.reshape(prod, [BLOCK_H, BLOCK_TOPK, GROUPS, GROUP // 2])
-            g = c * GROUPS + tl.arange(0, GROUPS)
-            s = tl.load(scales_ptr + scale_rows + g[None, None, :, None]).to(tl.float32)  # [.., GROUPS, 1]
-            acc += tl.sum(tl.sum(prod * s, axis=3), axis=2)
+            acc += tl.sum(tl.sum(prod * s.to(tl.float32), axis=3), axis=2)
         out = tl.sum(acc, axis=1)
         tl.store(out_ptr + token.to(tl.int64) * HIDDEN + h, out.to(out_ptr.dtype.element_ty), mask=h < HIDDEN)
