@@ -263,7 +263,8 @@ def compile_all(
                     )
                     rows.append(row)
     return {
-        "what": "Triton ahead-of-time compile of every kernels/ @triton.jit kernel, 27B launch values",
+        "what": "Triton ahead-of-time compile of every kernels/ @triton.jit kernel, 27B launch values"
+        + (f" (only the kernels matching {only!r})" if only else ""),
         "date": datetime.date.today().isoformat(),
         "triton": triton.__version__,
         "ptxas": {  # the wheel's two: ptxas-blackwell for arch >= 100, ptxas below
