@@ -9,9 +9,10 @@ import pytest
 import torch
 from test_quant_moe import TOP_K, E, H, make_experts
 
+from kernels import _dispatch
 from kernels._dispatch import INTERPRET
 from kernels.moe import moe_route_ref
-from kernels.quant import GROUP_FORMATS, Q4, Q5, Q6, W8, QuantWeight, geometry, view_planes
+from kernels.quant import GROUP_FORMATS, Q4, Q5, Q6, W8, QuantWeight, geometry, quant_moe, view_planes
 from kernels.quant.quant_moe import (
     QUANT_MOE_V2_VARIANTS,
     quant_moe_experts,
@@ -138,3 +139,18 @@ def test_real_geometry(down_fmt, device, assert_close):
             x[i : i + 1], gate_up, down, weights[i : i + 1], ids[i : i + 1], version="v2"
         )
         assert torch.equal(alone[0], v2[i]), f"35B-A3B v2 token {i}: alone differs from the batch"
+
+
+def test_switch_picks_the_kernels(monkeypatch, device):
+    """``version=None`` follows ``NINFER_QUANT_MOE`` (``kernels._dispatch.QUANT_MOE_MODE``, read at every call)."""
+    gate_up, down, _, _ = make_experts(Q4, Q5, device)
+    x = torch.randn(1, H, device=device).bfloat16()
+    weights, ids = _route(1, E, TOP_K, device)
+    launched = []
+    monkeypatch.setattr(quant_moe, "_launch_v2", lambda *args: launched.append("v2"))
+    monkeypatch.setattr(_dispatch, "QUANT_MOE_MODE", "v2")
+    quant_moe_experts(x, gate_up, down, weights, ids)
+    assert launched == ["v2"]
+    monkeypatch.setattr(_dispatch, "QUANT_MOE_MODE", "v1")
+    quant_moe_experts(x, gate_up, down, weights, ids)
+    assert launched == ["v2"], "v1 ran v2's launcher"
