@@ -4,7 +4,11 @@ The gate (a plain ASGI middleware) runs before any route: it stamps a request id
 on OpenAI routes, `request-id` on Anthropic ones), answers 503 while draining, checks the API key
 (constant-time; `/health`, `/ready`, `/stats`, `/metrics` and OPTIONS are exempt), enforces
 `--max-request-mib` on declared and streamed bodies and refuses a body that stalls `--body-timeout-s`
-(408). Every error leaves in the calling protocol's shape (api.errors).
+(408). Every error leaves in the calling protocol's shape (api.errors). A generation request it lets through is
+announced to the engine at once (`AsyncEngine.announce`: an idle engine may hold its first step while the body
+arrives and the route templates and tokenizes it, so a burst shares one prefill), and the announcement is
+withdrawn when the exchange ends (a no-op once the request reached the engine; what ends the hold for one that
+failed first).
 """
 
 from __future__ import annotations
@@ -101,9 +105,23 @@ class RequestGate:
                 response = error_response(error, path, close)
                 await response(scope, receive, send_with_id)
                 return
+            self._announce(scope, path, request_id)
             await self.app(scope, self._limited(receive), send_with_id)
         finally:
+            self._withdraw(request_id)
             self._log_ending(scope, request_id, sent)
+
+    def _announce(self, scope: Scope, path: str, request_id: str) -> None:
+        """Tell the engine a generation request is coming (burst admission; an engine without it, such as a
+        test's scripted engine, is not told)."""
+        announce = getattr(self.state.engine, "announce", None)
+        if announce is not None and scope["method"] == "POST" and path in GENERATION_PATHS:
+            announce(request_id)
+
+    def _withdraw(self, request_id: str) -> None:
+        withdraw = getattr(self.state.engine, "withdraw", None)
+        if withdraw is not None:
+            withdraw(request_id)
 
     def _log_ending(self, scope: Scope, request_id: str, sent: list[Any]) -> None:
         """Every generation request gets exactly one ending in the request log: the ones refused before a

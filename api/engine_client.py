@@ -1,7 +1,9 @@
 """What the HTTP layer needs from the engine, and how `ninfer-serve` obtains one.
 
 `EngineClient` is the structural interface of `engine.serving.AsyncEngine`; tests may serve any object
-with the same shape (a scripted engine that replays fixed continuations through the real tokenizer).
+with the same shape (a scripted engine that replays fixed continuations through the real tokenizer). Burst
+admission's `announce(request_id)` / `withdraw(request_id)` are optional: the request gate (api/app.py) calls
+them where the engine has them.
 """
 
 from __future__ import annotations

@@ -34,6 +34,10 @@ NATIVE_CONTEXT = 262_144
 # prefill_chunk). On the 27B a 2,048-token chunk still keeps the linears compute-bound, while a decoding lane
 # waits for ~a quarter of an 8,192-token chunk (measured on the H200 at 100k context: 0.7-0.8 s per 8,192).
 DEFAULT_PREFILL_CHUNK_DECODING = 2048
+# --burst-wait-ms: how long an idle serving engine holds its first step for requests the API has announced
+# (received, still being templated / tokenized), so that a burst shares one batched prefill (engine/serving.py).
+DEFAULT_BURST_WAIT_MS = 20
+MAX_BURST_WAIT_MS = 1000
 
 
 _GROUP_FIELDS = ("artifact", "cache", "scheduler")  # EngineConfig fields that are not flags
@@ -250,9 +254,17 @@ class EngineConfig:
     # --overlap / --no-overlap: plan step N+1 while the device runs step N (engine/core.py says how and which
     # rows fall back to the synchronous step). None = on with CUDA, off on the CPU.
     overlap: bool | None = None
+    # --burst-wait-ms: an idle serving engine with announced requests still in preparation (templating,
+    # tokenizing) holds its first step up to this long, so simultaneous arrivals share one batched prefill
+    # (engine/serving.py); a busy engine never waits. 0 = off. The serving loop only: `LLM` and `ninfer` add
+    # their requests at once.
+    burst_wait_ms: int = DEFAULT_BURST_WAIT_MS
 
     def __post_init__(self) -> None:
         _require(isinstance(self.greedy, bool), "greedy", self.greedy, "must be a bool")
+        bw = self.burst_wait_ms
+        _require(_is_int(bw) and 0 <= bw <= MAX_BURST_WAIT_MS, "burst_wait_ms", bw,
+                 f"must be in 0..{MAX_BURST_WAIT_MS} (milliseconds; 0 turns the hold off)")  # fmt: skip
         _require(self.overlap in (None, True, False), "overlap", self.overlap, "must be None, True or False")
         _require(isinstance(self.vision, bool), "vision", self.vision, "must be a bool")
         _require(isinstance(self.allow_remote_media, bool), "allow_remote_media", self.allow_remote_media,

@@ -112,6 +112,17 @@ class EngineStats:
     # tokens computed before a preemption that the resumes computed again (not restored from a checkpoint).
     num_preemptions: int = 0
     num_recomputed_tokens: int = 0
+    # Steps that computed prompt tokens, and of those the ones that also decoded other rows (a prefill beside
+    # decoding lanes); a burst admitted together prefills in one step when its prompts fit the prefill budget and
+    # carry no message boundary to checkpoint at (engine/serving.py, engine/scheduler/scheduler.py).
+    num_prefill_steps: int = 0
+    num_mixed_steps: int = 0
+    burst_wait_ms: int = 0  # --burst-wait-ms (0: off)
+    num_burst_holds: int = 0  # times the serving loop held an idle engine's first step for announced requests
+    # ... of those, the holds that reached burst_wait_ms with announced requests still in preparation (they missed
+    # the burst's prefill step: a slow upload, a long template, a starved process)
+    num_burst_timeouts: int = 0
+    num_announced: int = 0  # requests the API has announced and not yet submitted (or withdrawn)
     overlap: bool = False  # overlap scheduling is on (engine/core.py)
     num_requests_rejected: dict[str, int] = field(default_factory=dict)  # by reject code
     # Host KV parking (`--host-kv-cache-mib`; all zero when off; engine/runner/host_copies.py host_stat_fields).
@@ -361,6 +372,9 @@ class EngineCore:
         self.finished: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
         self.num_loop_iterations = 0  # maintained by the serving loop
+        # ... as are its burst holds (engine/serving.py), and those that ran out with requests still announced
+        self.num_burst_holds = 0
+        self.num_burst_timeouts = 0
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -423,6 +437,19 @@ class EngineCore:
 
     def has_work(self) -> bool:
         return self._inflight is not None or self.scheduler.has_work()
+
+    def can_batch_more(self) -> bool:
+        """Idle (no lane holds a request, no step in flight) with requests waiting that leave a lane and prefill
+        budget for more: what a burst hold (engine/serving.py) waits on. False when busy: a busy engine never
+        waits, its next step must not be delayed for an arrival."""
+        scheduler = self.scheduler
+        if self._inflight is not None or scheduler.num_running or not scheduler.waiting:
+            return False
+        waiting_tokens = sum(r.num_tokens for r in scheduler.waiting)
+        return (
+            scheduler.num_waiting < self.config.scheduler.max_concurrency
+            and waiting_tokens < self.config.scheduler.prefill_chunk
+        )
 
     def step(self) -> list[Event]:
         if self.overlap:
@@ -535,6 +562,11 @@ class EngineCore:
             num_requests_finished=dict(self.finished),
             num_preemptions=s.num_preemptions,
             num_recomputed_tokens=s.num_recomputed_tokens,
+            num_prefill_steps=s.num_prefill_steps,
+            num_mixed_steps=s.num_mixed_steps,
+            burst_wait_ms=self.config.burst_wait_ms,
+            num_burst_holds=self.num_burst_holds,
+            num_burst_timeouts=self.num_burst_timeouts,
             overlap=self.overlap,
             num_requests_rejected=dict(self.rejected),
             **host_stat_fields(self.host, self.runner.host_copies),

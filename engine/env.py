@@ -17,6 +17,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("NINFER_CACHE_DIR") or user_cache_dir("ninfer"))
 
 
+def moe_experts_mode() -> str:
+    """`NINFER_MOE_EXPERTS`: how a groupwise-int MoE artifact's routed experts are loaded: `quantized` (the default:
+    they stay in their stored bytes, decode streams them, prefill dequantizes one layer at a time into one shared
+    scratch; engine/model/quant_experts.py) or `dequantized` (dense bf16 banks built once at load: about 3x the
+    memory). Read when a model is loaded; ValueError for anything else."""
+    value = os.environ.get("NINFER_MOE_EXPERTS", "quantized")
+    mode = value.strip().lower()
+    if mode not in ("quantized", "dequantized"):
+        raise ValueError(f"NINFER_MOE_EXPERTS={value!r}: expected 'quantized', 'dequantized'")
+    return mode
+
+
 def kernels_mode() -> str:
     """`NINFER_KERNELS`: `auto` (Triton on CUDA, torch references elsewhere; `triton` is the same) or `ref`
     (references always). Read once when `kernels` is imported (`kernels._dispatch.KERNELS_MODE`)."""
@@ -71,6 +83,15 @@ def quant_moe_mode() -> str:
     return _dispatch.QUANT_MOE_MODE
 
 
+def int8_attention_mode() -> str:
+    """`NINFER_INT8_ATTENTION`: `grouped` (the default) or `keys_major`: which build of the grouped INT8 decode
+    attention (int8 KV, 16-bit queries) runs; `keys_major` puts the keys on the MMAs' rows (half the MMAs, 128
+    registers). Read once when `kernels` is imported (`kernels._dispatch.INT8_ATTENTION`)."""
+    from kernels import _dispatch
+
+    return _dispatch.INT8_ATTENTION
+
+
 def gemv_variants() -> dict[str, str | None]:
     """`NINFER_ONE_ROW`, `NINFER_FEW_ROWS`, `NINFER_W8_ONE_ROW`: a `kernels.quant.packed_linear.GEMV_VARIANTS` name
     every groupwise-int decode GEMV of one row (Q4/Q5/Q6), of 2..8 rows (Q4/Q5/Q6), of one W8 row takes instead of
@@ -83,3 +104,24 @@ def gemv_variants() -> dict[str, str | None]:
         "NINFER_FEW_ROWS": _dispatch.FEW_ROWS_VARIANT,
         "NINFER_W8_ONE_ROW": _dispatch.W8_ONE_ROW_VARIANT,
     }
+
+
+DFLASH_GRAPH_CONTEXT = 8192  # the default below
+
+
+def dflash_graph_context() -> int:
+    """`NINFER_DFLASH_GRAPH_CONTEXT`: the longest context (tokens) whose DFlash drafter rounds replay a CUDA graph
+    (engine/spec/dflash_graphs.py captures one per batch size and power-of-two context bucket up to it; its full
+    layer gathers the whole context, so this bounds the graphs' memory); longer contexts run the same round
+    eagerly. Default 8192; 0 captures none. Read when the graphs are built; ValueError for a non-integer or a
+    negative value."""
+    value = os.environ.get("NINFER_DFLASH_GRAPH_CONTEXT", "").strip()
+    if not value:
+        return DFLASH_GRAPH_CONTEXT
+    try:
+        tokens = int(value)
+    except ValueError:
+        tokens = -1
+    if tokens < 0:
+        raise ValueError(f"NINFER_DFLASH_GRAPH_CONTEXT={value!r}: expected a token count >= 0")
+    return tokens

@@ -167,6 +167,14 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--max-pending-requests", "max_pending_requests", "queued requests", section="server"),
     EngineFlag("--pending-timeout-ms", "pending_timeout_ms", "longest wait in the queue", section="server"),
     EngineFlag(
+        "--burst-wait-ms",
+        "burst_wait_ms",
+        "an idle engine holds its first step up to this long for requests already received and still being "
+        "templated, so a burst shares one batched prefill; a busy engine never waits; 0 = off",
+        metavar="MS",
+        section="server",
+    ),
+    EngineFlag(
         "--host-kv-cache-mib",
         "host_kv_cache_mib",
         "park evicted sessions' KV + GDN state in this much host RAM and restore by copy; 0 = off",

@@ -14,6 +14,17 @@ Threads:
 
 The loop never spins: with no work it sleeps on a condition until a command arrives; when requests
 wait but nothing can run, it sleeps until a command or the oldest request's pending deadline.
+
+Burst admission (`EngineConfig.burst_wait_ms`, `--burst-wait-ms`): the API `announce()`s a request as soon as
+it arrives, before its body is read and the chat template and the tokenizer run (milliseconds for a long prompt), and
+`generate()` consumes the announcement; a request refused or failed before that `withdraw()`s it. An idle
+engine (no lane busy, no step in flight) whose waiting requests leave lanes and prefill budget free, and that
+knows of announced requests still in preparation, holds its first step: until every announced request has been
+added or withdrawn and no new one has arrived for a quarter of `burst_wait_ms` (`BURST_QUIET_FRACTION`), and
+never longer than `burst_wait_ms` from the moment it could have stepped. Simultaneous arrivals are then
+admitted together and share one batched prefill step (the scheduler admits every waiting request that fits;
+the step's prefill budget is `prefill_chunk`). A lone request (nothing else announced) never waits, and a busy
+engine never holds: its decoding lanes' next token must not wait for an arrival.
 A stream hands over every event that is ready: when its consumer falls behind (a slow client, a busy
 event loop), the `TokenEvent`s waiting in its queue are merged into one (`take_ready`), so the API frames
 one SSE chunk for all of them instead of one chunk per step.
@@ -26,6 +37,7 @@ engine refuses new requests (`error` is set).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -45,6 +57,11 @@ from engine.request import Event, FinishEvent, FinishReason, RejectCode, Samplin
 from engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+
+# A burst hold whose announced requests have all been added still waits this fraction of `burst_wait_ms` after the
+# latest arrival (5 ms at the default 20): a client's "simultaneous" requests reach the server spread over a few
+# milliseconds, and the first may be prepared before the last has arrived.
+BURST_QUIET_FRACTION = 0.25
 
 _Add = tuple[Literal["add"], str, list[int], SamplingParams, tuple[int, ...], bool, PromptMedia | None]
 _Abort = tuple[Literal["abort"], str, str]
@@ -81,6 +98,9 @@ class AsyncEngine:
         self._cv = threading.Condition()
         self._commands: list[_Add | _Abort] = []
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event | ValueError]]] = {}
+        self._announced: set[str] = set()  # request ids the API is preparing (burst admission)
+        self._hold_until: float | None = None  # the current burst hold's end (monotonic), None: not holding
+        self._last_arrival = 0.0  # monotonic time of the latest announcement or added request
         self._thread: threading.Thread | None = None
         self._accepting = True  # False once shutdown() begins
         self._drain = True
@@ -141,6 +161,7 @@ class AsyncEngine:
         Blocks until the loop thread has ended (or `timeout` seconds passed)."""
         with self._cv:
             self._accepting = False
+            self._announced.clear()
             self._drain = drain
             self._stopping = True
             self._cv.notify_all()
@@ -170,6 +191,7 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event | ValueError] = asyncio.Queue()
         with self._cv:
+            self._announced.discard(request_id)  # arrived (or refused below): nothing to wait for
             refusal = self._refusal(request_id, len(prompt_token_ids))
             if refusal is None:
                 if request_id in self._streams:
@@ -185,6 +207,7 @@ class AsyncEngine:
                     media,
                 )
                 self._commands.append(add)
+                self._last_arrival = time.monotonic()
                 self._cv.notify_all()
         if refusal is not None:
             yield refusal
@@ -216,6 +239,25 @@ class AsyncEngine:
         reason = FinishReason.rejected(RejectCode.OVERLOADED, message)
         return FinishEvent(request_id, reason, num_prompt_tokens, 0, 0)
 
+    def announce(self, request_id: str) -> None:
+        """A request `request_id` has arrived and is being prepared (templated, tokenized): an idle engine may
+        hold its first step for it (module docstring). `generate(request_id, ...)` consumes the announcement;
+        if the request never gets there, `withdraw(request_id)`. Any thread; a no-op with the hold off."""
+        if self.config.burst_wait_ms <= 0:
+            return
+        with self._cv:
+            if self._accepting:
+                self._announced.add(request_id)
+                self._last_arrival = time.monotonic()
+
+    def withdraw(self, request_id: str) -> None:
+        """Cancel `announce(request_id)` (the request failed or was refused before `generate`); a no-op when it
+        was consumed or never made. Any thread."""
+        with self._cv:
+            if request_id in self._announced:
+                self._announced.discard(request_id)
+                self._cv.notify_all()  # a hold waiting for it ends now
+
     def abort(self, request_id: str, message: str = "aborted") -> None:
         """End a request (its stream gets an aborted FinishEvent if still read). Any thread."""
         with self._cv:
@@ -223,8 +265,10 @@ class AsyncEngine:
             self._cv.notify_all()
 
     def stats(self) -> EngineStats:
-        """The snapshot taken after the loop's latest iteration."""
-        return self._stats
+        """The snapshot taken after the loop's latest iteration (`num_announced`: now)."""
+        with self._cv:
+            announced = len(self._announced)
+        return dataclasses.replace(self._stats, num_announced=announced) if announced else self._stats
 
     # ---- the loop thread ------------------------------------------------------------------------
 
@@ -243,11 +287,15 @@ class AsyncEngine:
                     self._snapshot()
                     self._publish(events)
                 if not core.has_work():
+                    self._hold_until = None  # a hold whose requests all went away (aborted) is over
                     self._snapshot()
                     if stopping:
                         return
                     self._wait(None)
                     continue
+                if self._burst_hold():
+                    continue  # woken by an arrival or a withdrawal: take the commands, then decide again
+                self._hold_until = None
                 events = core.step()
                 self._snapshot()  # before publishing: a consumer that saw an event sees its stats
                 self._publish(events)
@@ -268,6 +316,32 @@ class AsyncEngine:
         except ValueError as exc:  # malformed input: handed to the stream, which raises it
             self._deliver(request_id, exc)
             return None
+
+    def _burst_hold(self) -> bool:
+        """Hold the first step of an idle engine while a burst arrives (module docstring); True when this pass
+        waited (or has commands to take first), False to step now."""
+        wait_s = self.config.burst_wait_ms / 1000.0
+        if wait_s <= 0 or not self._core.can_batch_more():
+            return False
+        with self._cv:
+            if self._stopping:
+                return False
+            if self._commands:
+                return True
+            now = time.monotonic()
+            if self._hold_until is None:
+                if not self._announced:
+                    return False  # nothing is known to be coming: a lone request never waits
+                self._hold_until = now + wait_s
+                self._core.num_burst_holds += 1
+            until = self._hold_until
+            if not self._announced:  # all prepared: wait only while the burst is still arriving
+                until = min(until, self._last_arrival + wait_s * BURST_QUIET_FRACTION)
+            if now >= until:
+                self._core.num_burst_timeouts += int(bool(self._announced))  # announced ones came too late
+                return False
+            self._cv.wait(until - now)
+        return True
 
     def _wait(self, deadline: float | None) -> None:
         with self._cv:
@@ -300,6 +374,7 @@ class AsyncEngine:
             self.error = exc
             ids = list(self._streams)
             self._accepting = False
+            self._announced.clear()
         reason = FinishReason.aborted(message)
         self._publish([FinishEvent(i, reason, 0, 0, 0) for i in ids])
 

@@ -31,9 +31,14 @@ sums them in the same order: no reduce launch, bitwise the same outputs).
 
 ``NINFER_QUANT_MOE`` picks the decode kernels of the groupwise-int routed experts (``kernels.quant.quant_moe``):
 ``v1`` (the default: ``triton_group.py``'s two kernels, a grid of 128 down programs a token) or ``v2``
-(``kernels.quant.triton_moe``: ~8x the programs a token, whole-row tiles whose loads are issued before the
+(``kernels.quant.triton_moe``: ~8x the programs a token, whole-chunk tiles whose loads are all issued before the
 arithmetic); both batch invariant, neither bitwise the other (they sum in different orders). ``v2`` waits for an
 H200 measurement (``bench/kernels/quant.py --moe-only``) before it becomes the default.
+
+``NINFER_INT8_ATTENTION`` picks the build of the grouped INT8 decode attention (int8 KV with 16-bit queries,
+``kernels.attention.decode_int8``): ``grouped`` (the default: query heads as the MMAs' rows, [heads, keys] scores) or
+``keys_major`` (keys as the MMAs' rows, the few query heads of a KV head as their columns: half the MMAs, capped at
+128 registers, 2 stages; sm_90 loop 863 instructions a 64-key tile against 1231, waiting for an H200 measurement).
 
 ``kernels`` may not import ``engine``, so this is the one place that reads these variables, once, at
 import; ``engine/env.py`` (every variable NInfer reads) reports the values parsed here.
@@ -92,6 +97,11 @@ def parse_quant_moe_mode(value: str) -> str:
     return _parse("NINFER_QUANT_MOE", value, ("v1", "v2"))
 
 
+def parse_int8_attention_mode(value: str) -> str:
+    """``NINFER_INT8_ATTENTION``'s value, normalised: ``grouped`` or ``keys_major``; ValueError for anything else."""
+    return _parse("NINFER_INT8_ATTENTION", value, ("grouped", "keys_major"))
+
+
 def parse_gemv_variant(value: str | None) -> str | None:
     """A forced GEMV-layout tile variant (``NINFER_ONE_ROW``, ``NINFER_FEW_ROWS``, ``NINFER_W8_ONE_ROW``): None
     when unset or empty, else the name (``kernels.quant.packed_linear`` checks it against its variants)."""
@@ -108,6 +118,7 @@ QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "pac
 MOE_ROUTER_MODE = parse_moe_router_mode(os.environ.get("NINFER_MOE_ROUTER", "split"))
 SPLITK_REDUCE = parse_splitk_reduce_mode(os.environ.get("NINFER_SPLITK_REDUCE", "launch"))
 QUANT_MOE_MODE = parse_quant_moe_mode(os.environ.get("NINFER_QUANT_MOE", "v1"))
+INT8_ATTENTION = parse_int8_attention_mode(os.environ.get("NINFER_INT8_ATTENTION", "grouped"))
 
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:

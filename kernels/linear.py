@@ -74,6 +74,48 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 if HAS_TRITON:
 
     @triton.jit
+    def gemv_split_tile(
+        x_ptr,
+        w_ptr,
+        rows,
+        ts,
+        t_mask,
+        split,
+        N,
+        x_stride,
+        w_stride,
+        K_SPLIT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
+        IEEE: tl.constexpr,
+    ):
+        # The fp32 sums [BLOCK_N, BLOCK_T] = w[rows, split's K_SPLIT columns] @ x^T[those columns, ts] (rows
+        # past N clamped to N - 1, never masked; columns of x past T loaded as zeros): the loop of
+        # _linear_gemv_kernel, shared with kernels.moe_router's fused router so its logits are the GEMV's bits.
+        EVEN_K: tl.constexpr = K_SPLIT % BLOCK_K == 0
+        w_rows = tl.minimum(rows, N - 1).to(tl.int64) * w_stride  # clamped: no row mask on the loads
+        cols = tl.arange(0, BLOCK_K)
+        k_base = split * K_SPLIT
+        w_ptrs = w_ptr + w_rows[:, None] + (k_base + cols)[None, :]  # [BLOCK_N, BLOCK_K]
+        x_ptrs = x_ptr + ts[None, :].to(tl.int64) * x_stride + (k_base + cols)[:, None]  # [BLOCK_K, BLOCK_T]
+        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
+            if EVEN_K:
+                w = tl.load(w_ptrs + k0)
+                xt = tl.load(x_ptrs + k0, mask=t_mask, other=0.0)
+            else:
+                k_mask = cols < K_SPLIT - k0
+                w = tl.load(w_ptrs + k0, mask=k_mask[None, :], other=0.0)
+                xt = tl.load(x_ptrs + k0, mask=t_mask & k_mask[:, None], other=0.0)
+            if IEEE:  # fp32 weights: full-precision products (the default would round them to tf32)
+                acc = tl.dot(w, xt, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(w, xt, acc)
+        return acc
+
+    @triton.jit
     def _linear_gemv_kernel(
         x_ptr,
         w_ptr,
@@ -98,30 +140,15 @@ if HAS_TRITON:
         # an unsplit K can end in a partial step (the launcher splits K into whole steps). K_SPLIT is a
         # constexpr: a loop bound that is a run-time argument breaks Triton 3.6's interpreter under numpy 2.
         BLOCK_T: tl.constexpr = 16
-        EVEN_K: tl.constexpr = K_SPLIT % BLOCK_K == 0
         tile = tl.program_id(0)
         split = tl.program_id(1)
         rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        w_rows = tl.minimum(rows, N - 1).to(tl.int64) * w_stride  # clamped: no row mask on the loads
-        cols = tl.arange(0, BLOCK_K)
         ts = tl.arange(0, BLOCK_T)
-        k_base = split * K_SPLIT
-        w_ptrs = w_ptr + w_rows[:, None] + (k_base + cols)[None, :]  # [BLOCK_N, BLOCK_K]
-        x_ptrs = x_ptr + ts[None, :].to(tl.int64) * x_stride + (k_base + cols)[:, None]  # [BLOCK_K, BLOCK_T]
         t_mask = (ts < T)[None, :]
-        acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
-        for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
-            if EVEN_K:
-                w = tl.load(w_ptrs + k0)
-                xt = tl.load(x_ptrs + k0, mask=t_mask, other=0.0)
-            else:
-                k_mask = cols < K_SPLIT - k0
-                w = tl.load(w_ptrs + k0, mask=k_mask[None, :], other=0.0)
-                xt = tl.load(x_ptrs + k0, mask=t_mask & k_mask[:, None], other=0.0)
-            if IEEE:  # fp32 weights: full-precision products (the default would round them to tf32)
-                acc = tl.dot(w, xt, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(w, xt, acc)
+        acc = gemv_split_tile(
+            x_ptr, w_ptr, rows, ts, t_mask, split, N, x_stride, w_stride, K_SPLIT, BLOCK_N, BLOCK_K, BLOCK_T,
+            NUM_STAGES, IEEE,
+        )  # fmt: skip
         tile_ptrs = ts[None, :] * N + rows[:, None]  # [BLOCK_N, BLOCK_T]
         out_mask = (rows < N)[:, None] & t_mask
         tl.store(out_ptr + split * (T * N) + tile_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)

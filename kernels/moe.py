@@ -127,41 +127,73 @@ def moe_combine_ref(
 if HAS_TRITON:
 
     @triton.jit
+    def route_rows(
+        logits,
+        es,
+        BLOCK_T: tl.constexpr,
+        TOP_K: tl.constexpr,
+        BLOCK_TOPK: tl.constexpr,
+        RENORMALIZE: tl.constexpr,
+    ):
+        # The routing of a [BLOCK_T, BLOCK_E] tile of fp32 logits (padding experts -inf; es the expert index
+        # of each column) -> (weights [BLOCK_T, BLOCK_TOPK] fp32, ids [BLOCK_T, BLOCK_TOPK] int32), best first.
+        # Shared by _moe_route_kernel and kernels.moe_router's fused router, and written so that its bits do
+        # not depend on how the compiler lays the tile out over threads (the two kernels load their logits in
+        # different dtypes, so their tiles' layouts, and with them the order of a row's sums, can differ): the
+        # top_k are picked by repeated argmax on the logits (exact), each picked weight is exp(logit - max)
+        # (max exact; one nonzero term summed), and renormalising divides by the picked values summed in pick
+        # order, a fixed sequence. Only RENORMALIZE=False divides by the sum of every expert's exp, a row
+        # reduction whose order follows the layout.
+        row_max = tl.max(logits, axis=1)
+        exps = tl.exp(logits - row_max[:, None])
+        ks = tl.arange(0, BLOCK_TOPK)
+        top_e = tl.zeros([BLOCK_T, BLOCK_TOPK], dtype=tl.float32)
+        top_i = tl.zeros([BLOCK_T, BLOCK_TOPK], dtype=tl.int32)
+        picked = tl.zeros([BLOCK_T], dtype=tl.float32)
+        remaining = logits
+        for k in tl.static_range(TOP_K):
+            best = tl.argmax(remaining, axis=1, tie_break_left=True)  # [BLOCK_T]
+            chosen = es[None, :] == best[:, None]
+            e = tl.sum(tl.where(chosen, exps, 0.0), axis=1)  # one nonzero term: exact in any order
+            top_e = tl.where(ks[None, :] == k, e[:, None], top_e)
+            top_i = tl.where(ks[None, :] == k, best[:, None], top_i)
+            picked += e
+            remaining = tl.where(chosen, float("-inf"), remaining)
+        if RENORMALIZE:
+            top_p = top_e / picked[:, None]
+        else:
+            top_p = top_e / tl.sum(exps, axis=1)[:, None]
+        return top_p, top_i
+
+    @triton.jit
     def _moe_route_kernel(
         logits_ptr,
         weights_ptr,
         ids_ptr,
+        num_tokens,
         num_experts,
         logits_stride,
         TOP_K: tl.constexpr,
         BLOCK_TOPK: tl.constexpr,
+        BLOCK_T: tl.constexpr,
         BLOCK_E: tl.constexpr,
         RENORMALIZE: tl.constexpr,
     ):
-        # grid (T,): one program takes one token's softmax over all experts (fp32) and picks the top_k by
-        # repeated argmax on the logits (the same order as on the probabilities, without exp's rounding).
-        token = tl.program_id(0)
-        offs = tl.arange(0, BLOCK_E)
-        mask = offs < num_experts
-        logits = tl.load(logits_ptr + token * logits_stride + offs, mask=mask, other=float("-inf"))
-        logits = logits.to(tl.float32)
-        exps = tl.exp(logits - tl.max(logits, axis=0))
-        probs = exps / tl.sum(exps, axis=0)
+        # grid (cdiv(T, BLOCK_T),): one program routes BLOCK_T tokens (route_rows; each row's reductions along
+        # its own experts, so a token's result does not depend on its neighbours).
+        rs = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        es = tl.arange(0, BLOCK_E)
+        e_ok = es < num_experts
+        row_ok = rs < num_tokens
+        offs = rs[:, None].to(tl.int64) * logits_stride + es[None, :]
+        logits = tl.load(logits_ptr + offs, mask=row_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
+        logits = tl.where(e_ok[None, :], logits, float("-inf"))  # padding experts: never picked
+        top_p, top_i = route_rows(logits, es, BLOCK_T, TOP_K, BLOCK_TOPK, RENORMALIZE)
         ks = tl.arange(0, BLOCK_TOPK)
-        top_p = tl.zeros([BLOCK_TOPK], dtype=tl.float32)
-        top_i = tl.zeros([BLOCK_TOPK], dtype=tl.int32)
-        remaining = logits  # padding columns are -inf: never picked (top_k <= num_experts)
-        for k in tl.static_range(TOP_K):
-            best = tl.argmax(remaining, axis=0, tie_break_left=True)
-            chosen = offs == best
-            top_p = tl.where(ks == k, tl.sum(tl.where(chosen, probs, 0.0), axis=0), top_p)
-            top_i = tl.where(ks == k, best, top_i)
-            remaining = tl.where(chosen, float("-inf"), remaining)
-        if RENORMALIZE:
-            top_p = top_p / tl.sum(top_p, axis=0)
-        k_mask = ks < TOP_K
-        tl.store(weights_ptr + token * TOP_K + ks, top_p, mask=k_mask)
-        tl.store(ids_ptr + token * TOP_K + ks, top_i.to(tl.int64), mask=k_mask)
+        out = rs[:, None] * TOP_K + ks[None, :]
+        out_mask = row_ok[:, None] & (ks < TOP_K)[None, :]
+        tl.store(weights_ptr + out, top_p, mask=out_mask)
+        tl.store(ids_ptr + out, top_i.to(tl.int64), mask=out_mask)
 
     @triton.jit
     def _moe_routed_slot(gate_up_ptr, ids_ptr, weights_ptr, routed, w_stride_e):
@@ -359,13 +391,18 @@ if HAS_TRITON:
         tl.store(out_ptr + token * out_stride + cols, out.to(out_ptr.dtype.element_ty), mask=col_mask)
 
 
+ROUTE_BLOCK_T = 8  # tokens a routing program (kernels.moe_router routes its <= 8 rows as one such tile)
+
+
 def moe_route(
     router_logits: torch.Tensor, top_k: int, renormalize: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launcher for ``moe_route_ref`` (same contract): one program per token, no host sync.
+    """Launcher for ``moe_route_ref`` (same contract): one program per ``ROUTE_BLOCK_T`` tokens, no host sync.
 
     The top_k are picked on the fp32 logits (largest first; a tie goes to the lower expert id), the same
-    choice as on the probabilities except where two probabilities round equal.
+    choice as on the probabilities except where two probabilities round equal. Renormalised weights are
+    ``exp(l_k - max) / sum_j exp(l_j - max)`` over the picked experts (``route_rows``): the reference's value
+    to a few fp32 ulps, and bitwise the fused router's (``kernels.moe_router``).
     """
     if not use_triton(router_logits):
         return moe_route_ref(router_logits, top_k, renormalize)
@@ -376,9 +413,9 @@ def moe_route(
     weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=device)
     expert_ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=device)
     if num_tokens:
-        _moe_route_kernel[(num_tokens,)](
-            logits, weights, expert_ids, num_experts, logits.stride(0),
-            TOP_K=top_k, BLOCK_TOPK=triton.next_power_of_2(top_k),
+        _moe_route_kernel[(triton.cdiv(num_tokens, ROUTE_BLOCK_T),)](
+            logits, weights, expert_ids, num_tokens, num_experts, logits.stride(0),
+            TOP_K=top_k, BLOCK_TOPK=triton.next_power_of_2(top_k), BLOCK_T=ROUTE_BLOCK_T,
             BLOCK_E=triton.next_power_of_2(num_experts), RENORMALIZE=renormalize, num_warps=4,
         )  # fmt: skip
     return weights, expert_ids

@@ -17,8 +17,10 @@ reduce launch, followed by the routing launch: three tiny, latency-bound kernels
   CTA barrier so every thread's partial stores come before the release). The program holding the last ticket
   resets the counter to 0 (for the next launch, CUDA-graph replays included) and routes every row: it sums
   each logit's partials in split order (loads cached in L2 only, never a stale L1 line), rounds them to x's
-  dtype, and runs ``_moe_route_kernel``'s softmax / top-k / renormalise on a ``[BLOCK_T, BLOCK_E]`` tile (all
-  T rows at once, one row's reductions never mixing with another's).
+  dtype, and routes them with ``kernels.moe.route_rows`` on one ``[ROUTE_BLOCK_T, BLOCK_E]`` tile (all T rows
+  at once, one row's reductions never mixing with another's): the helper ``_moe_route_kernel`` runs too, so the
+  split path's weights and ids are the same bits (route_rows' docstring says why its bits do not depend on the
+  tile's layout; on the H200 in session 9 the kernel's own softmax copy did not match the route kernel's).
 
 Batch invariance: the tiles come from (E, H, dtype) only, T is a run-time argument (one compiled kernel for
 T = 1..8), each output column of the dot reads its own row of x, the split order is fixed and the routing
@@ -36,11 +38,14 @@ import torch
 from kernels import _dispatch
 from kernels._dispatch import HAS_TRITON, use_triton
 from kernels.linear import GEMV_MAX_ROWS, gemv_tiles, linear, linear_ref
-from kernels.moe import moe_route, moe_route_ref
+from kernels.moe import ROUTE_BLOCK_T, moe_route, moe_route_ref
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from kernels.linear import gemv_split_tile
+    from kernels.moe import route_rows
 
 
 def moe_router_ref(
@@ -80,30 +85,15 @@ if HAS_TRITON:
         # tile * BLOCK_N.. and columns split * K_SPLIT.., fp32 partials stored at part[split, t, n]. Phase 2
         # (the last program to take a ticket): the logits of all T rows, then the routing (see the docstring).
         DOT_T: tl.constexpr = 16  # x's rows as the dot's columns (rows past T load as zeros, never stored)
-        EVEN_K: tl.constexpr = K_SPLIT % BLOCK_K == 0
         tile = tl.program_id(0)
         split = tl.program_id(1)
         rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        w_rows = tl.minimum(rows, NUM_EXPERTS - 1).to(tl.int64) * (K_SPLIT * SPLIT_K)  # clamped, no row mask
-        cols = tl.arange(0, BLOCK_K)
         ts = tl.arange(0, DOT_T)
-        k_base = split * K_SPLIT
-        w_ptrs = w_ptr + w_rows[:, None] + (k_base + cols)[None, :]  # [BLOCK_N, BLOCK_K]
-        x_ptrs = x_ptr + ts[None, :].to(tl.int64) * x_stride + (k_base + cols)[:, None]  # [BLOCK_K, DOT_T]
         t_mask = (ts < T)[None, :]
-        acc = tl.zeros([BLOCK_N, DOT_T], dtype=tl.float32)
-        for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
-            if EVEN_K:
-                w = tl.load(w_ptrs + k0)
-                xt = tl.load(x_ptrs + k0, mask=t_mask, other=0.0)
-            else:
-                k_mask = cols < K_SPLIT - k0
-                w = tl.load(w_ptrs + k0, mask=k_mask[None, :], other=0.0)
-                xt = tl.load(x_ptrs + k0, mask=t_mask & k_mask[:, None], other=0.0)
-            if IEEE:  # fp32 weights: full-precision products (the default would round them to tf32)
-                acc = tl.dot(w, xt, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(w, xt, acc)
+        acc = gemv_split_tile(
+            x_ptr, w_ptr, rows, ts, t_mask, split, NUM_EXPERTS, x_stride, K_SPLIT * SPLIT_K, K_SPLIT, BLOCK_N,
+            BLOCK_K, DOT_T, NUM_STAGES, IEEE,
+        )  # fmt: skip
         part_ptrs = part_ptr + split * (T * NUM_EXPERTS) + ts[None, :] * NUM_EXPERTS + rows[:, None]
         tl.store(part_ptrs, acc, mask=(rows < NUM_EXPERTS)[:, None] & t_mask)
         # every thread's partials are stored before the ticket's release (CTA barrier, then acq_rel at GPU scope)
@@ -124,21 +114,8 @@ if HAS_TRITON:
                 )
             logits = total.to(x_ptr.dtype.element_ty).to(tl.float32)  # rounded as F.linear's logits
             logits = tl.where(e_ok[None, :], logits, float("-inf"))  # padding experts: never picked
-            exps = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-            probs = exps / tl.sum(exps, axis=1)[:, None]
+            top_p, top_i = route_rows(logits, es, BLOCK_T, TOP_K, BLOCK_TOPK, RENORMALIZE)
             ks = tl.arange(0, BLOCK_TOPK)
-            top_p = tl.zeros([BLOCK_T, BLOCK_TOPK], dtype=tl.float32)
-            top_i = tl.zeros([BLOCK_T, BLOCK_TOPK], dtype=tl.int32)
-            remaining = logits
-            for k in tl.static_range(TOP_K):  # repeated argmax on the logits, as _moe_route_kernel
-                best = tl.argmax(remaining, axis=1, tie_break_left=True)  # [BLOCK_T]
-                chosen = es[None, :] == best[:, None]
-                p = tl.sum(tl.where(chosen, probs, 0.0), axis=1)
-                top_p = tl.where(ks[None, :] == k, p[:, None], top_p)
-                top_i = tl.where(ks[None, :] == k, best[:, None], top_i)
-                remaining = tl.where(chosen, float("-inf"), remaining)
-            if RENORMALIZE:
-                top_p = top_p / tl.sum(top_p, axis=1)[:, None]
             out = rs[:, None] * TOP_K + ks[None, :]
             out_mask = (rs < T)[:, None] & (ks < TOP_K)[None, :]
             tl.store(weights_ptr + out, top_p, mask=out_mask)
@@ -173,6 +150,7 @@ def moe_router(
     x's device (default ``router_counter``) -> (weights [T, top_k] fp32, expert_ids [T, top_k] int64).
     """
     num_tokens = x.shape[0]
+    assert GEMV_MAX_ROWS <= ROUTE_BLOCK_T, "the fused router routes its rows as one route_rows tile"
     fused = _dispatch.MOE_ROUTER_MODE == "fused" and 1 <= num_tokens <= GEMV_MAX_ROWS
     if not fused or not use_triton(x, weight):
         return moe_route(linear(x, weight), top_k, renormalize)
@@ -189,7 +167,7 @@ def moe_router(
     _moe_router_kernel[(triton.cdiv(num_experts, tiles.block_n), tiles.split_k)](
         x, weight, part, counter, weights, expert_ids, num_tokens, x.stride(0),
         NUM_EXPERTS=num_experts, K_SPLIT=hidden // tiles.split_k, SPLIT_K=tiles.split_k, TOP_K=top_k,
-        BLOCK_TOPK=triton.next_power_of_2(top_k), BLOCK_T=GEMV_MAX_ROWS,
+        BLOCK_TOPK=triton.next_power_of_2(top_k), BLOCK_T=ROUTE_BLOCK_T,
         BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         NUM_STAGES=tiles.num_stages, RENORMALIZE=renormalize, IEEE=x.dtype == torch.float32,
         num_warps=tiles.num_warps,

@@ -15,6 +15,7 @@ Engine statistics fields read (all optional except where the engine already has 
 
     num_running, num_waiting, max_concurrency, num_pages, num_pages_used, num_checkpoints    gauges
     num_steps, num_forward_steps, num_admission_scans, num_prefill_tokens, num_decode_tokens counters
+    num_prefill_steps, num_mixed_steps, num_burst_holds, num_burst_timeouts                  counters
     num_preemptions, num_recomputed_tokens                                                   counters
     num_requests_rejected: {code: n}                                                         counter
     host_kv_used_bytes, host_kv_capacity_bytes                                               gauges
@@ -70,6 +71,10 @@ _COUNTERS = (
     ("num_steps", "steps"),
     ("num_forward_steps", "forward_steps"),
     ("num_admission_scans", "admission_scans"),
+    ("num_prefill_steps", "prefill_steps"),
+    ("num_mixed_steps", "mixed_steps"),
+    ("num_burst_holds", "burst_holds"),
+    ("num_burst_timeouts", "burst_timeouts"),
     ("num_preemptions", "preemptions"),
     ("num_recomputed_tokens", "recomputed_tokens"),
     ("num_prefill_tokens", "prefill_tokens"),

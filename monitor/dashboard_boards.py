@@ -325,6 +325,8 @@ SCHEDULER = Board(
             (
                 Q(f"sum({rate('ninfer_engine_steps_total')})", "steps"),
                 Q(f"sum({rate('ninfer_engine_forward_steps_total')})", "forward steps"),
+                Q(f"sum({rate('ninfer_engine_prefill_steps_total')})", "prefill steps"),
+                Q(f"sum({rate('ninfer_engine_mixed_steps_total')})", "mixed steps (prefill beside decode)"),
                 Q(f"sum({rate('ninfer_scheduler_admission_scans_total')})", "admission scans"),
             ),
         ),

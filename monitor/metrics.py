@@ -203,6 +203,10 @@ host_park_skips           counter   ninfer_host_kv_park_skips_total         reas
 host_park_refusals        counter   ninfer_host_kv_park_refusals_total      reason=HOST_PARK_REFUSAL_REASONS | Parks refused by the host cache, by reason (oversize, pinned, ...).
 steps                     counter   ninfer_engine_steps_total               | Scheduler steps (including empty ones).
 forward_steps             counter   ninfer_engine_forward_steps_total       | Steps that ran the model.
+prefill_steps             counter   ninfer_engine_prefill_steps_total       | Steps that computed prompt tokens (a burst admitted together is one).
+mixed_steps               counter   ninfer_engine_mixed_steps_total         | Steps that computed prompt tokens while other rows decoded.
+burst_holds               counter   ninfer_engine_burst_holds_total         | Times an idle engine held its first step for announced requests (--burst-wait-ms).
+burst_timeouts            counter   ninfer_engine_burst_hold_timeouts_total | Burst holds that reached --burst-wait-ms with announced requests still in preparation.
 admission_scans           counter   ninfer_scheduler_admission_scans_total  | Admission passes over the waiting queue.
 preemptions               counter   ninfer_scheduler_preemptions_total      | Lanes preempted because the KV pool ran short (resumed later with the same output).
 recomputed_tokens         counter   ninfer_scheduler_recomputed_tokens_total | Tokens computed before a preemption that its resume computed again.

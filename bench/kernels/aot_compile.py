@@ -141,20 +141,42 @@ def signature(kernel: KernelSource, variant: Variant) -> tuple[dict[str, str], d
     return sig, dict(variant.constexprs)
 
 
+def compile_options(variant: Variant) -> dict[str, int]:
+    """The launch options a variant compiles with (``maxnreg`` only where it caps registers)."""
+    options = {"num_warps": variant.num_warps, "num_stages": variant.num_stages}
+    return options | ({"maxnreg": variant.maxnreg} if variant.maxnreg is not None else {})
+
+
 # ---------------------------------------------------------------------------------------------------
 # Compiling (needs triton: the tools venv)
+
+
+def _imported_kernel_modules(path: Path) -> list[Path]:
+    """The top-level kernels/*.py modules that ``path`` imports names from (``from kernels.linear import ...``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.count(".") == 1:
+            package, name = node.module.split(".")
+            module = path.parent / f"{name}.py"
+            if package != KERNELS_DIR.name or path.parent.name != KERNELS_DIR.name:
+                continue
+            if module.exists() and module != path and module not in found:
+                found.append(module)
+    return found
 
 
 def _torch_free_module(path: Path, out_dir: Path) -> ModuleType:
     """The jit functions of one kernels/ module, copied into a module that imports only triton. A module of a
     kernel package (kernels/attention/decode.py) brings its siblings' jit functions too: its kernels call the
-    helpers they share (kernels/attention/int8.py's ``_dequantize_tile``)."""
+    helpers they share (kernels/attention/int8.py's ``_dequantize_tile``); so does every top-level kernels
+    module it imports from (kernels/moe_router.py calls kernels/linear.py's ``gemv_split_tile``). The module's
+    own functions come last, so they win a clash of names."""
     siblings = [] if path.parent.name == KERNELS_DIR.name else sorted(set(path.parent.glob("*.py")) - {path})
     chunks = [
         "import triton\nimport triton.language as tl\n"
         "from triton.experimental import gluon\nfrom triton.experimental.gluon import language as gl\n"
     ]
-    for file in (path, *siblings):
+    for file in (*_imported_kernel_modules(path), *siblings, path):
         source = file.read_text()
         lines = source.splitlines()
         for fn in _jit_functions(ast.parse(source)):
@@ -236,7 +258,7 @@ def compile_all(
                     backend, arch = target.split(":")
                     row: dict[str, Any] = {
                         "kernel": kernel.name, "module": kernel.module, "variant": variant.label,
-                        "target": target, "num_warps": variant.num_warps, "num_stages": variant.num_stages,
+                        "target": target, **compile_options(variant),
                     }  # fmt: skip
                     start = time.perf_counter()
                     try:
@@ -245,7 +267,7 @@ def compile_all(
                         compiled = triton.compile(
                             src,
                             target=GPUTarget(backend, int(arch), 32),
-                            options={"num_warps": variant.num_warps, "num_stages": variant.num_stages},
+                            options=compile_options(variant),
                         )
                     except Exception as exc:  # noqa: BLE001  (recorded per row; the caller fails on it)
                         row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[-4000:])

@@ -16,7 +16,8 @@ class Variant:
     ptrs: element type of every pointer arg (Triton's names: bf16, fp32, i64, i1, ...); floats: the
     scalar args that are Python floats (fp32); every other non-constexpr arg is an int (i32). Pointers are
     compiled as 16-byte aligned; aligned: the int args that are multiples of 16 at the launch, as Triton's
-    JIT specializes them (strides of the real shapes: what enables 16-byte vector and async copies).
+    JIT specializes them (strides of the real shapes: what enables 16-byte vector and async copies). maxnreg: the
+    launch's register cap (Triton's ``maxnreg`` option, ptx ``.maxnreg``), None for ptxas's own choice.
     """
 
     label: str
@@ -26,6 +27,7 @@ class Variant:
     aligned: tuple[str, ...] = ()
     num_warps: int = 4
     num_stages: int = 3
+    maxnreg: int | None = None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -49,6 +51,11 @@ _DECODE_ALIGNED = ("q_stride_b", "q_stride_h", "cache_stride_page", "cache_strid
                    "scale_stride_page", "scale_stride_row")  # fmt: skip
 _DECODE_27B = dict(NUM_Q_HEADS=24, GROUP=6, HEAD_DIM=256, PAGE_SIZE=64, SPLIT_UNIT=32, MAX_SPLITS=_ATTN_SPLITS,
                    BLOCK_G=16, BLOCK_N=32, BLOCK_D=256)  # fmt: skip
+
+_DECODE_INT8_PTRS = {**_DECODE_PTRS, "key_cache_ptr": "i8", "value_cache_ptr": "i8", "key_scale_ptr": "fp16",
+                     "value_scale_ptr": "fp16"}  # fmt: skip
+_DECODE_INT8_27B = dict(NUM_Q_HEADS=24, GROUP=6, HEAD_DIM=256, PAGE_SIZE=64, NUM_SCALES=4, SPLIT_UNIT=64,
+                        MAX_SPLITS=_ATTN_SPLITS, BLOCK_G=16, BLOCK_N=64, BLOCK_DG=64, BLOCK_SCALES=4, ASM=True)  # fmt: skip
 
 VARIANTS: dict[str, list[Variant]] = {
     # kernels/activation.py silu_mul (silu_mul_tiles): BLOCK_COLS = min(1024, next_pow2(I)), BLOCK_ROWS =
@@ -308,30 +315,25 @@ VARIANTS: dict[str, list[Variant]] = {
     "_paged_attention_decode_int8_kernel": [
         Variant(
             "Hq=24 Hkv=4 D=256 page 64 int8 g64 grouped dots",
-            {
-                **_DECODE_PTRS,
-                "key_cache_ptr": "i8",
-                "value_cache_ptr": "i8",
-                "key_scale_ptr": "fp16",
-                "value_scale_ptr": "fp16",
-            },
-            dict(
-                NUM_Q_HEADS=24,
-                GROUP=6,
-                HEAD_DIM=256,
-                PAGE_SIZE=64,
-                NUM_SCALES=4,
-                SPLIT_UNIT=64,
-                MAX_SPLITS=_ATTN_SPLITS,
-                BLOCK_G=16,
-                BLOCK_N=64,
-                BLOCK_DG=64,
-                BLOCK_SCALES=4,
-                ASM=True,
-            ),
+            _DECODE_INT8_PTRS,
+            _DECODE_INT8_27B,
             floats=("scale_log2",),
             aligned=_DECODE_ALIGNED,
-        ),  # fmt: skip
+        ),
+    ],
+    # decode_int8.py's keys-major build (NINFER_INT8_ATTENTION=keys_major): BLOCK_G = 8 (GQA 6 -> the MMAs' N), the
+    # launcher's 128-register cap and 2 stages (INT8_KEYS_MAJOR_LAUNCH); the same tiles as the grouped kernel. (BLOCK_G 16
+    # would make Triton pick wgmma on sm_90: 1329 loop instructions, spills at 128 registers; N = 8 stays mma.sync)
+    "_paged_attention_decode_int8_km_kernel": [
+        Variant(
+            "Hq=24 Hkv=4 D=256 page 64 int8 g64 keys-major",
+            _DECODE_INT8_PTRS,
+            dict(_DECODE_INT8_27B, BLOCK_G=8),
+            floats=("scale_log2",),
+            aligned=_DECODE_ALIGNED,
+            num_stages=2,
+            maxnreg=128,
+        ),
     ],
     # reduce: BLOCK_S = next_pow2(max_splits), BLOCK_D = min(64, next_pow2(head_dim))
     "_paged_attention_reduce_kernel": [
@@ -381,16 +383,16 @@ VARIANTS: dict[str, list[Variant]] = {
     ],
     # kernels/moe.py at the Qwen3.6-35B-A3B geometry (the MoE model): E=256 experts, top_k 8, H 2048, I 512,
     # bf16 router logits and expert weights, fp32 routing weights and act, int64 expert ids.
-    # moe_route: BLOCK_E = next_pow2(E), BLOCK_TOPK = next_pow2(top_k)
+    # moe_route: BLOCK_E = next_pow2(E), BLOCK_TOPK = next_pow2(top_k), BLOCK_T = ROUTE_BLOCK_T 8 tokens a program
     "_moe_route_kernel": [
         Variant(
             "E=256 top_k=8",
             dict(logits_ptr="bf16", weights_ptr="fp32", ids_ptr="i64"),
-            dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_E=256, RENORMALIZE=True),
+            dict(TOP_K=8, BLOCK_TOPK=8, BLOCK_T=8, BLOCK_E=256, RENORMALIZE=True),
         ),
     ],
     # kernels/moe_router.py moe_router (the router GEMV + routing in one launch): gemv_tiles(256, 2048, bf16) = 32
-    # rows x 256 columns, 4 warps, 4 stages, K split in 8; BLOCK_T = GEMV_MAX_ROWS 8, BLOCK_E 256, BLOCK_TOPK 8
+    # rows x 256 columns, 4 warps, 4 stages, K split in 8; BLOCK_T = ROUTE_BLOCK_T 8, BLOCK_E 256, BLOCK_TOPK 8
     "_moe_router_kernel": [
         Variant(
             "35B-A3B router 256x2048 split 8 top_k=8",

@@ -2,7 +2,11 @@
 
 MoE (HF ``Qwen3_5MoeSparseMoeBlock``): ``gate`` is the router ([E, H]); experts are stored fused
 (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I]); the output is the routed sum
-plus ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``.
+plus ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``. ``experts`` is a dense ``Experts`` or, for a
+groupwise-int artifact, ``engine.model.quant_experts.QuantExperts`` (the banks kept quantized); either is called
+``experts(x, weights, expert_ids, shared)`` and returns the routed sum plus ``shared``. The paths below are the
+dense ones (``routed_experts``); ``QuantExperts`` streams its banks for few tokens and, for more, dequantizes
+them into a shared scratch and takes these.
 
 Routing is ``kernels.moe_router.moe_router`` (a dense router weight): under ``NINFER_MOE_ROUTER=fused``, for 1..8
 tokens on CUDA, the router GEMV and the softmax top-k in one Triton launch; otherwise the router linear then
@@ -94,6 +98,10 @@ class Router(Linear):
 
 
 class Experts(nn.Module):
+    """Dense routed experts: ``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I] in the model dtype.
+    ``forward(x, weights, expert_ids, shared)``: the routed sum plus ``shared`` (``routed_experts``); a quantized
+    artifact's experts (``engine.model.quant_experts.QuantExperts``) keep the same call."""
+
     def __init__(self, hidden_size: int, num_experts: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_up_proj = nn.Parameter(
@@ -103,6 +111,11 @@ class Experts(nn.Module):
             torch.zeros(num_experts, hidden_size, intermediate_size), requires_grad=False
         )
 
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, shared: torch.Tensor
+    ) -> torch.Tensor:
+        return routed_experts(x, self.gate_up_proj, self.down_proj, weights, expert_ids, shared)
+
 
 class SparseMoeBlock(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
@@ -110,7 +123,8 @@ class SparseMoeBlock(nn.Module):
         hidden = config.hidden_size
         self.top_k = config.num_experts_per_tok
         self.gate = Router(hidden, config.num_experts)
-        self.experts = Experts(hidden, config.num_experts, config.moe_intermediate_size)
+        # dense ``Experts``, or ``QuantExperts`` (a groupwise-int artifact's banks, bound by the profile loader)
+        self.experts: nn.Module = Experts(hidden, config.num_experts, config.moe_intermediate_size)
         self.shared_expert = MLP(hidden, config.shared_expert_intermediate_size)
         self.shared_expert_gate = Linear(hidden, 1, [("shared_gate", 1)])
 
@@ -125,20 +139,14 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = self.route(x)
         experts = self.experts
-        gate_up, down = experts.gate_up_proj, experts.down_proj
         fused = x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS
-        if fused and self.shared_is_dense():
-            return moe_experts(x, gate_up, down, weights, expert_ids, self.shared_weights())
+        if fused and isinstance(experts, Experts) and self.shared_is_dense():
+            return moe_experts(
+                x, experts.gate_up_proj, experts.down_proj, weights, expert_ids, self.shared_weights()
+            )
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert.forward(x)
-        if fused:  # a quantized shared expert runs as its own MLP
-            return moe_experts(x, gate_up, down, weights, expert_ids) + shared
-        if x.is_cuda:  # the shared output joins the routed sum inside moe_combine
-            return _experts_grouped(x, gate_up, down, weights, expert_ids, shared)
-        if expert_ids.numel() <= GATHER_MAX_ROWS:
-            routed = _experts_gathered(x, gate_up, down, weights, expert_ids)
-        else:
-            routed = moe_experts_ref(x, gate_up, down, weights, expert_ids)
-        return routed + shared
+        out: torch.Tensor = experts(x, weights, expert_ids, shared)
+        return out
 
     def shared_is_dense(self) -> bool:
         """True when the shared expert and its gate hold dense weights (what ``moe_experts`` fuses in)."""
@@ -154,6 +162,27 @@ class SparseMoeBlock(nn.Module):
         down, score = self.shared_expert.down_proj.weight, self.shared_expert_gate.weight
         assert down is not None and score is not None, "shared_weights: the shared expert is not dense"
         return SharedExpert(gate, up, down, score)
+
+
+def routed_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    expert_ids: torch.Tensor,
+    shared: torch.Tensor,
+) -> torch.Tensor:
+    """The routed sum on dense banks (gate_up [E, 2I, H], down [E, H, I]) plus ``shared`` [T, H], by the paths of
+    the module docstring (the shared expert already computed: a quantized one runs as its own MLP)."""
+    if x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS:
+        return moe_experts(x, gate_up, down, weights, expert_ids) + shared
+    if x.is_cuda:  # the shared output joins the routed sum inside moe_combine
+        return _experts_grouped(x, gate_up, down, weights, expert_ids, shared)
+    if expert_ids.numel() <= GATHER_MAX_ROWS:
+        routed = _experts_gathered(x, gate_up, down, weights, expert_ids)
+    else:
+        routed = moe_experts_ref(x, gate_up, down, weights, expert_ids)
+    return routed + shared
 
 
 def _experts_gathered(

@@ -15,9 +15,14 @@ The artifact's identity names its profile (no runtime flag). Loading then goes:
 3. Objects the text model does not run (vision tower, optimized draft head, DFlash) are validated and skipped
    here; the vision tower is bound by ``engine.model.vision_load.load_vision`` (``--vision``).
 
-MoE: the routed expert banks have no quantized kernel yet, so they are dequantized once at load into the
-dense [E, 2I, H] / [E, H, I] banks the expert kernels read (``kernels.quant.dequantize``); everything else
-of the MoE block (shared expert, router) keeps its stored form.
+MoE: a layer's routed expert banks (``moe/routed_gate_up`` [E * 2I, H], ``moe/routed_down`` [E * H, I], the
+groupwise-int profile's Q4 / Q5 / Q6) stay quantized: they become the layer's ``QuantExperts``
+(``engine.model.quant_experts``), two payloads holding the file's bytes, decode streaming them through
+``kernels.quant.quant_moe_experts``; after every object is bound, the one ``ExpertScratch`` that all those layers
+share for prefill (the dense banks of one layer at a time) is allocated, once. Under
+``NINFER_MOE_EXPERTS=dequantized`` (``engine.env``), or for a bank in a format without those kernels, the banks
+are dequantized once at load into the dense [E, 2I, H] / [E, H, I] ``Experts`` instead (bf16: about 3x the
+bytes). Everything else of the MoE block (shared expert, router) keeps its stored form.
 """
 
 from __future__ import annotations
@@ -30,12 +35,15 @@ from torch import nn
 
 from engine.artifact.container import ArtifactError, Directory
 from engine.artifact.profiles import TensorSpec, VisionGeometry, WeightProfile
+from engine.env import moe_experts_mode
 from engine.model.config import ModelConfig
 from engine.model.linear import Linear
+from engine.model.mlp import SparseMoeBlock
 from engine.model.quant import QuantEmbedding, make_quantized, quantized_linear
+from engine.model.quant_experts import ExpertScratch, QuantBank, QuantExperts, allocate_scratch
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM, model_class
 from engine.progress import progress
-from kernels.quant import dequantize, view_planes
+from kernels.quant import GROUP_FORMATS, dequantize, view_planes
 
 SKIPPED_PREFIXES = ("vision/", "dflash/", "text/draft_head")
 _MAX_LISTED = 10
@@ -108,6 +116,8 @@ class _Loader:
     ):
         self.source, self.model, self.device, self.dtype = source, model, device, dtype
         self.last_quantized: Linear | None = None
+        self.quantized_experts = moe_experts_mode() == "quantized"
+        self.scratch = ExpertScratch()  # shared by every QuantExperts; allocated once the model is bound
 
     def plain(self, name: str) -> nn.Parameter:
         t = self.source.tensor(name)
@@ -197,19 +207,36 @@ def _bind_layer(load: _Loader, layer: Any, role: str, spec: TensorSpec) -> None:
         raise ArtifactError(f"{spec.name}: no model role for this object")
 
 
-def _bind_moe(load: _Loader, moe: Any, leaf: str, spec: TensorSpec) -> None:
+def _bind_moe(load: _Loader, moe: SparseMoeBlock, leaf: str, spec: TensorSpec) -> None:
     if leaf == "router_shared_gate":
         rows = load.plain(spec.name)
         moe.gate.weight = nn.Parameter(rows[:-1], requires_grad=False)
         moe.shared_expert_gate.weight = nn.Parameter(rows[-1:], requires_grad=False)
     elif leaf in ("routed_gate_up", "routed_down"):
-        bank = moe.experts.gate_up_proj if leaf == "routed_gate_up" else moe.experts.down_proj
-        weight = stored_value(load.source, spec, load.device).to(load.dtype)
-        setattr(moe.experts, leaf.replace("routed_", "") + "_proj", nn.Parameter(weight.view(bank.shape), requires_grad=False))  # fmt: skip
+        _bind_routed(load, moe, leaf, spec)
     elif leaf == "shared_gate_up":
         _parents(moe.shared_expert, "gate_up_proj", load.linear(spec))
     else:
         load.linear(spec, moe.shared_expert.down_proj)
+
+
+def _bind_routed(load: _Loader, moe: SparseMoeBlock, leaf: str, spec: TensorSpec) -> None:
+    """A routed bank: kept quantized (a ``QuantBank`` of the layer's ``QuantExperts``, gate_up first, as the
+    profile orders them), or dequantized into the dense ``Experts`` (see the module docstring)."""
+    experts = moe.experts
+    shape = (spec.shape[0], spec.shape[1])
+    if isinstance(experts, QuantExperts):  # gate_up was kept quantized: so is down
+        experts.set_down(QuantBank(spec.format, load.payload(spec.name), shape))
+    elif leaf == "routed_gate_up" and load.quantized_experts and spec.format in GROUP_FORMATS:
+        config = load.model.config
+        bank = QuantBank(spec.format, load.payload(spec.name), shape)
+        moe.experts = QuantExperts(config.num_experts, config.hidden_size, config.moe_intermediate_size, bank,
+                                   load.scratch)  # fmt: skip
+    else:
+        name = "gate_up_proj" if leaf == "routed_gate_up" else "down_proj"
+        dense = getattr(experts, name)
+        weight = stored_value(load.source, spec, load.device).to(load.dtype)
+        setattr(experts, name, nn.Parameter(weight.view(dense.shape), requires_grad=False))
 
 
 def _binder(load: _Loader) -> Callable[[TensorSpec], None]:
@@ -286,4 +313,5 @@ def load_profile_model(
     meta = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
     if meta:
         raise ArtifactError(f"{profile.key}: no stored object fills {', '.join(meta[:_MAX_LISTED])}")
+    allocate_scratch(model, load.device, dtype)
     return model.requires_grad_(False).eval()

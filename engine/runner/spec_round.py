@@ -54,11 +54,10 @@ def _greedy_plain(params: SamplingParams) -> bool:
 OneWaitRows = tuple[list[StaticRow], list[StaticRow]]
 
 
-def one_wait_rows(ex: SpecExecutor, rows: Sequence[RowPlan]) -> OneWaitRows | None:
-    """The static rows of the one-wait round over `rows`, or None when they do not take it (see the module
-    docstring for the conditions)."""
-    graphs = ex.graphs
-    if graphs is None or not isinstance(ex.drafter, MtpDrafter) or not rows:
+def one_wait_width(ex: SpecExecutor, rows: Sequence[RowPlan]) -> int | None:
+    """The verify width of a round whose rows are all greedy verify rows of one width (the conditions of the module
+    docstring before the static buffers'; DFlash's round too, engine/runner/dflash_round.py), else None."""
+    if ex.graphs is None or not rows:
         return None
     width = rows[0].num_tokens
     if width < 2 or width > ex.k + 1:
@@ -68,6 +67,16 @@ def one_wait_rows(ex: SpecExecutor, rows: Sequence[RowPlan]) -> OneWaitRows | No
             return None
         if not _greedy_plain(row.sampling_params):
             return None
+    return width
+
+
+def one_wait_rows(ex: SpecExecutor, rows: Sequence[RowPlan]) -> OneWaitRows | None:
+    """The static rows of the one-wait round over `rows`, or None when they do not take it (see the module
+    docstring for the conditions)."""
+    graphs = ex.graphs
+    width = one_wait_width(ex, rows) if isinstance(ex.drafter, MtpDrafter) else None
+    if graphs is None or width is None:
+        return None
     verify = ex.static_rows(rows, width)
     if not graphs.fits(verify, width):
         return None
@@ -81,31 +90,12 @@ def run_one_wait(
     """One round over `rows` (`static`: their `one_wait_rows`); `history` gets each row's committed tokens."""
     graphs, drafter, model = ex.graphs, ex.drafter, ex.model
     assert graphs is not None and isinstance(drafter, MtpDrafter)
-    n, width, k, page_size = len(rows), rows[0].num_tokens, ex.k, ex.cache.page_size
+    n, width, k = len(rows), rows[0].num_tokens, ex.k
     device = ex.device
     verify_rows, catch_up = static
     target_hidden = graphs.target(verify_rows, width)  # [n * width, H]
     ex.num_verify_forwards += 1
-    argmax, _ = processed_distribution(
-        model.compute_logits(target_hidden), [row.sampling_params for row in rows for _ in range(width)]
-    )
-    argmax = argmax.view(n, width)
-    caps = [len(row.page_ids) * page_size for row in rows]
-    host = [
-        *(t for row in rows for t in row.token_ids),
-        *(ex.snapshot_base + row.lane * k for row in rows),
-        *(row.state_slot for row in rows),
-        *(row.start_pos for row in rows),
-        *caps,
-    ]
-    up = upload(host, device)  # one copy, no wait
-    fed, snap, slots, starts, capacity = up.split([n * width, n, n, n, n])
-    fed = fed.view(n, width)
-    # acceptance: the leading drafts equal to the target's argmax, then the argmax after them
-    accepted = (fed[:, 1:] == argmax[:, :-1]).long().cumprod(dim=1).sum(dim=1)  # [n]
-    bonus = argmax.gather(1, accepted[:, None]).squeeze(1)
-    # rollback: snapshot a of the lane, or (all kept) the working slot onto itself
-    ex.cache.copy_states(torch.where(accepted < width - 1, snap + accepted, slots), slots)
+    accepted, bonus, slots, starts, capacity = verdict_on_device(ex, rows, target_hidden, width)
     # catch-up: pairs s-1 .. s+width-1 of every row, the bonus at pair a + 1
     row_ids = torch.arange(n, device=device)
     pair_rows = torch.cat(
@@ -126,16 +116,62 @@ def run_one_wait(
         hidden, logits = graphs.draft(steps, hidden, drafts[-1], move)
         drafts.append(logits.argmax(dim=-1))
     verdict = torch.stack([accepted, bonus, *drafts], dim=1).tolist()  # the one wait
+    caps = [len(row.page_ids) * ex.cache.page_size for row in rows]
+    limits = [
+        min(k, cap - (row.start_pos + a)) for row, (a, *_), cap in zip(rows, verdict, caps, strict=True)
+    ]
+    return commit(ex, rows, verdict, history, limits)
+
+
+def verdict_on_device(
+    ex: SpecExecutor, rows: Sequence[RowPlan], target_hidden: torch.Tensor, width: int
+) -> tuple[torch.Tensor, ...]:
+    """Acceptance and rollback of greedy verify rows, queued on the device: (accepted [n], bonus [n], working
+    slots [n], start positions [n], page capacities [n]) as device tensors."""
+    n, k, device = len(rows), ex.k, ex.device
+    argmax, _ = processed_distribution(
+        ex.model.compute_logits(target_hidden), [row.sampling_params for row in rows for _ in range(width)]
+    )
+    argmax = argmax.view(n, width)
+    caps = [len(row.page_ids) * ex.cache.page_size for row in rows]
+    host = [
+        *(t for row in rows for t in row.token_ids),
+        *(ex.snapshot_base + row.lane * k for row in rows),
+        *(row.state_slot for row in rows),
+        *(row.start_pos for row in rows),
+        *caps,
+    ]
+    up = upload(host, device)  # one copy, no wait
+    fed, snap, slots, starts, capacity = up.split([n * width, n, n, n, n])
+    fed = fed.view(n, width)
+    # acceptance: the leading drafts equal to the target's argmax, then the argmax after them
+    accepted = (fed[:, 1:] == argmax[:, :-1]).long().cumprod(dim=1).sum(dim=1)  # [n]
+    bonus = argmax.gather(1, accepted[:, None]).squeeze(1)
+    # rollback: snapshot a of the lane, or (all kept) the working slot onto itself
+    ex.cache.copy_states(torch.where(accepted < width - 1, snap + accepted, slots), slots)
+    return accepted, bonus, slots, starts, capacity
+
+
+def commit(
+    ex: SpecExecutor,
+    rows: Sequence[RowPlan],
+    verdict: list[list[int]],
+    history: dict[str, list[int]],
+    limits: Sequence[int],
+) -> Outcome:
+    """The host side of a one-wait round: `verdict` per row [accepted, bonus, *drafts] (the one copy), `limits`
+    the drafts each row may propose; `history` gets each row's committed tokens."""
+    width = rows[0].num_tokens
     tokens: list[tuple[int, ...]] = []
     num_accepted: list[int] = []
     rolled: list[int] = []
     proposals: list[tuple[int, ...]] = []
     ex.release([row.request_id for row in rows])  # greedy drafts keep no q
-    for row, (a, b, *new), cap in zip(rows, verdict, caps, strict=True):
+    for row, (a, b, *new), limit in zip(rows, verdict, limits, strict=True):
         committed = (*row.token_ids[1 : a + 1], b)
         history.setdefault(row.request_id, []).extend(committed)
         tokens.append(committed)
         num_accepted.append(a)
         rolled.append(width - 1 - a)
-        proposals.append(tuple(new[: min(k, cap - (row.start_pos + a))]))
+        proposals.append(tuple(new[:limit]))
     return tuple(tokens), tuple(num_accepted), tuple(rolled), tuple(proposals)

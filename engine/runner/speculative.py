@@ -13,7 +13,9 @@ batch; prefill chunks run as one varlen batch. A verify group flags `ForwardBatc
 GDN layers run its positions one at a time with the decode ops, each writing its state into the snapshot
 slot of that position (the last position into the working slot). Uniform groups of up to 8 rows, the MTP
 catch-up and the chained draft steps run through static buffers, replayed as CUDA graphs on CUDA
-(engine/spec/graphs.py, `use_static_inputs`); what does not fit them runs eagerly.
+(engine/spec/graphs.py, `use_static_inputs`); what does not fit them runs eagerly. With DFlash the uniform groups
+also return the target features, and the drafter's greedy round has its own buffers and graphs
+(engine/spec/dflash_graphs.py).
 
 Rollback (per-position snapshots, not replay): lane l owns snapshot slots `base + l*K .. base + l*K + K-1`
 (slot `base + j` of a lane holds its conv + recurrent state after verify position j, written there by the
@@ -25,7 +27,10 @@ rolled-back state is exactly the state of decoding the accepted tokens one per s
 Host waits of a round (tests/engine/test_spec_syncs.py): a greedy round whose rows fit the static buffers takes
 engine/runner/spec_round.py and waits once, for (accepted count, bonus, next drafts) per row; any other round waits
 twice, for the verdict (engine/spec/verify.py: its catch-up's rows depend on how many drafts each row kept) and for
-the drafts (engine/spec/mtp.py). Every index and position goes up through `upload` (pinned, non-blocking).
+the drafts (engine/spec/mtp.py). DFlash's greedy round takes engine/runner/dflash_round.py the same way (one wait);
+its general round waits for the verdict and for the drafts (engine/spec/dflash_draft.py; its block on the drafter's
+static buffers when the rows are verify rows of one width, `static_proposals`). Every index and position goes up
+through `upload` (pinned, non-blocking).
 TODO(#21): enqueue the next round before the host reads this one's verdict (the next verify fed from device
 buffers, the verdict read one round late, as plain overlap reads its tokens).
 """
@@ -40,9 +45,11 @@ import torch
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
+from engine.runner.dflash_round import dflash_one_wait_rows, run_dflash_one_wait, static_proposals
 from engine.runner.inputs import eager_batch
 from engine.runner.spec_round import one_wait_rows, run_one_wait
 from engine.spec.dflash_draft import DFlashDrafter
+from engine.spec.dflash_graphs import DFlashGraphs
 from engine.spec.graphs import SpecGraphs, StaticRow
 from engine.spec.mtp import DraftRow, MtpDrafter
 from engine.spec.verify import GeneratorFor, Verdict, verify
@@ -86,7 +93,7 @@ class SpecExecutor:
         method: str = "mtp",
     ) -> None:
         """method: the drafter, "mtp" (engine/spec/mtp.py) or "dflash" (engine/spec/dflash_draft.py: it reads
-        the target features of its layers, which the verify forward then captures; eager, no static inputs)."""
+        the target features of its layers, which the verify forward then captures)."""
         self.model, self.cache = model, cache
         self.k = num_draft_tokens
         self.snapshot_base = snapshot_base
@@ -103,6 +110,7 @@ class SpecExecutor:
         else:
             self.drafter = MtpDrafter(model, cache, cache.num_state_slots, generator)
         self.graphs: SpecGraphs | None = None
+        self.draft_graphs: DFlashGraphs | None = None  # DFlash's drafter round (engine/spec/dflash_graphs.py)
         self._draft_probs: dict[str, torch.Tensor | None] = {}  # q of each request's pending drafts
         self.num_verify_forwards = 0
         # greedy rounds that fit the static buffers queue everything before one host wait (spec_round.py)
@@ -128,13 +136,36 @@ class SpecExecutor:
 
     def use_static_inputs(self, max_pages: int, capture: bool) -> bool:
         """Run the fixed-shape forwards through static buffers (engine.spec.graphs.py), replaying
-        CUDA graphs when `capture` (on CUDA). Returns whether graphs were captured. DFlash runs eagerly
-        (TODO(#21): its verify forward must also return the target features; its block forward has no graph)."""
+        CUDA graphs when `capture` (on CUDA). Returns whether graphs were captured. DFlash: the target widths 1
+        and K + 1 with features, and the drafter's round per batch size and context bucket."""
         if isinstance(self.drafter, DFlashDrafter):
-            return False
+            self.graphs = SpecGraphs(
+                self.model, self.cache, num_draft_tokens=self.k, max_pages=max_pages,
+                feature_layers=self.feature_layers, widths=(1, self.k + 1), with_mtp=False,
+            )  # fmt: skip
+            self.draft_graphs = DFlashGraphs(self.drafter, num_draft_tokens=self.k, max_pages=max_pages)
+            if not capture:
+                return False
+            return self.graphs.capture() & self.draft_graphs.capture()
         self.graphs = SpecGraphs(self.model, self.cache, num_draft_tokens=self.k, max_pages=max_pages)
         self.drafter.graphs = self.graphs
         return self.graphs.capture() if capture else False
+
+    @property
+    def num_graph_replays(self) -> int:
+        """CUDA graph replays so far, target and drafter."""
+        target = self.graphs.num_replays if self.graphs is not None else 0
+        return target + (self.draft_graphs.num_replays if self.draft_graphs is not None else 0)
+
+    def capture_reports(self) -> dict[str, dict[str, object]]:
+        """What each graph set captured (empty when none): "target" (the verify widths; MTP's kinds too),
+        "drafter" (DFlash)."""
+        out = {}
+        if self.graphs is not None and self.graphs.report:
+            out["target"] = self.graphs.report
+        if self.draft_graphs is not None and self.draft_graphs.report:
+            out["drafter"] = self.draft_graphs.report
+        return out
 
     def static_rows(self, rows: Sequence[RowPlan], width: int) -> list[StaticRow]:
         return [
@@ -157,6 +188,8 @@ class SpecExecutor:
             static = self.static_rows(rows, width)
             if self.graphs.fits(static, width):
                 self.num_verify_forwards += width > 1
+                if self.feature_layers:
+                    return self.graphs.target_features(static, width)
                 return self.graphs.target(static, width), None
         batch: ForwardBatch = eager_batch(rows, self.cache.page_size, self.device)
         if width > 1:
@@ -176,6 +209,11 @@ class SpecExecutor:
         extended here with the committed tokens. `plain_sample(logits, rows)`: the runner's own sampler for
         rows that never draft (structured outputs: a grammar's mask depends on every earlier token;
         logprobs), one position each; it extends `history` itself."""
+        if self.one_wait and isinstance(self.drafter, DFlashDrafter):
+            verify_rows = dflash_one_wait_rows(self, rows)
+            if verify_rows is not None:
+                self.num_one_wait_rounds += 1
+                return SpecOutcome(*run_dflash_one_wait(self, rows, verify_rows, history))
         static = one_wait_rows(self, rows) if self.one_wait else None
         if static is not None:
             self.num_one_wait_rounds += 1
@@ -240,7 +278,9 @@ class SpecExecutor:
                 history=history.get(row.request_id, []),
             ))  # fmt: skip
         if isinstance(self.drafter, DFlashDrafter):
-            proposals = self.drafter.advance(draft_rows, torch.cat(feature_parts))
+            features = torch.cat(feature_parts)
+            made = static_proposals(self, rows, draft_rows, features)
+            proposals = made if made is not None else self.drafter.advance(draft_rows, features)
         else:
             proposals = self.drafter.advance(draft_rows, target_hidden)
         for i in sampling:

@@ -126,6 +126,11 @@ class Scheduler:
         self.num_prefix_hit_tokens = 0
         self.num_prefill_tokens = 0
         self.num_decode_tokens = 0
+        # Steps that computed prompt tokens, and of those the ones that also carried rows computing none (a
+        # prefill beside decoding lanes: their tokens wait for it). A burst admitted together is one prefill step.
+        self.num_prefill_steps = 0
+        self.num_mixed_steps = 0
+        self._step_rows = [0, 0]  # this schedule(): rows computing prompt tokens, rows computing none
         self.host: HostPlanner | None = None
         # Preempted requests waiting to resume: id -> (cached tokens, host-cached tokens, admitted time)
         # of their first admission, which is what their usage reports, and the tokens computed when preempted.
@@ -218,6 +223,7 @@ class Scheduler:
             lane for lane in self.lanes if lane is not None and lane not in starved and _runnable(lane)
         ]
         decoding = [lane for lane in running if lane.num_known_tokens - lane.request.num_computed_tokens == 1]
+        self._step_rows = [0, 0]  # rows computing prompt tokens, rows computing none (decode rows)
         for lane in decoding:  # decode-ready first, compacted in lane order
             rows.append(self._decode_row(lane, copies))
         # A step with decode rows bounds their latency: its prefill gets the smaller (>= 1) budget.
@@ -232,6 +238,10 @@ class Scheduler:
                 n = min(n, lane.boundaries[0] - request.num_computed_tokens)
             rows.append(self._row(lane, n, copies))
             budget -= n
+        prefill_rows, other_rows = self._step_rows
+        if prefill_rows:
+            self.num_prefill_steps += 1
+            self.num_mixed_steps += int(other_rows > 0)
         released, self._released = tuple(self._released), []
         parks, unparks = self.host.take() if self.host is not None else ((), ())
         return StepPlan(self._step_id, tuple(rows), tuple(copies), released, parks, unparks)
@@ -420,6 +430,7 @@ class Scheduler:
             if lane.cow is not None:
                 copies.append(lane.cow)
         num_prefill = max(0, min(end, request.num_prompt_tokens) - start)
+        self._step_rows[0 if num_prefill else 1] += 1
         self.num_prefill_tokens += num_prefill
         self.num_decode_tokens += n - num_prefill
         lane.drafts = ()  # consumed by this row (or dropped); the result brings the next ones
@@ -551,6 +562,8 @@ class Scheduler:
             num_prefill_tokens=self.num_prefill_tokens,
             num_decode_tokens=self.num_decode_tokens,
             num_steps=self._step_id,
+            num_prefill_steps=self.num_prefill_steps,
+            num_mixed_steps=self.num_mixed_steps,
             num_admission_scans=self.num_admission_scans,
             num_preemptions=self.num_preemptions,
             num_recomputed_tokens=self.num_recomputed_tokens,

@@ -20,5 +20,7 @@ class SchedulerStats:
     num_decode_tokens: int  # cumulative
     num_steps: int
     num_admission_scans: int
+    num_prefill_steps: int = 0  # steps that computed prompt tokens
+    num_mixed_steps: int = 0  # ... while other rows of the step decoded
     num_preemptions: int = 0  # lanes preempted for pages (engine/scheduler/ondemand.py)
     num_recomputed_tokens: int = 0  # tokens computed before a preemption that the resume computed again

@@ -277,6 +277,23 @@ class DFlashDraftModel(nn.Module):
         v = attn.v_proj(x).view(-1, c.num_key_value_heads, c.head_dim)
         return apply_rope(k, cos, sin), v
 
+    def _attend(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor
+    ) -> torch.Tensor:
+        """Attention of q [B * S, Hq, D] over keys / values [B, C, Hkv, D] where `visible` [B, S, C]: [B * S, Hq * D].
+        Query head h reads KV head h // G (G = Hq / Hkv) with the G query heads of a KV head folded into its query
+        rows ([B, Hkv, G * S, D]): no repeated copy of the context, and SDPA keeps a fused backend (with a mask,
+        `enable_gqa` falls back to the math backend, which repeats K / V and materialises the scores)."""
+        c = self.config
+        b, s, _ = visible.shape
+        hkv, g, d = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim
+        folded = q.view(b, s, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * s, d)
+        mask = visible[:, None, None].expand(b, 1, g, s, -1).reshape(b, 1, g * s, -1)
+        out = F.scaled_dot_product_attention(
+            folded, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, scale=d**-0.5
+        )  # [B, Hkv, G * S, D]
+        return out.view(b, hkv, g, s, d).permute(0, 3, 1, 2, 4).reshape(b * s, hkv * g * d)
+
     def context_kv(
         self, features: torch.Tensor, positions: torch.Tensor
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -312,15 +329,7 @@ class DFlashDraftModel(nn.Module):
             window = c.window(i)
             if window is not None:
                 visible = visible & ((positions[:, :, None] - key_pos[:, None, :]).abs() < window)
-            out = F.scaled_dot_product_attention(
-                q.view(b, s, -1, c.head_dim).transpose(1, 2),
-                keys.transpose(1, 2),
-                values.transpose(1, 2),
-                attn_mask=visible[:, None],
-                scale=c.head_dim**-0.5,
-                enable_gqa=True,  # query head h reads KV head h // (Hq / Hkv), no repeated copy of the context
-            )  # [B, Hq, S, D]
-            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(b * s, -1))
+            hidden = hidden + attn.o_proj(self._attend(q, keys, values, visible))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return self.norm(hidden).view(b, s, h)
 

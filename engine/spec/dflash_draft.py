@@ -89,11 +89,13 @@ def dflash_of(model: Qwen3_5ForCausalLM) -> DFlashDraftModel:
 
 
 class DFlashKV:
-    """Per draft layer K and V, [num_pages * page_size, Hkv, D] each (flat slots: page * page_size + row)."""
+    """Per draft layer K and V, [num_pages * page_size + 1, Hkv, D] each (flat slots: page * page_size + row; the
+    last slot, `sink`, belongs to no page: the static round's padding positions store there, nothing reads it)."""
 
     def __init__(self, config: DFlashConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: Any):
-        shape = (num_pages * page_size, config.num_key_value_heads, config.head_dim)
+        shape = (num_pages * page_size + 1, config.num_key_value_heads, config.head_dim)
         self.page_size, self.num_pages = page_size, num_pages
+        self.sink = num_pages * page_size
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.values = [
             torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
@@ -105,7 +107,7 @@ class DFlashKV:
             t[dst * p : (dst + 1) * p].copy_(t[src * p : (src + 1) * p])
 
 
-def _slots(page_table: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
+def paged_slots(page_table: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
     """Flat KV slots of `positions` [B, C] through `page_table` [B, max_pages]."""
     return page_table.gather(1, positions // page_size).long() * page_size + positions % page_size
 
@@ -165,7 +167,7 @@ class DFlashDrafter:
 
     def _propose(self, rows: Sequence[DraftRow], k: int) -> list[Proposal]:
         c, dev, p = self.config, self.device, self.page_size
-        b, s = len(rows), k + 1
+        s = k + 1
         ends = [r.start_pos + len(r.tokens) for r in rows]  # e: the anchor's position
         max_pages = max(len(r.page_ids) for r in rows)
         table = torch.tensor(
@@ -184,7 +186,7 @@ class DFlashDrafter:
             pos = torch.tensor(low, device=dev)[:, None] + torch.arange(width, device=dev)[None, :]
             valid = pos < end[:, None]
             pos = torch.minimum(pos, (end[:, None] - 1).clamp(min=0))
-            contexts[window] = (_slots(table, pos, p), pos, valid)
+            contexts[window] = (paged_slots(table, pos, p), pos, valid)
 
         def context(layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
             slots, pos, valid = contexts[c.window(layer)]
@@ -192,7 +194,14 @@ class DFlashDrafter:
 
         embeds = self.model.model.embed_tokens(block_ids)
         hidden = self.draft.forward_block(embeds, positions, context)  # [B, S, H]
-        logits = self.model.compute_logits(hidden[:, 1:].reshape(b * k, -1))
+        return self.proposals(rows, hidden[:, 1:])
+
+    def proposals(self, rows: Sequence[DraftRow], hidden: torch.Tensor) -> list[Proposal]:
+        """Each row's proposals from its block's final hidden states at the K mask rows, `hidden` [B, K, H]: the
+        target's head, then `draft_tokens` (greedy argmax, or a draw from the processed q, which verification
+        needs); a row proposes min(num_drafts, K)."""
+        b, k = hidden.shape[0], hidden.shape[1]
+        logits = self.model.compute_logits(hidden.reshape(b * k, -1))
         params = [r.params for r in rows for _ in range(k)]
         ids = [r.request_id for r in rows for _ in range(k)]
         history = [r.history for r in rows for _ in range(k)]

@@ -1,10 +1,13 @@
-"""Static input buffers and CUDA graphs of the speculative step (`--spec mtp`; the runner owns when to use them).
+"""Static input buffers and CUDA graphs of the speculative step's target and MTP forwards (`--spec mtp`; the target
+forwards of `--spec dflash` too, whose drafter has its own: engine/spec/dflash_graphs.py); the runner owns when to
+use them.
 
 A speculative step runs three kinds of forwards, each a fixed shape once its rows are padded:
 
 - ``target`` (size, width): the target model over `size` rows of exactly `width` tokens (a verify group,
   width k + 1, GDN snapshots into ``snapshot_slots``; or width 1: plain decode rows of a speculative engine);
-  returns the hidden states [size * width, H].
+  returns the hidden states [size * width, H], and with `feature_layers` (DFlash) the target features of those
+  layers [size * width, len(layers) * H] (`target_features`).
 - ``catch_up`` (size): one MTP pass over `size` rows of up to ``K + 2`` (target hidden, next token) pairs
   each, packed back to back (a varlen batch; a padding row feeds one token); a sink sequence ``size`` takes
   the unused token rows, so every token row of the captured shape belongs to a sequence (no unwritten
@@ -13,7 +16,8 @@ A speculative step runs three kinds of forwards, each a fixed shape once its row
 - ``draft`` (size): one chained MTP step, one token per row, and its logits (the full head, or the reduced
   head of `--lm-head-draft`; the drafter samples outside).
 
-Graphs are keyed ``(kind, size, width)``, captured for sizes 1..8 and widths 1..K+1 sharing one memory pool,
+Graphs are keyed ``(kind, size, width)``, captured for sizes 1..8 and widths 1..K+1 (DFlash: widths 1 and K + 1,
+no MTP kinds) sharing one memory pool,
 and replayed over the same `SpecInputs`; the eager path (the CPU, a graph that failed to capture, a step that
 does not fit) runs the same function on the same buffers, so CPU tests exercise the fills and the padding.
 Padding rows: ``state_slots = -1`` (the decode ops touch no state), ``slot_mapping = -1`` (no KV stored),
@@ -25,8 +29,11 @@ Owns: the buffers, the graphs, their pool and outputs. Must not touch: requests,
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -39,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 SPEC_GRAPH_SIZES = (1, 2, 3, 4, 5, 6, 7, 8)
 GraphKey = tuple[str, int, int]  # (kind, padded rows, width; 0 = varlen)
+K = TypeVar("K")  # a graph key
+Out = TypeVar("Out")  # a graph's static outputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,9 +211,17 @@ class SpecGraphs:
     once on CUDA. `fits(...)` says whether a forward can take this path (else the caller's eager one)."""
 
     def __init__(self, model: Qwen3_5ForCausalLM, cache: ModelCache, *, num_draft_tokens: int, max_pages: int,
-                 sizes: Sequence[int] = SPEC_GRAPH_SIZES) -> None:  # fmt: skip
+                 sizes: Sequence[int] = SPEC_GRAPH_SIZES, feature_layers: tuple[int, ...] = (),
+                 widths: Sequence[int] | None = None, with_mtp: bool = True) -> None:  # fmt: skip
+        """feature_layers: the target forwards also return those layers' outputs (DFlash). widths: the target
+        widths captured (default 1..K+1; a width between them runs the same function eagerly). with_mtp: capture
+        the MTP kinds too (catch_up, draft)."""
         param = next(model.parameters())
         self.model, self.cache, self.k = model, cache, num_draft_tokens
+        self.feature_layers, self.with_mtp = feature_layers, with_mtp
+        self.widths = (
+            tuple(sorted(set(widths))) if widths is not None else tuple(range(1, num_draft_tokens + 2))
+        )
         self.device = param.device
         self.sizes = tuple(sorted(set(sizes)))
         self.max_batch = self.sizes[-1]
@@ -217,6 +234,7 @@ class SpecGraphs:
         self._outputs: dict[GraphKey, tuple[torch.Tensor, ...]] = {}
         self.num_replays = 0
         self.runs: dict[str, int] = {"target": 0, "catch_up": 0, "draft": 0}  # forwards through the buffers
+        self.report: dict[str, object] = {}  # what capture() captured (graphs per kind, seconds, MiB)
 
     @property
     def captured(self) -> bool:
@@ -240,6 +258,9 @@ class SpecGraphs:
     # ---- the three forwards -----------------------------------------------------------------------
 
     def _target_fn(self, size: int, width: int) -> Callable[[], tuple[torch.Tensor, ...]]:
+        if self.feature_layers:
+            layers = self.feature_layers
+            return lambda: self.model.forward_features(self.inputs.batch(size, width), self.cache, layers)
         return lambda: (self.model(self.inputs.batch(size, width), self.cache),)
 
     def _catch_up_fn(self, size: int) -> Callable[[], tuple[torch.Tensor, ...]]:
@@ -293,6 +314,14 @@ class SpecGraphs:
         assert size is not None
         return self._run(("target", size, width), rows, None)[0][: len(rows) * width]
 
+    def target_features(self, rows: Sequence[StaticRow], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden [len(rows) * width, H], target features [len(rows) * width, len(feature_layers) * H])."""
+        assert self.feature_layers, "SpecGraphs built without feature_layers"
+        size = self.padded_size(len(rows))
+        assert size is not None
+        out = self._run(("target", size, width), rows, None)
+        return out[0][: len(rows) * width], out[1][: len(rows) * width]
+
     def catch_up(
         self, rows: Sequence[StaticRow], hidden: torch.Tensor, patch: DevicePatch | None = None
     ) -> torch.Tensor:
@@ -319,9 +348,9 @@ class SpecGraphs:
     # ---- capture ------------------------------------------------------------------------------------
 
     def keys(self) -> list[GraphKey]:
-        widths = range(1, self.k + 2)
-        keys: list[GraphKey] = [("target", s, w) for s in self.sizes for w in widths]
-        keys += [("catch_up", s, 0) for s in self.sizes] + [("draft", s, 1) for s in self.sizes]
+        keys: list[GraphKey] = [("target", s, w) for s in self.sizes for w in self.widths]
+        if self.with_mtp:
+            keys += [("catch_up", s, 0) for s in self.sizes] + [("draft", s, 1) for s in self.sizes]
         return sorted(keys, key=lambda key: -self.inputs.num_tokens(key[1], key[2]))  # largest first
 
     @torch.inference_mode()
@@ -330,6 +359,7 @@ class SpecGraphs:
         when capture fails."""
         if self.device.type != "cuda":
             return False
+        start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         try:
             self._capture()
         except RuntimeError as exc:  # e.g. an op that syncs with the host: run the static path eagerly
@@ -338,24 +368,51 @@ class SpecGraphs:
             self._outputs.clear()
             torch.cuda.synchronize(self.device)
             return False
+        kinds = Counter(key[0] for key in self._graphs)
+        self.report = {
+            **kinds, "sizes": list(self.sizes), "target_widths": list(self.widths),
+            "seconds": round(time.perf_counter() - start, 2),
+            "reserved_mib": round((torch.cuda.memory_reserved(self.device) - reserved) / 2**20),
+        }  # fmt: skip
+        logger.info(
+            "speculative CUDA graphs: %d captured (%s; sizes %s, target widths %s) in %.1f s, %.0f MiB reserved",
+            len(self._graphs), ", ".join(f"{n} {kind}" for kind, n in kinds.items()), list(self.sizes),
+            list(self.widths), time.perf_counter() - start,
+            (torch.cuda.memory_reserved(self.device) - reserved) / 2**20,
+        )  # fmt: skip
         return True
 
     def _capture(self) -> None:
-        pool = None
-        keys = self.keys()
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):  # warm-up (Triton compiles) off the capture
-            for key in keys:
-                self.inputs.fill((), key[1], key[2], self._row_pages)
-                self._fn(key)()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        for key in keys:
+        def prepare(key: GraphKey) -> None:
             self.inputs.fill((), key[1], key[2], self._row_pages)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._outputs[key] = self._fn(key)()
-            pool = graph.pool() if pool is None else pool
-            self._graphs[key] = graph
-        torch.cuda.synchronize(self.device)
+
+        capture_keys(self.device, self.keys(), prepare, self._fn, self._graphs, self._outputs)
+
+
+def capture_keys(
+    device: torch.device,
+    keys: Sequence[K],
+    prepare: Callable[[K], None],
+    fn: Callable[[K], Callable[[], Out]],
+    graphs: dict[K, torch.cuda.CUDAGraph],
+    outputs: dict[K, Out],
+) -> None:
+    """Warm every key's `fn(key)` up on a side stream (Triton compiles off the capture), then capture each, in the
+    order given, into one shared pool; `prepare(key)` fills the static buffers (padding only) before each run."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for key in keys:
+            prepare(key)
+            fn(key)()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    pool = None
+    for key in keys:
+        prepare(key)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            outputs[key] = fn(key)()
+        pool = graph.pool() if pool is None else pool
+        graphs[key] = graph
+    torch.cuda.synchronize(device)

@@ -33,8 +33,10 @@ from engine.artifact.container import Directory, TensorEntry
 from engine.artifact.profiles import DEVELOPMENT_KINDS, PROFILES, TensorSpec, WeightProfile
 from engine.model.config import ModelConfig
 from engine.model.linear import DENSE, Linear
+from engine.model.mlp import SparseMoeBlock
 from engine.model.profile_load import SKIPPED_PREFIXES, load_profile_model
 from engine.model.quant import QuantEmbedding
+from engine.model.quant_experts import QuantExperts
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from kernels.quant import FP8, GROUP_FORMATS, NVFP4, dequantize, geometry
 
@@ -198,8 +200,9 @@ def build_synthetic_quantized(
 
 
 def dequantized_twin(model: Qwen3_5ForCausalLM) -> Qwen3_5ForCausalLM:
-    """A copy of ``model`` whose quantized layers and embedding hold their exactly dequantized weights, dense
-    in the model dtype (``DenseMethod``): the model's bf16 twin, for checking a quantized model against it."""
+    """A copy of ``model`` whose quantized layers, routed experts and embedding hold their exactly dequantized
+    weights, dense in the model dtype (``DenseMethod``, ``Experts``): the model's bf16 twin, for checking a
+    quantized model against it."""
     twin = copy.deepcopy(model)
     dtype = twin.model.norm.weight.dtype
     for module in twin.modules():
@@ -208,6 +211,9 @@ def dequantized_twin(model: Qwen3_5ForCausalLM) -> Qwen3_5ForCausalLM:
             del module._buffers["payload"]
             module.qweight, module.method = None, DENSE
             module.weight = nn.Parameter(weight, requires_grad=False)
+    for module in twin.modules():
+        if isinstance(module, SparseMoeBlock) and isinstance(module.experts, QuantExperts):
+            module.experts = module.experts.dequantized(dtype)
     embed = twin.model.embed_tokens
     if isinstance(embed, QuantEmbedding):
         dense = nn.Embedding(

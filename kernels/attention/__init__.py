@@ -28,7 +28,8 @@ same whichever other sequences (or padding rows) share its batch and however wid
 
 Files: ``ref.py`` (the contract: ``gather_kv_ref``, ``paged_attention_ref``), ``int8.py`` (the int8 codec and
 its Triton helpers), ``store.py`` (``store_kv``), ``decode.py`` (``paged_attention_decode``), ``decode_int8.py``
-(its ``int8_grouped`` kernel: int8 KV with the scales applied to the dots' results), ``prefill.py``
+(its ``int8_grouped`` kernel: int8 KV with the scales applied to the dots' results, and that kernel's keys-major
+build), ``prefill.py``
 (``paged_prefill_attention``); each launcher's ``_ref`` sits beside it. Import from ``kernels.attention``.
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import _dispatch
 from kernels._dispatch import HAS_TRITON, INTERPRET, use_triton
 from kernels.attention.int8 import _int8_scales
 from kernels.attention.ref import paged_attention_ref
@@ -13,7 +14,10 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from kernels.attention.decode_int8 import _paged_attention_decode_int8_kernel
+    from kernels.attention.decode_int8 import (
+        _paged_attention_decode_int8_kernel,
+        _paged_attention_decode_int8_km_kernel,
+    )
     from kernels.attention.int8 import _dequantize_tile, _dequantize_tile_f16
 
 
@@ -50,6 +54,11 @@ DECODE_MAX_SPLITS = 64  # the most splits one sequence's keys are cut into (the 
 # and 358.6 at batch 4, against 170.9 / 528.0 for the previous int8 default and 116.2 / 382.0 for bf16 (64 splits)
 NEW_DEFAULTS = {"max_splits": 128, "int8_block_n": 64, "int8_f16": True, "int8_grouped": True}
 INT8_GROUPED_DEFAULTS = {"block_n": 64, "max_splits": 128}
+# the keys-major build of the grouped kernel (``int8_keys_major``, NINFER_INT8_ATTENTION=keys_major): the same tiles,
+# capped at 128 registers (4 programs of 4 warps an SM by registers: 528 on the H200's 132 SMs, one wave for the
+# 500 of batch 1 at 100k keys) with 2 pipeline stages. Not yet timed on this code (session 10's build of the idea:
+# 85.7 us a layer vs bf16 104.1 at batch 1, 307.0 vs 383.1 at batch 4).
+INT8_KEYS_MAJOR_LAUNCH = {"num_stages": 2, "maxnreg": 128}
 
 
 def decode_block_n(head_dim: int, kv_int8: bool = False) -> int:
@@ -273,6 +282,9 @@ def paged_attention_decode(
     num_warps: int = 4,
     int8_f16: bool | None = None,
     int8_grouped: bool | None = None,
+    int8_keys_major: bool | None = None,
+    num_stages: int | None = None,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:
     """Launcher for ``paged_attention_decode_ref`` (same contract; split-K "flash decoding"), float or
     int8 KV (int8: pass the scales; tiles are dequantised in registers).
@@ -304,7 +316,11 @@ def paged_attention_decode(
     dots, in NEW_DEFAULTS; False, the default for now: the fp32 dequantisation of the prefill kernel, I2F conversions at a quarter of
     the issue rate) and ``int8_grouped`` (int8 KV, head_dim <= 256: decode_int8.py's kernel, one fp16 dot per
     64-value scale group on the raw codes with the scales applied to the dots' results, no dequantised tile;
-    it overrides ``int8_f16``; the default for 16-bit queries, with 64-key tiles and 128 splits unless given).
+    it overrides ``int8_f16``; the default for 16-bit queries, with 64-key tiles and 128 splits unless given),
+    ``int8_keys_major`` (with ``int8_grouped``: its keys-major build, decode_int8.py's
+    ``_paged_attention_decode_int8_km_kernel``, launched with ``INT8_KEYS_MAJOR_LAUNCH`` unless ``num_stages`` /
+    ``maxnreg`` say otherwise; None: ``NINFER_INT8_ATTENTION``), ``num_stages`` and ``maxnreg`` (Triton's
+    pipeline depth and register cap, 0 for none; None: Triton's defaults, or the keys-major build's).
     bench/kernels/decode_attention.py sweeps them on the GPU.
 
     The grid is sized from shapes only (``min(max_splits, cdiv(capacity, split_unit))`` splits), so the
@@ -364,12 +380,25 @@ def paged_attention_decode(
         SPLIT_UNIT=split_unit, MAX_SPLITS=max_splits, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, num_warps=num_warps,
     )  # fmt: skip
+    if int8_keys_major is None:
+        int8_keys_major = _dispatch.INT8_ATTENTION == "keys_major"
+    launch = INT8_KEYS_MAJOR_LAUNCH if int8_grouped and int8_keys_major else {}
+    num_stages = launch.get("num_stages") if num_stages is None else num_stages
+    maxnreg = launch.get("maxnreg") if maxnreg is None else maxnreg
+    if num_stages is not None:
+        shared["num_stages"] = num_stages
+    if maxnreg and not INTERPRET:  # (0: no cap, ptxas's own count)
+        shared["maxnreg"] = maxnreg
     if int8_grouped:
-        block_dg = max(16, triton.next_power_of_2(head_dim // num_scales))
-        _paged_attention_decode_int8_kernel[grid](
+        int8_kernel = (
+            _paged_attention_decode_int8_km_kernel if int8_keys_major else _paged_attention_decode_int8_kernel
+        )
+        if int8_keys_major:  # the query heads are the MMAs' N: 8 is a whole MMA column block
+            shared["BLOCK_G"] = max(8, triton.next_power_of_2(group))
+        int8_kernel[grid](
             *args,
             **shared,
-            BLOCK_DG=block_dg,
+            BLOCK_DG=max(16, triton.next_power_of_2(head_dim // num_scales)),
             BLOCK_SCALES=triton.next_power_of_2(num_scales),
             ASM=not INTERPRET,
         )

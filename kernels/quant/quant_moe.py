@@ -12,8 +12,9 @@ token's top_k experts' down rows against their act in a fixed order and rounds o
 sync, per-token programs (batch invariant), CUDA-graph safe. ``NINFER_QUANT_MOE=v2`` (``kernels._dispatch``)
 runs ``triton_moe.py``'s two kernels instead: the same grids with ~8x the programs a token and whole-chunk tiles
 (tiles: ``quant_moe_tiles_v2``), the same contract, not bitwise v1. The shared expert is not part of this launch: the
-layer runs it through ``quant_linear`` (or bf16) and adds it. Prefill: bind each expert's rows with
-``QuantWeight.rows`` and use ``quant_linear`` per expert group.
+layer runs it through ``quant_linear`` (or bf16) and adds it. Prefill (``engine/model/quant_experts.py``)
+dequantizes a layer's two stacks into one dense scratch (``quant_linear.dequantize_to``) and runs the dense
+grouped expert path on it.
 """
 
 from __future__ import annotations

@@ -42,6 +42,10 @@ def test_server_bench_reports_engine_step_client_tpot_and_loss_per_concurrency(
         expected = 100 * (row["client_tpot_ms_mean"] / row["engine_step_ms"] - 1)
         assert row["loss_pct"] == pytest.approx(expected, abs=0.1)
         assert "client_tpot_ms_steady" in row and "loss_pct_steady" in row
+        # the server's step counters over the round (a lone short prompt: one prefill step, nothing beside it)
+        assert 1 <= row["prefill_steps"] <= row["concurrency"] and row["burst_holds"] in (0, 1)
+        if row["concurrency"] == 1:
+            assert (row["prefill_steps"], row["mixed_steps"], row["burst_holds"]) == (1, 0, 0)
         # every output token after the first arrived in some chunk: the round cannot be shorter than them
         assert row["wall_s"] * 1e3 >= row["ttft_ms_mean"] + (OUTPUT - 1) * row["client_tpot_ms_mean"] * 0.99
     assert "| C | engine step ms |" in capsys.readouterr().out

@@ -61,6 +61,7 @@ SERVER_ONLY = [
         "host parking does not capture DFlash draft caches",
     ),
     (["--max-concurrency", "9"], {"max_concurrency": 9}, "max_concurrency=9: must be in 1..8"),
+    (["--burst-wait-ms", "-1"], {"burst_wait_ms": -1}, "burst_wait_ms=-1: must be in 0..1000"),
 ]
 
 

@@ -78,17 +78,18 @@ def _baseline(max_tokens: int) -> list[list[int]]:
 
 
 def _record(engine: EngineCore) -> list[tuple[str, tuple[int, ...]]]:
-    """Every proposal the DFlash drafter makes, in order."""
+    """Every proposal the DFlash drafter makes, in order (eager blocks and blocks on the static buffers both turn
+    their hidden states into proposals through `DFlashDrafter.proposals`)."""
     spec = engine.runner.spec
     assert spec is not None
-    real, seen = spec.drafter.advance, []
+    real, seen = spec.drafter.proposals, []
 
-    def advance(rows, features):
-        out = real(rows, features)
+    def proposals(rows, hidden):
+        out = real(rows, hidden)
         seen.extend((r.request_id, p.tokens) for r, p in zip(rows, out, strict=True) if p.tokens)
         return out
 
-    spec.drafter.advance = advance  # type: ignore[method-assign]
+    spec.drafter.proposals = proposals  # type: ignore[method-assign]
     return seen
 
 
@@ -116,10 +117,10 @@ def test_drafts_that_always_agree_commit_k_plus_one_per_round():
     engine = core(k, max_concurrency=3)
     spec = engine.runner.spec
     assert spec is not None
-    real = spec.drafter.advance
+    real = spec.drafter.proposals
 
-    def oracle(rows, features):
-        out = real(rows, features)
+    def oracle(rows, hidden):
+        out = real(rows, hidden)
         for i, (row, proposal) in enumerate(zip(rows, out, strict=True)):
             if proposal.tokens:
                 n = len(row.history)
@@ -127,7 +128,7 @@ def test_drafts_that_always_agree_commit_k_plus_one_per_round():
                 out[i] = Proposal(tuple(truth) + (7,) * (len(proposal.tokens) - len(truth)), None)
         return out
 
-    spec.drafter.advance = oracle  # type: ignore[method-assign]
+    spec.drafter.proposals = oracle  # type: ignore[method-assign]
     got = run(engine, [prompt(n, s) for s, n in enumerate(LENGTHS)], params)[0]
     assert got == list(want.values())
     stats = engine.scheduler.spec_stats

@@ -1,6 +1,8 @@
 """`--spec dflash` on the GPU (Triton kernels, CUDA SDPA in the companion) with the tiny MoE + tiny companion:
-greedy output equals the plain output for K 1, 4, 15 with one and eight lanes; the companion's own proposals
-in bf16 are finite tokens; the bench mode's DFlash round runs. float32 target weights for the comparison (see
+greedy output equals the plain output for K 1, 4, 15 with one and eight lanes, on the general rounds (the model's
+default presence penalty) and on the one-wait rounds replaying CUDA graphs (no penalty); the captured rounds
+(engine/spec/dflash_graphs.py and the target graphs) equal the same rounds run eagerly, round by round; the
+companion's own proposals in bf16 are finite tokens; the bench mode's DFlash round runs on its graphs. float32 target weights for the comparison (see
 test_spec_gpu.py). Run on the device machine (`-m gpu`).
 """
 
@@ -45,6 +47,30 @@ def test_greedy_dflash_equals_plain_on_the_gpu():
         assert run(core(spec="dflash", draft_tokens=k), prompts[:1], GREEDY)[0] == want[:1], k
 
 
+def test_greedy_dflash_on_graph_rounds_equals_plain_on_the_gpu():
+    params = SamplingParams(temperature=0.0, presence_penalty=0.0, max_tokens=17)
+    prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
+    want = run(core(max_concurrency=8, prefix_reuse=False), prompts, params)[0]
+    for k in (2, 15):
+        engine = core(max_concurrency=8, spec="dflash", draft_tokens=k)
+        assert run(engine, prompts, params)[0] == want, k
+        spec = engine.runner.spec
+        assert spec is not None and spec.num_one_wait_rounds > 0 and spec.draft_graphs is not None
+        assert spec.draft_graphs.num_replays >= spec.num_one_wait_rounds, k  # general rounds replay too
+        assert run(core(spec="dflash", draft_tokens=k), prompts[:1], params)[0] == want[:1], k
+
+
+@pytest.mark.parametrize(("k", "modes"), [(2, ("graph", "one_wait")), (15, ("graph", "one_wait")),
+                                          (7, ("graph", "eager"))])  # fmt: skip
+def test_captured_dflash_rounds_equal_eager_rounds(k, modes):
+    """Graph replays against the same static functions run eagerly (and, K=7, against the eager round): the same
+    tokens, counts, drafts, GDN state and context KV after every round (test_spec_dflash_graphs.compare_rounds)."""
+    from test_spec_dflash_graphs import compare_rounds
+
+    seen = compare_rounds(k, modes, device="cuda")
+    assert 0 in seen and max(seen) > 0, seen
+
+
 def test_bf16_dflash_runs_and_counts_rounds():
     engine = core(torch.bfloat16, max_concurrency=4, spec="dflash", draft_tokens=7)
     got = run(engine, [prompt(n, s) for s, n in enumerate(LENGTHS[:4])], GREEDY)[0]
@@ -60,3 +86,6 @@ def test_bench_dflash_round_runs():
     runner = make_spec_runner(model, 64, 2, "bf16", 7, 1024, spec="dflash")
     got = run_spec_rounds(runner, model.config.vocab_size, 2, 200, 2, 4, 7)
     assert got["round_s"] > 0 and got["tokens_per_round"] >= 1.0
+    assert (
+        runner.spec_graphs_captured and got["graph_replays_per_round"] >= 2
+    )  # the verify's and the drafter's

@@ -61,6 +61,18 @@ class Lanes:
         self.step += 1
         return self.runner.execute(StepPlan(self.step, tuple(rows), (), ()))
 
+    def mixed_drafts(self, want: list[list[int]], k: int, r: int) -> list[list[int]]:
+        """Round r's drafts: row i's agree with `want` up to draft (i + r) % (k + 1) (none, some or all
+        accepted); the runner's own drafts where `want` runs out."""
+        drafts = []
+        for i in range(len(PROMPTS)):
+            n, bad = len(self.out[i]), (i + r) % (k + 1)
+            good = want[i][n : n + k] if n + k <= len(want[i]) else []
+            drafts.append(
+                [t if j < bad else (t + 1) % 1000 + 3 for j, t in enumerate(good)] or self.drafts[i]
+            )
+        return drafts
+
     def round(self, drafts: list[list[int]]) -> StepResult:
         rows = [
             _row(i, (self.out[i][-1], *d), self.pos[i], self.pages[i], len(self.out[i]), False)
@@ -101,16 +113,7 @@ def test_the_one_wait_round_commits_and_rolls_back_as_the_general_round(arch: st
     seen: set[int] = set()
     for r in range(5):
         # row i's drafts agree up to draft (i + r) % (k + 1): none, some or all accepted
-        results = {}
-        for flag, lane in lanes.items():
-            drafts = []
-            for i in range(len(PROMPTS)):
-                n, bad = len(lane.out[i]), (i + r) % (k + 1)
-                good = want[i][n : n + k] if n + k <= len(want[i]) else []
-                drafts.append(
-                    [t if j < bad else (t + 1) % 1000 + 3 for j, t in enumerate(good)] or lane.drafts[i]
-                )
-            results[flag] = lane.round(drafts)
+        results = {flag: lane.round(lane.mixed_drafts(want, k, r)) for flag, lane in lanes.items()}
         on, off = results[True], results[False]
         seen.update(on.num_accepted)
         assert on.sampled_token_ids == off.sampled_token_ids

@@ -93,19 +93,12 @@ def _count_syncs(monkeypatch: pytest.MonkeyPatch) -> tuple[collections.Counter[s
     return counts, _SyncCounter(counts)
 
 
-@pytest.mark.parametrize("arch", ["dense", "moe"])
-@pytest.mark.parametrize("concurrency", [1, 3])
-@pytest.mark.parametrize("one_wait", [True, False])
-def test_a_greedy_round_waits_only_for_what_its_host_reads(
-    arch: str, concurrency: int, one_wait: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    model = _model(arch)
-    k, context = 3, 20
-    runner = make_spec_runner(model, 3 * concurrency, concurrency, "bf16", k, 64, cuda_graph=False)
-    assert runner.spec is not None
-    runner.spec.one_wait = one_wait
-    vocab = model.config.vocab_size
-    run_spec_rounds(runner, vocab, concurrency, context, 0, 1, k)  # first use of every shape
+def _counted_rounds(
+    runner: Any, k: int, concurrency: int, monkeypatch: pytest.MonkeyPatch
+) -> collections.Counter[str]:
+    """The host reads of ROUNDS greedy rounds through `runner` (after one round that first uses every shape)."""
+    vocab, context = runner.config.vocab_size, 20
+    run_spec_rounds(runner, vocab, concurrency, context, 0, 1, k)
     counts, mode = _count_syncs(monkeypatch)
     try:
         with mode:
@@ -113,6 +106,20 @@ def test_a_greedy_round_waits_only_for_what_its_host_reads(
     finally:
         monkeypatch.undo()
     assert got["tokens_per_round"] >= 1
+    return counts
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+@pytest.mark.parametrize("concurrency", [1, 3])
+@pytest.mark.parametrize("one_wait", [True, False])
+def test_a_greedy_round_waits_only_for_what_its_host_reads(
+    arch: str, concurrency: int, one_wait: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    k = 3
+    runner = make_spec_runner(_model(arch), 3 * concurrency, concurrency, "bf16", k, 64, cuda_graph=False)
+    assert runner.spec is not None
+    runner.spec.one_wait = one_wait
+    counts = _counted_rounds(runner, k, concurrency, monkeypatch)
     want = {
         "tolist engine/spec/verify.py:verify": ROUNDS,
         "tolist engine/spec/mtp.py:_propose_on_device": ROUNDS,
@@ -121,3 +128,31 @@ def test_a_greedy_round_waits_only_for_what_its_host_reads(
         want = {"tolist engine/runner/spec_round.py:run_one_wait": ROUNDS}
         assert runner.spec.num_one_wait_rounds == ROUNDS + 1
     assert dict(counts) == want
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+@pytest.mark.parametrize("one_wait", [True, False])
+def test_a_greedy_dflash_round_waits_once_or_twice(
+    concurrency: int, one_wait: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--spec dflash`: the verify (with features), acceptance, rollback and the drafter's round (context-KV store,
+    block, head) all queue on the device; the one copy of (accepted, bonus, drafts) is the round's only wait. The
+    general round (its block on the same buffers) waits for the verdict and for the drafts."""
+    from test_spec_dflash_engine import _loaded
+
+    k = 4
+    runner = make_spec_runner(
+        _loaded().model, 3 * concurrency, concurrency, "bf16", k, 64, cuda_graph=False, spec="dflash"
+    )
+    assert runner.spec is not None and runner.spec.draft_graphs is not None
+    runner.spec.one_wait = one_wait
+    counts = _counted_rounds(runner, k, concurrency, monkeypatch)
+    want = {
+        "tolist engine/spec/verify.py:verify": ROUNDS,
+        "tolist engine/spec/verify.py:draft_tokens": ROUNDS,
+    }
+    if one_wait:
+        want = {"tolist engine/runner/dflash_round.py:run_dflash_one_wait": ROUNDS}
+        assert runner.spec.num_one_wait_rounds == ROUNDS + 1
+    assert dict(counts) == want
+    assert runner.spec.draft_graphs.runs == ROUNDS + 1

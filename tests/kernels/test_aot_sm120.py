@@ -34,6 +34,7 @@ KNOWN_KERNELS = {
     "_store_kv_kernel",
     "_paged_attention_decode_kernel",
     "_paged_attention_decode_int8_kernel",
+    "_paged_attention_decode_int8_km_kernel",
     "_paged_attention_reduce_kernel",
     "_paged_prefill_attention_kernel",
     "_moe_route_kernel",
@@ -198,3 +199,31 @@ def test_every_kernel_compiles_for_sm120_and_sm90(aot: ModuleType, report: dict[
                 assert row["ptx_target"].startswith(arch), f"{where}: PTX targets {row['ptx_target']}"
                 assert 0 < row["registers"] <= 255, f"{where}: {row['registers']} registers"
                 assert row["triton_shared_bytes"] >= 0 and row["local_bytes"] >= 0, where
+
+
+def test_sass_loop_counter_takes_the_longest_backward_branch() -> None:
+    # bench/kernels/aot_sass.py reads a kernel's main loop from cuobjdump's SASS: the instructions from a backward
+    # branch's target to the branch, the longest first, counted by opcode (predicates and modifiers aside)
+    spec = importlib.util.spec_from_file_location("ninfer_aot_sass", SCRIPT.with_name("aot_sass.py"))
+    assert spec is not None and spec.loader is not None
+    sass_tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass_tool)
+    sass = "\n".join(
+        f"        /*{addr:04x}*/                   {text} ;   /* 0x000000ff00007816 */"
+        for addr, text in [
+            (0x00, "S2R R0, SR_TID.X"),
+            (0x10, "LDG.E R2, desc[UR4][R4.64]"),  # inner loop 0x10..0x30
+            (0x20, "@P0 HMMA.16816.F32 R4, R8, R12, R4"),
+            (0x30, "@!P1 BRA 0x10"),
+            (0x40, "PRMT R1, R2, 0x5140, R3"),
+            (0x50, "BRA 0x00"),  # the outer loop 0x00..0x50
+            (0x60, "BRA 0x70"),  # forward: no loop
+            (0x70, "EXIT"),
+        ]
+    )
+    loops = sass_tool.sass_loops(sass)
+    assert [len(loop) for loop in loops] == [6, 3]
+    assert sass_tool.summarize_loop(loops[1]) == {
+        "instructions": 3,
+        "by_opcode": {"LDG": 1, "HMMA": 1, "BRA": 1},
+    }

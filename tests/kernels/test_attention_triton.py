@@ -265,7 +265,9 @@ def test_paged_decode_int8_grouped_matches_reference(
     query = torch.randn(len(seq_lens), q_heads, head_dim, device=device, dtype=dtype) * 2
     args = (query, key_cache, value_cache, page_table, lens, head_dim**-0.5, key_scale, value_scale)
     expected = paged_attention_decode_ref(*args)
-    out = paged_attention_decode(*args, max_splits=max_splits, block_n=block_n, int8_grouped=True)
+    out = paged_attention_decode(
+        *args, max_splits=max_splits, block_n=block_n, int8_grouped=True, int8_keys_major=False
+    )
     f16 = paged_attention_decode(*args, max_splits=max_splits, block_n=block_n, int8_f16=True)
     assert torch.equal(out[lens == 0], torch.zeros_like(out[lens == 0]))
     err, err_f16 = (_rel_rms(x, expected) for x in (out, f16))
@@ -281,9 +283,93 @@ def _rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return (err / expected.double().pow(2).mean().sqrt()).item()
 
 
+# int8_keys_major (decode_int8.py's keys-major build: keys as the MMAs' rows, query heads as their columns, BLOCK_G
+# 8 or 16): the grouped cases, plus GQA 4 over lengths on both sides of a page edge (15, 16, 17 at page 16) and GQA 16
+# (BLOCK_G 16). The same arithmetic as int8_grouped in another order: held to the grouped kernel's bounds against
+# the reference, and to ~1e-4 of the grouped kernel's own output.
+_KEYS_MAJOR_CASES = [
+    *_GROUPED_CASES,
+    ([15, 16, 17], 8, 2, 128, 16, 3, 2, 16),  # GQA 4, batch 3 across a page edge
+    ([33, 5], 16, 1, 64, 16, 3, 2, 16),  # GQA 16
+]
+
+
+@pytest.mark.parametrize(
+    ("seq_lens", "q_heads", "kv_heads", "head_dim", "page_size", "max_pages", "max_splits", "block_n"),
+    _KEYS_MAJOR_CASES,
+    ids=[f"d{c[3]}-g{c[1] // c[2]}-b{len(c[0])}-n{c[7]}" for c in _KEYS_MAJOR_CASES],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_paged_decode_int8_keys_major_matches_reference_and_grouped(
+    seq_lens: list[int], q_heads: int, kv_heads: int, head_dim: int, page_size: int, max_pages: int,
+    max_splits: int, block_n: int, dtype: torch.dtype, device: str, assert_close: Callable[..., None],
+) -> None:  # fmt: skip
+    key_cache, value_cache, page_table, lens, key_scale, value_scale = _cache_and_table(
+        seq_lens, kv_heads, head_dim, page_size, max_pages, device, int8=True
+    )
+    query = torch.randn(len(seq_lens), q_heads, head_dim, device=device, dtype=dtype) * 2
+    args = (query, key_cache, value_cache, page_table, lens, head_dim**-0.5, key_scale, value_scale)
+    expected = paged_attention_decode_ref(*args)
+    knobs = {"max_splits": max_splits, "block_n": block_n, "int8_grouped": True}
+    out = paged_attention_decode(*args, **knobs, int8_keys_major=True)
+    grouped = paged_attention_decode(*args, **knobs, int8_keys_major=False)
+    assert torch.equal(out[lens == 0], torch.zeros_like(out[lens == 0]))
+    live = lens > 0
+    err, err_grouped, apart = (
+        _rel_rms(out[live], expected[live]), _rel_rms(grouped[live], expected[live]), _rel_rms(out[live], grouped[live])
+    )  # fmt: skip
+    if dtype == torch.float32:  # the kernel's own error (grouped: measured 1.4e-4..4.0e-4)
+        assert err <= 1e-3 and apart <= 1e-4, (
+            f"keys_major {err:.3e}, grouped {err_grouped:.3e}, apart {apart:.3e}"
+        )
+    else:  # the output's bf16 rounding (~4e-3) dominates
+        assert err <= err_grouped + 1e-3, f"keys_major {err:.3e}, grouped {err_grouped:.3e}"
+    assert_close("out", out, expected, 6e-3, 1e-3)
+
+
+def test_int8_attention_switch_selects_the_keys_major_build(
+    monkeypatch: pytest.MonkeyPatch, device: str, assert_close: Callable[..., None]
+) -> None:
+    # NINFER_INT8_ATTENTION (kernels._dispatch.INT8_ATTENTION) picks the build when the call does not say; the call's
+    # int8_keys_major wins over it
+    import kernels._dispatch
+    import kernels.attention.decode as decode
+
+    launched: list[str] = []
+
+    class Recorder:
+        def __init__(self, name: str, kernel: object) -> None:
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
+            launched.append(self.name)
+            return self.kernel[grid]  # type: ignore[index]
+
+    for name in ("_paged_attention_decode_int8_kernel", "_paged_attention_decode_int8_km_kernel"):
+        monkeypatch.setattr(decode, name, Recorder(name, getattr(decode, name)))
+    key_cache, value_cache, page_table, lens, key_scale, value_scale = _cache_and_table(
+        [70, 9], 2, 64, 16, 5, device, int8=True
+    )
+    query = torch.randn(2, 12, 64, device=device, dtype=torch.bfloat16)
+    args = (query, key_cache, value_cache, page_table, lens, 0.125, key_scale, value_scale)
+    expected = paged_attention_decode_ref(*args)
+    for mode, knob, kernel in [
+        ("keys_major", None, "_paged_attention_decode_int8_km_kernel"),
+        ("grouped", None, "_paged_attention_decode_int8_kernel"),
+        ("grouped", True, "_paged_attention_decode_int8_km_kernel"),
+        ("keys_major", False, "_paged_attention_decode_int8_kernel"),
+    ]:
+        monkeypatch.setattr(kernels._dispatch, "INT8_ATTENTION", mode)
+        launched.clear()
+        out = paged_attention_decode(*args, block_n=16, int8_keys_major=knob)
+        assert launched == [kernel], (mode, knob, launched)
+        assert_close(f"out ({mode}, {knob})", out, expected, 6e-3, 1e-3)
+
+
+@pytest.mark.parametrize("keys_major", [False, True], ids=["grouped", "keys_major"])
 @pytest.mark.parametrize("value_magnitude", [1e-4, 1.0, 3e3], ids=["tiny", "unit", "large"])
 def test_int8_grouped_weights_keep_their_precision_at_any_value_scale(
-    value_magnitude: float, device: str
+    value_magnitude: float, keys_major: bool, device: str
 ) -> None:
     # p times a value scale straight to fp16 would fall into fp16's subnormals for small values (absmax ~4e-4:
     # scales near 2^-18; without the normalisation this case measured 2.8e-2 rms): the weights are divided by
@@ -299,7 +385,9 @@ def test_int8_grouped_weights_keep_their_precision_at_any_value_scale(
     )
     query = torch.randn(2, q_heads, head_dim, device=device, dtype=torch.float32) * 2
     args = (query, key_cache, value_cache, page_table, lens, head_dim**-0.5, key_scale, value_scale)
-    out = paged_attention_decode(*args, int8_grouped=True, max_splits=2, block_n=16)
+    out = paged_attention_decode(
+        *args, int8_grouped=True, int8_keys_major=keys_major, max_splits=2, block_n=16
+    )
     err = _rel_rms(out, paged_attention_decode_ref(*args))
     assert torch.isfinite(out).all() and err <= 1e-3, (
         f"rel rms {err:.3e} at value magnitude {value_magnitude}"
@@ -346,7 +434,7 @@ _INVARIANCE_GEOMETRIES = [  # (q_heads, kv_heads, head_dim, page_size, max_split
     ("q_heads", "kv_heads", "head_dim", "page_size", "max_splits", "kind"),
     [
         pytest.param(*g[:5], kind, marks=[CUDA_ONLY] if g[5] else [], id=f"{kind}-{g[6]}")
-        for kind in ("bf16", "fp32", "int8", "int8_grouped")
+        for kind in ("bf16", "fp32", "int8", "int8_grouped", "int8_keys_major")
         for g in _INVARIANCE_GEOMETRIES
         # int8 KV needs head_dim a multiple of 64 (or under it): no int8 case at d80
         if not (kind.startswith("int8") and g[2] % 64 and g[2] > 64)
@@ -386,7 +474,8 @@ def test_paged_decode_is_batch_invariant(q_heads, kv_heads, head_dim, page_size,
             key_scale,
             value_scale,
             max_splits=max_splits,
-            int8_grouped=kind == "int8_grouped",
+            int8_grouped=kind in ("int8_grouped", "int8_keys_major"),
+            int8_keys_major=kind == "int8_keys_major",
         )
         return out[: len(rows)]
 

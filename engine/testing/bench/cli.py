@@ -21,6 +21,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core import apply_memory_limit
+from engine.model.quant_experts import scratch_bytes
 from engine.spec.dflash import PUBLISHED_35B_A3B, check_target, random_dflash
 from engine.spec.dflash_draft import attach_dflash
 from engine.testing.bench.fit import fit_report
@@ -200,7 +201,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         attach_dflash(model, random_dflash(PUBLISHED_35B_A3B, device="cuda", dtype=torch.bfloat16))
     weights = weight_bytes(model)
     result["weights_GB"] = {k: round(v / 1e9, 3) for k, v in weights.items() if not k.startswith("params")}
-    _log(f"built {args.synthetic} ({result['weights_id']}): {result['weights_GB']} GB")
+    result["expert_scratch_GB"] = round(scratch_bytes(model) / 1e9, 3)  # quantized experts' prefill banks
+    _log(f"built {args.synthetic} ({result['weights_id']}): {result['weights_GB']} GB"
+         f" + expert scratch {result['expert_scratch_GB']} GB")  # fmt: skip
 
     bandwidth = limits["read_GBps"] * 1e9
     flop_rate = limits["bf16_matmul_TFLOPs"] * 1e12
@@ -345,6 +348,7 @@ def _bench_spec(
         row = {"spec": args.spec, "concurrency": c, "draft_tokens": k, "round_ms": round(round_ms, 3),
                "lm_head_draft": bool(args.spec_lm_head_draft),
                "spec_cuda_graph": runner.spec_graphs_captured,
+               "spec_graphs": runner.spec.capture_reports() if runner.spec is not None else {},
                "graph_replays_per_round": got["graph_replays_per_round"],
                "one_wait_rounds": (runner.spec.num_one_wait_rounds if runner.spec is not None else 0) - one_wait_before,
                "tokens_per_round_random_weights": round(got["tokens_per_round"], 3),

@@ -6,7 +6,9 @@ cap less ``GPU_HEADROOM_BYTES`` (what ``--kv-capacity auto`` leaves), every lane
 engine's default prefix checkpoints, then proves it by building that runner (CUDA graphs captured, as served)
 and running one ``--prefill-chunk`` prefill and one decode step of every lane; on out-of-memory the pool shrinks
 by 5% and it tries again. Reported: the pool's tokens (the longest one context), and per lane count the longest
-context every lane can hold at once (pool / lanes, at most the model's ``max_position_embeddings``).
+context every lane can hold at once (pool / lanes, at most the model's ``max_position_embeddings``). The weights
+are what the device holds after the build (``memory_reserved``): quantized payloads as stored, plus the one
+dense-bank scratch a groupwise-int MoE model's prefill dequantizes its experts into (``expert_scratch_GiB``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from engine.cache.kv import GPU_HEADROOM_BYTES
 from engine.config import MAX_CONCURRENCY_LIMIT, CacheConfig, KVDtype
+from engine.model.quant_experts import scratch_bytes
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.runner import ModelRunner
 from engine.testing.bench.steps import (
@@ -46,7 +49,8 @@ def fit_report(
     pages = max(1, int(room // (per_token * PAGE_SIZE)))
     report: dict[str, Any] = {
         "limit_GiB": round(limit_bytes / 1024**3, 2),
-        "weights_reserved_GiB": round(weights / 1024**3, 3),
+        "weights_reserved_GiB": round(weights / 1024**3, 3),  # the quantized experts' shared scratch included
+        "expert_scratch_GiB": round(scratch_bytes(model) / 1024**3, 3),
         "kv_dtype": kv_dtype,
         "kv_bytes_per_token": per_token,
         "state_slots": slots,

@@ -25,7 +25,11 @@ What a row reports, per C (times from ``time.perf_counter`` around the SDK's str
   first token and none has finished: each step decodes all C rows with no prefill beside them, the condition
   the engine step is timed in), the mean chunk gap there over ``tokens_per_chunk``; null when the window holds
   no gap (a round too short for one);
-- ``client_tok_s``: completion tokens of the round / the round's wall time.
+- ``client_tok_s``: completion tokens of the round / the round's wall time;
+- ``prefill_steps`` / ``mixed_steps`` / ``burst_holds`` / ``burst_timeouts``: the server's ``/stats`` counters over
+  the timed round (``num_prefill_steps``, ...): a burst admitted together is one prefill step and no mixed step
+  (prompts within ``--prefill-chunk`` together; the server's ``--burst-wait-ms`` hold, which a timeout says ran
+  out before every request of the burst had arrived).
 The server runs with prefix reuse off (every request's prefill is cold; the prompts are the same text) and
 thinking off; its log is ``--server-log`` (default: a temporary file, its tail printed on failure).
 """
@@ -35,11 +39,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import shlex
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,6 +242,21 @@ def engine_steps(args: argparse.Namespace, context: int, log: Callable[[str], No
     return steps
 
 
+_ROUND_COUNTERS = (
+    ("num_prefill_steps", "prefill_steps"),
+    ("num_mixed_steps", "mixed_steps"),
+    ("num_burst_holds", "burst_holds"),
+    ("num_burst_timeouts", "burst_timeouts"),
+)
+
+
+def engine_counters(url: str) -> dict[str, int]:
+    """The server's ``/stats`` engine counters a round reports (0 where the server has none)."""
+    with urllib.request.urlopen(f"{url}/stats", timeout=30) as response:
+        engine = json.load(response)["engine"]
+    return {key: int(engine.get(key, 0)) for key, _ in _ROUND_COUNTERS}
+
+
 def bench_server(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     """The engine steps, then the server rounds; ``{"setup": ..., "rows": [...]}``."""
     context = args.server_prompt_len + args.server_max_tokens // 2
@@ -257,8 +278,11 @@ def bench_server(args: argparse.Namespace, log: Callable[[str], None]) -> dict[s
         log(f"prompt: {prompt_tokens} tokens (asked {args.server_prompt_len})")
         for c in args.concurrency:
             asyncio.run(run_round(f"{url}/v1", model, content, c, min(8, args.server_max_tokens)))  # warm-up
+            before = engine_counters(url)
             timings, wall = asyncio.run(run_round(f"{url}/v1", model, content, c, args.server_max_tokens))
+            after = engine_counters(url)
             row = summarize(timings, wall, steps[c] * 1e3)
+            row |= {name: after[key] - before[key] for key, name in _ROUND_COUNTERS}
             log(f"server {row}")
             rows.append(row)
     finally:
@@ -270,13 +294,13 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a Markdown table (the issue's shape: engine step, client TPOT, loss)."""
     head = (
         "| C | engine step ms | client TPOT ms (mean / p50 / steady) | TTFT ms (mean / p50) | loss (steady)"
-        " | client tok/s |"
+        " | client tok/s | prefill / mixed steps |"
     )
-    lines = [head, "|---|---|---|---|---|---|"]
+    lines = [head, "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['concurrency']} | {r['engine_step_ms']} | {r['client_tpot_ms_mean']} / {r['client_tpot_ms_p50']}"
             f" / {r['client_tpot_ms_steady']} | {r['ttft_ms_mean']} / {r['ttft_ms_p50']} | {r['loss_pct']}%"
-            f" ({r['loss_pct_steady']}%) | {r['client_tok_s']} |"
+            f" ({r['loss_pct_steady']}%) | {r['client_tok_s']} | {r.get('prefill_steps')} / {r.get('mixed_steps')} |"
         )
     return "\n".join(lines)

@@ -5,7 +5,9 @@ one round (verify K + 1 positions per row in one pass, roll back, catch the MTP 
 relative to one plain decode step, with the speculative CUDA graphs (engine/spec/graphs.py: the verify widths,
 the MTP catch-up and the draft steps) unless `--no-cuda-graph`, and projects the time per output token at an
 acceptance length of `ACCEPTANCE_LENGTH` tokens per round (upstream's published MTP3 figure): TPOT = round
-time / 3.2; with `--spec dflash` (the DFlash companion, random too; eager) at `DFLASH_ACCEPTANCE_LENGTH`.
+time / 3.2; with `--spec dflash` (the DFlash companion, random too; the target widths 1 and K + 1 and the
+drafter's round per batch size and context bucket on CUDA graphs, engine/spec/dflash_graphs.py) at
+`DFLASH_ACCEPTANCE_LENGTH`.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def run_spec_rounds(
     """Seconds per round of `concurrency` verify rows of k drafts each (greedy; each row advances by what
     it accepted + 1, its next drafts the runner's), the tokens committed per round, and the graph replays
     per round (0: eager)."""
-    graphs = runner.spec.graphs if runner.spec is not None else None
+    spec = runner.spec
     replays = 0
     pages_per_seq = -(-(context + (warmup + rounds + 1) * (k + 1)) // PAGE_SIZE)
     pages = [tuple(range(i * pages_per_seq, (i + 1) * pages_per_seq)) for i in range(concurrency)]
@@ -78,7 +80,7 @@ def run_spec_rounds(
         if step == warmup:
             _synchronize(runner)
             start, committed = time.perf_counter(), 0
-            replays = graphs.num_replays if graphs is not None else 0
+            replays = spec.num_graph_replays if spec is not None else 0
         rows = tuple(
             RowPlan(
                 request_id=f"s{i}",
@@ -104,6 +106,6 @@ def run_spec_rounds(
             committed += len(tokens)
     _synchronize(runner)
     seconds = (time.perf_counter() - start) / rounds
-    replays = (graphs.num_replays if graphs is not None else 0) - replays
+    replays = (spec.num_graph_replays if spec is not None else 0) - replays
     return {"round_s": seconds, "tokens_per_round": committed / rounds / concurrency,
             "graph_replays_per_round": replays / rounds}  # fmt: skip

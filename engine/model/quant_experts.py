@@ -1,0 +1,217 @@
+"""A MoE layer's routed experts kept quantized on the device: ``QuantExperts``, and the one ``ExpertScratch`` that
+all of a model's quantized MoE layers share for prefill.
+
+The groupwise-int MoE profile (35B-A3B: gate_up Q4, down Q5, Q6 in layers 34, 38, 39) stores a layer's experts as
+two stacked row-split weights, expert-major: gate_up ``[E * 2I, H]`` and down ``[E * H, I]``. ``QuantExperts``
+holds each as a ``QuantBank``: the payload (uint8, the artifact's bytes exactly, a non-persistent buffer named
+``payload``, so memory accounting and ``.to()`` see it) and its plane views (``kernels.quant.view_planes``, stored
+byte order: the MoE kernels read that layout, so the planes are never repacked). No dense copy of a bank exists.
+
+``QuantExperts.forward(x, weights, expert_ids, shared)`` is the routed sum plus ``shared`` (the gated shared
+expert's output, computed by the block), the same contract as ``engine.model.mlp.Experts``:
+
+* at most ``QUANT_MAX_TOKENS`` tokens (decode, MTP verify, small batches): ``kernels.quant.quant_moe_experts``
+  (two Triton kernels streaming the chosen experts' quantized rows on CUDA; the exact reference elsewhere). No
+  host sync, no scratch: CUDA-graph safe;
+* more tokens (prefill): both banks dequantized (one rounding to the model dtype: ``dequantize_to`` on CUDA,
+  the reference decode elsewhere) into the shared ``ExpertScratch``, then the dense expert path
+  (``engine.model.mlp.routed_experts``: grouped GEMMs on CUDA) on it. The layers run one after another, so one
+  buffer sized for the largest layer serves them all; it is allocated once at load (``ExpertScratch.allocate``),
+  so a step allocates nothing for it (CUDA-graph safe too) and the device memory it takes is counted with the
+  weights'. At the 35B-A3B (E 256, I 512, H 2048, bf16) it is 1.61 GB.
+
+Must not touch: routing, the shared expert, the router (``SparseMoeBlock`` owns them).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.model.mlp import Experts, routed_experts
+from kernels._dispatch import use_triton
+from kernels.quant import GROUP_FORMATS, QuantWeight, dequantize, quant_moe_experts, view_planes
+from kernels.quant.quant_linear import dequantize_to
+
+QUANT_MAX_TOKENS = 64  # tokens at or below this stream the quantized banks; above, the scratch + dense path
+
+
+class QuantBank(nn.Module):
+    """One stacked expert weight ([N, K]) as its stored payload and the payload's plane views (``qweight``)."""
+
+    def __init__(self, fmt: str, payload: torch.Tensor, shape: tuple[int, int]) -> None:
+        super().__init__()
+        if fmt not in GROUP_FORMATS:
+            raise ValueError(f"{fmt}: quantized expert banks need a row-split groupwise format")
+        self.format, self.shape = fmt, (int(shape[0]), int(shape[1]))
+        self.register_buffer("payload", payload, persistent=False)
+        self.qweight: QuantWeight = view_planes(fmt, payload, self.shape)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]  # nn.Module's own signature
+        # ``.to(device)`` and friends replace the payload tensor: the plane views must follow it
+        super()._apply(fn, recurse)
+        payload = self._buffers["payload"]
+        assert payload is not None
+        self.qweight = view_planes(self.format, payload, self.shape)
+        return self
+
+    def extra_repr(self) -> str:
+        return f"{self.format}, shape={list(self.shape)}"
+
+
+class ExpertScratch:
+    """The dense [E, 2I, H] gate_up and [E, H, I] down banks that prefill dequantizes one layer into, shared by
+    every ``QuantExperts`` of a model: one flat buffer in the model dtype, allocated once (``allocate``) for the
+    largest layer. Not a module buffer: a module's ``.to()`` would give each layer its own copy."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+        self.allocations = 0  # how many buffers were ever allocated (1 after a load)
+
+    def allocate(self, numel: int, device: torch.device | str, dtype: torch.dtype) -> None:
+        """Hold a buffer of at least ``numel`` elements of ``dtype`` on ``device`` (allocating only when the
+        current one is missing, smaller, or elsewhere)."""
+        buf, want = self.buffer, torch.device(device)
+        if (
+            buf is not None
+            and buf.numel() >= numel
+            and buf.dtype == dtype
+            and buf.device.type == want.type
+            and want.index in (None, buf.device.index)
+        ):
+            return
+        self.buffer = None  # free the old one first
+        # NOTE: a normal tensor even when loading under inference mode: the forward writes it in place, which an
+        # inference tensor refuses outside inference mode (a forward under no_grad)
+        with torch.inference_mode(False):
+            self.buffer = torch.empty(numel, dtype=dtype, device=device)
+        self.allocations += 1
+
+    def banks(
+        self, num_experts: int, inter: int, hidden: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [E, 2I, H], down [E, H, I]) views of the buffer (allocated here only when the model was
+        moved or cast after loading)."""
+        gate_up = num_experts * 2 * inter * hidden
+        down = num_experts * hidden * inter
+        self.allocate(gate_up + down, device, dtype)
+        buf = self.buffer
+        assert buf is not None
+        return (
+            buf[:gate_up].view(num_experts, 2 * inter, hidden),
+            buf[gate_up : gate_up + down].view(num_experts, hidden, inter),
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.buffer is None else self.buffer.numel() * self.buffer.element_size()
+
+
+def _dequantize_into(qw: QuantWeight, out: torch.Tensor) -> None:
+    """``out`` [N, K] (contiguous, the model dtype) = the represented weight, rounded once."""
+    if out.dtype in (torch.bfloat16, torch.float16) and use_triton(qw.codes, out):
+        dequantize_to(qw, out.dtype, out)
+    else:
+        out.copy_(dequantize(qw))
+
+
+class QuantExperts(nn.Module):
+    """A MoE layer's routed experts on their quantized banks (see the module docstring); ``gate_up`` [E * 2I, H]
+    and ``down`` [E * H, I] are ``QuantBank`` s, ``scratch`` the model's shared ``ExpertScratch``."""
+
+    def __init__(
+        self, num_experts: int, hidden: int, inter: int, gate_up: QuantBank, scratch: ExpertScratch
+    ) -> None:
+        super().__init__()
+        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden, inter
+        expected = (num_experts * 2 * inter, hidden)
+        if gate_up.shape != expected:
+            raise ValueError(f"routed gate_up {list(gate_up.shape)}: expected [E * 2I, H] = {list(expected)}")
+        self.gate_up = gate_up
+        self.down: QuantBank | None = None  # bound next (``set_down``): the artifact stores it after gate_up
+        self.scratch = scratch
+
+    def set_down(self, down: QuantBank) -> None:
+        expected = (self.num_experts * self.hidden_size, self.intermediate_size)
+        if down.shape != expected:
+            raise ValueError(f"routed down {list(down.shape)}: expected [E * H, I] = {list(expected)}")
+        self.down = down
+
+    @property
+    def scratch_numel(self) -> int:
+        """Elements of the dense banks this layer's prefill dequantizes into the scratch."""
+        return 3 * self.num_experts * self.intermediate_size * self.hidden_size
+
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, shared: torch.Tensor
+    ) -> torch.Tensor:
+        down = self.down
+        assert down is not None, "QuantExperts: the down bank was never bound"
+        if x.shape[0] <= QUANT_MAX_TOKENS:
+            return quant_moe_experts(x, self.gate_up.qweight, down.qweight, weights, expert_ids) + shared
+        gate_up, dense_down = self.dense_banks(x.device, x.dtype)
+        return routed_experts(x, gate_up, dense_down, weights, expert_ids, shared)
+
+    def dense_banks(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both banks dequantized into the shared scratch: (gate_up [E, 2I, H], down [E, H, I]) views, valid until
+        the next layer's call."""
+        down = self.down
+        assert down is not None, "QuantExperts: the down bank was never bound"
+        gate_up, dense_down = self.scratch.banks(
+            self.num_experts, self.intermediate_size, self.hidden_size, device, dtype
+        )
+        _dequantize_into(self.gate_up.qweight, gate_up.view(-1, self.hidden_size))
+        _dequantize_into(down.qweight, dense_down.view(-1, self.intermediate_size))
+        return gate_up, dense_down
+
+    def dequantized(self, dtype: torch.dtype) -> Experts:
+        """A dense ``Experts`` holding this layer's exactly dequantized banks in ``dtype`` (own memory): the
+        layer's dense twin, for tests and comparisons."""
+        down = self.down
+        assert down is not None, "QuantExperts: the down bank was never bound"
+        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        with torch.device("meta"):
+            dense = Experts(h, e, i)
+        gate_up = dequantize(self.gate_up.qweight).to(dtype).view(e, 2 * i, h)
+        dense.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
+        dense.down_proj = nn.Parameter(dequantize(down.qweight).to(dtype).view(e, h, i), requires_grad=False)
+        return dense
+
+    def extra_repr(self) -> str:
+        return f"experts={self.num_experts}, hidden={self.hidden_size}, inter={self.intermediate_size}"
+
+
+def quant_experts(model: nn.Module) -> list[QuantExperts]:
+    """The model's quantized routed-expert layers (MTP's included), in module order."""
+    return [m for m in model.modules() if isinstance(m, QuantExperts)]
+
+
+def scratch_bytes(model: nn.Module) -> int:
+    """Device bytes of the scratch the model's quantized expert layers share (0 without any)."""
+    layers = quant_experts(model)
+    return layers[0].scratch.nbytes if layers else 0
+
+
+def allocate_scratch(
+    model: nn.Module, device: torch.device | str, dtype: torch.dtype
+) -> ExpertScratch | None:
+    """Allocate the scratch the model's quantized expert layers share, once, for the largest of them (None when
+    the model has none). Called by the loader after every layer is bound."""
+    layers = quant_experts(model)
+    if not layers:
+        return None
+    scratch = layers[0].scratch
+    assert all(layer.scratch is scratch for layer in layers), "layers with different scratches"
+    scratch.allocate(max(layer.scratch_numel for layer in layers), device, dtype)
+    return scratch
+
+
+__all__ = [
+    "QUANT_MAX_TOKENS",
+    "ExpertScratch",
+    "QuantBank",
+    "QuantExperts",
+    "allocate_scratch",
+    "quant_experts",
+    "scratch_bytes",
+]

@@ -1,0 +1,205 @@
+"""A groupwise-int MoE artifact keeps its routed experts quantized (engine/model/quant_experts.py), on the CPU.
+
+The tiny MoE checkpoint ``moe_a`` (6 experts, top 2, H 72: partial groups) goes through ``ninfer-artifact convert
+--weights-id groupwise-int`` and ``load_model``. Checked:
+
+- the loaded experts hold the artifact's payload bytes exactly, and no dense bank exists (memory accounting
+  counts those bytes);
+- logits against twins whose banks are the exact dequantization: prefill (96 tokens: the many-token path,
+  dequantized into the shared scratch, then the dense path) is BITWISE the experts-only twin's; decode steps
+  (the few-token path, ``quant_moe_experts``'s fp32 reference here) agree to 1e-5 (the twin's CPU path sums
+  the same products in another order); the fully dequantized twin (every quantized layer dense) to 1e-4, as
+  the other profile tests; one layer's two paths are bitwise the dense path on the twin's banks;
+- one scratch for all layers, allocated once, sized for a layer, reused; ``.to(dtype)`` leaves the payload alone;
+- ``NINFER_MOE_EXPERTS=dequantized`` loads dense banks (the same prefill logits, bitwise).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from engine.artifact.cli import main as artifact_cli
+from engine.artifact.container import read_artifact
+from engine.artifact.profiles import TensorSpec
+from engine.model import allocate_model_cache, load_model
+from engine.model import quant_experts as qe
+from engine.model.mlp import Experts, SparseMoeBlock, routed_experts
+from engine.model.profile_load import SKIPPED_PREFIXES
+from engine.model.quant_experts import QUANT_MAX_TOKENS, QuantExperts, quant_experts
+from engine.testing.bench.steps import weight_bytes
+from engine.testing.synthetic import GEOMETRIES
+from engine.testing.synthetic_quant import dequantized_twin, quantized_bytes, synthetic_profile
+from kernels.moe import moe_experts_ref
+from kernels.quant import Q4, Q5
+
+
+@pytest.fixture(scope="module")
+def converted(tiny, tmp_path_factory):
+    ckpt = tiny("moe_a")
+    path = tmp_path_factory.mktemp("quant_experts") / "moe-groupwise.ninfer"
+    argv = ["convert", str(ckpt.path), str(path), "--model-id", "ninfer-tiny-moe"]
+    argv += ["--weights-id", "groupwise-int"]
+    assert artifact_cli(argv) == 0
+    artifact = read_artifact(path)
+    return ckpt, artifact, load_model(artifact, dtype=torch.float32)
+
+
+def experts_twin(model):
+    """A copy of ``model`` whose routed experts alone are dense (the exact dequantization): every other layer is
+    the same quantized one, so the experts are the only difference."""
+    twin = copy.deepcopy(model)
+    for block in twin.modules():
+        if isinstance(block, SparseMoeBlock) and isinstance(block.experts, QuantExperts):
+            block.experts = block.experts.dequantized(torch.float32)
+    return twin
+
+
+def test_the_experts_hold_the_artifacts_bytes_and_no_dense_bank(converted):
+    ckpt, artifact, model = converted
+    layers = [layer.mlp.experts for layer in model.model.layers]
+    assert all(isinstance(e, QuantExperts) for e in layers) and quant_experts(model) == layers
+    entries = {e.name: e for e in artifact.directory.tensors}
+    routed = 0
+    for index, experts in enumerate(layers):
+        for bank, leaf in ((experts.gate_up, "routed_gate_up"), (experts.down, "routed_down")):
+            name = f"text/layers/{index}/moe/{leaf}"
+            assert bank.payload.dtype == torch.uint8
+            assert bytes(bank.payload.numpy()) == bytes(artifact.raw_bytes(name)), name
+            assert (bank.format, list(bank.shape)) == (entries[name].format, list(entries[name].shape))
+            assert not bank.qweight.gemv_layout  # the MoE kernels read the stored byte order
+            routed += entries[name].bytes
+        assert (experts.gate_up.format, experts.down.format) == (Q4, Q5)
+    dense = [n for n, _ in model.named_parameters() if ".experts." in n]
+    assert not dense, f"dense expert banks: {dense}"
+    assert weight_bytes(model)["experts"] == routed  # the bench's accounting counts the payloads
+    assert quantized_bytes(model) >= routed
+
+
+def _logits(model, config, paged, steps):
+    """Logits of a 96-token prefill then ``steps`` single-token decode steps (greedy, fed back)."""
+    Driver, Lane = paged
+    cache = allocate_model_cache(config, num_pages=4, page_size=64, num_state_slots=1, dtype=torch.float32)
+    driver, lane = Driver(cache), Lane(slot=0)
+    prompt = torch.randint(0, config.vocab_size, (96,), generator=torch.Generator().manual_seed(5)).tolist()
+    out = [model.compute_logits(model(driver.batch([lane], [prompt]), cache))]
+    for token in steps:
+        out.append(model.compute_logits(model(driver.batch([lane], [[token]]), cache)))
+    return out
+
+
+def test_logits_match_the_dequantized_twins_on_both_paths(converted, paged, monkeypatch):
+    ckpt, _, model = converted
+    calls = {"few": 0, "many": 0}
+    few, many = qe.quant_moe_experts, QuantExperts.dense_banks
+
+    def count_few(*args):
+        calls["few"] += 1
+        return few(*args)
+
+    def count_many(self, *args):
+        calls["many"] += 1
+        return many(self, *args)
+
+    monkeypatch.setattr(qe, "quant_moe_experts", count_few)
+    monkeypatch.setattr(QuantExperts, "dense_banks", count_many)
+    steps = [11, 402, 7]
+    with torch.inference_mode():
+        ours = _logits(model, ckpt.config, paged, steps)
+        layers = ckpt.config.num_hidden_layers
+        assert calls == {"few": layers * len(steps), "many": layers}, calls
+        same = _logits(experts_twin(model), ckpt.config, paged, steps)
+        full = _logits(dequantized_twin(model), ckpt.config, paged, steps)
+    assert torch.equal(ours[0], same[0]), "prefill (scratch + dense path) differs from the experts-only twin"
+    for step, (a, b) in enumerate(zip(ours[1:], same[1:], strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"decode step {step}")
+    for a, b in zip(ours, full, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert ours[0].std() > 0
+
+
+@pytest.mark.parametrize("tokens", [1, 5, QUANT_MAX_TOKENS, QUANT_MAX_TOKENS + 1, 97])
+def test_one_layer_is_bitwise_the_dense_path_on_its_dequantized_banks(converted, tokens):
+    _, _, model = converted
+    experts = model.model.layers[3].mlp.experts
+    dense = experts.dequantized(torch.float32)
+    assert isinstance(dense, Experts)
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, experts.hidden_size, generator=gen)
+    weights = torch.rand(tokens, 2, generator=gen)
+    ids = torch.stack([torch.randperm(experts.num_experts, generator=gen)[:2] for _ in range(tokens)])
+    shared = torch.randn(tokens, experts.hidden_size, generator=gen)
+    with torch.inference_mode():
+        got = experts(x, weights, ids, shared)
+        if tokens <= QUANT_MAX_TOKENS:  # quant_moe_experts's reference: fp32 on the exact banks, one rounding
+            want = moe_experts_ref(x, dense.gate_up_proj, dense.down_proj, weights, ids) + shared
+        else:  # the scratch holds the banks in the model dtype; the dense path runs on them
+            want = routed_experts(x, dense.gate_up_proj, dense.down_proj, weights, ids, shared)
+    assert torch.equal(got, want)
+
+
+def test_one_scratch_serves_every_layer_and_is_allocated_once(converted):
+    ckpt, _, model = converted
+    layers = quant_experts(model)
+    scratch = layers[0].scratch
+    assert all(layer.scratch is scratch for layer in layers)
+    assert scratch.allocations == 1
+    c = ckpt.config
+    assert scratch.buffer.numel() == 3 * c.num_experts * c.moe_intermediate_size * c.hidden_size
+    pointer = scratch.buffer.data_ptr()
+    for layer in layers[:3]:
+        gate_up, down = layer.dense_banks(torch.device("cpu"), torch.float32)
+        assert gate_up.data_ptr() == pointer and down.data_ptr() == pointer + gate_up.numel() * 4
+        assert torch.equal(gate_up, layer.dequantized(torch.float32).gate_up_proj)
+    assert scratch.allocations == 1
+    loaded_in_inference = qe.ExpertScratch()
+    with torch.inference_mode():
+        loaded_in_inference.allocate(8, "cpu", torch.float32)
+    with torch.no_grad():  # a forward outside inference mode still writes it
+        loaded_in_inference.banks(1, 1, 2, torch.device("cpu"), torch.float32)[0].fill_(1.0)
+    assert loaded_in_inference.allocations == 1
+
+
+def test_the_dequantized_switch_loads_dense_banks_with_the_same_prefill(converted, paged, monkeypatch):
+    ckpt, artifact, model = converted
+    monkeypatch.setenv("NINFER_MOE_EXPERTS", "dequantized")
+    dense = load_model(artifact, dtype=torch.float32)
+    assert not quant_experts(dense) and isinstance(dense.model.layers[0].mlp.experts, Experts)
+    with torch.inference_mode():
+        assert torch.equal(
+            _logits(dense, ckpt.config, paged, [])[0], _logits(model, ckpt.config, paged, [])[0]
+        )
+    monkeypatch.setenv("NINFER_MOE_EXPERTS", "int4")
+    with pytest.raises(ValueError, match="NINFER_MOE_EXPERTS='int4': expected 'quantized', 'dequantized'"):
+        load_model(artifact, dtype=torch.float32)
+
+
+def test_a_cast_or_move_keeps_the_payload_and_its_views(converted):
+    _, _, model = converted
+    twin = copy.deepcopy(model)
+    before = {n: b.clone() for n, b in twin.named_buffers() if ".experts." in n}
+    twin.to(device="cpu", dtype=torch.bfloat16)
+    for name, buffer in twin.named_buffers():
+        if ".experts." in name:
+            assert buffer.dtype == torch.uint8 and torch.equal(buffer, before[name]), name
+    bank = twin.model.layers[0].mlp.experts.gate_up
+    start = bank.payload.data_ptr()
+    assert start <= bank.qweight.codes.data_ptr() < start + bank.payload.numel()
+    assert start <= bank.qweight.scales.data_ptr() < start + bank.payload.numel()
+
+
+def test_the_35b_a3b_profile_leaves_room_on_a_32_gib_card():
+    """What the 35B-A3B groupwise-int model holds on the device, from its inventory: the stored objects (MTP off)
+    plus one scratch; dense bf16 banks instead would not fit (the H200 check: tests/model/test_quantized_experts_gpu.py)."""
+    config = GEOMETRIES["qwen3.6-35b-a3b"]
+    profile = synthetic_profile("qwen3.6-35b-a3b/groupwise-int", config)
+    specs = [s for s in profile.objects(config) if isinstance(s, TensorSpec)]
+    specs = [s for s in specs if not s.name.startswith((*SKIPPED_PREFIXES, "mtp/"))]
+    stored = sum(s.bytes for s in specs)
+    routed = sum(s.bytes for s in specs if "/moe/routed_" in s.name)
+    bank_pair = 3 * config.num_experts * config.moe_intermediate_size * config.hidden_size * 2  # bf16
+    gib = 1024**3
+    assert stored + bank_pair < 22 * gib  # 19.6 + 1.5 GiB: ~10 GiB left for KV, GDN state, activations
+    assert stored - routed + config.num_hidden_layers * bank_pair > 32 * gib  # dense experts: 62 GiB
