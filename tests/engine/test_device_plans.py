@@ -4,7 +4,8 @@ Every stage line (`NAME SECONDS COMMAND`, as scripts/device/stages.sh reads it) 
 `NINFER_*=value` prefixes are switches the code parses, with values it accepts; `python3 -m engine.testing.bench`
 argv goes through the bench's parser and its device-free rules (and `--server-args` through ninfer-serve's);
 `python3 -m pytest` node ids and `-k` expressions collect at least one `gpu` test from every path they name
-(collection only); `python3 bench/kernels/X.py` argv through the script's argparse (where Triton imports).
+(collection only); `python3 bench/kernels/X.py` argv through the script's argparse (where Triton imports); the
+.json / .log files a stage writes are under `$WORK` (what stages.sh returns).
 """
 
 from __future__ import annotations
@@ -210,6 +211,11 @@ def test_stage_command_is_valid(
 ) -> None:
     env, argv = split_command(cmd, tmp_path)
     check_env(env)
+    for arg in argv:  # stages.sh returns $WORK (results.tgz): a result written elsewhere is lost
+        out = arg.split("=", 1)[-1]
+        assert not out.endswith((".json", ".log")) or out.startswith(f"{tmp_path}/"), (
+            f"{name}: {out} not in $WORK"
+        )
     assert argv[0] == "python3", f"{name}: the device runs python3 (stages.sh's PATH), not {argv[0]}"
     if argv[1:3] == ["-m", "engine.testing.bench"]:
         check_bench(argv[3:], monkeypatch)
