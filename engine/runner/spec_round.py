@@ -202,7 +202,7 @@ def commit(
     num_accepted: list[int] = []
     rolled: list[int] = []
     proposals: list[tuple[int, ...]] = []
-    ex.release([row.request_id for row in rows])  # greedy drafts keep no q
+    ex.forget_draft_probs([row.request_id for row in rows])  # greedy drafts keep no q
     for row, (a, b, *new), limit in zip(rows, verdict, limits, strict=True):
         committed = (*row.token_ids[1 : a + 1], b)
         history.setdefault(row.request_id, []).extend(committed)

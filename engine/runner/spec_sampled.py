@@ -9,8 +9,9 @@ Everything the general round reads back between its steps stays on the device:
   the device since they were drawn (`SpecExecutor._draft_probs`), acceptance u_j * q_j(d_j) < p_j(d_j) in order,
   the token after them from the residual norm(max(p_a - q_a, 0)) or, all kept, from p_k; greedy rows of the batch
   as one-hot p and q (the greedy rule);
-- penalty counts: each row's output-token counts before the round go up in one copy from the host history (which
-  the one wait of the previous round completed); position j adds drafts[:j]; the next drafts' counts add the
+- penalty counts: each row's output-token counts before the round: the counts kept on the device after its last
+  sampled round plus the tokens committed since (one copy; the host history is complete since the previous round's
+  one wait); position j adds drafts[:j]; the next drafts' counts add the
   committed tokens (accepted drafts, then the bonus) and the drafts before them, all on the device;
 - rollback and the MTP catch-up as in spec_round.py (`roll_back`, `catch_up`);
 - the next drafts drawn from the MTP's processed distributions (`draft_on_device`: the exponential race), their q
@@ -71,6 +72,31 @@ def sampled_rows(ex: SpecExecutor, rows: Sequence[RowPlan]) -> OneWaitRows | Non
     return static
 
 
+def _round_counts(
+    ex: SpecExecutor, rows: Sequence[RowPlan], history: dict[str, list[int]], vocab: int
+) -> torch.Tensor:
+    """Each row's output-token counts before the round [n, V] on the device: the counts kept after the row's last
+    sampled round plus the tokens since (other rounds' commits), or, when its output changed under them (the
+    thinking budget's forced close replaces the last token, `ModelRunner._take_forced_tokens`: the last counted
+    token differs), all of it. The output only grows otherwise; the new tokens go up in one copy."""
+    kept: list[torch.Tensor | None] = []
+    new: list[list[int]] = []
+    for row in rows:
+        h = history.get(row.request_id, [])
+        last = ex.penalty_counts.get(row.request_id)
+        if last is not None and 0 < last[0] <= len(h) and h[last[0] - 1] == last[1]:
+            kept.append(last[2])
+            new.append(h[last[0] :])
+        else:
+            kept.append(None)
+            new.append(h)
+    counts = output_token_counts(new, vocab, ex.device)
+    if any(t is not None for t in kept):
+        zero = counts.new_zeros(vocab)
+        counts += torch.stack([zero if t is None else t for t in kept])
+    return counts
+
+
 def run_sampled(
     ex: SpecExecutor, rows: Sequence[RowPlan], static: OneWaitRows, history: dict[str, list[int]]
 ) -> Outcome:
@@ -88,9 +114,7 @@ def run_sampled(
     target_hidden = graphs.target(verify_rows, width)  # [n * width, H]
     ex.num_verify_forwards += 1
     fed, snap, slots, starts, capacity = round_inputs(ex, rows, width)
-    counts = None
-    if penalized(params):  # the output so far, complete on the host since the previous round's one wait
-        counts = output_token_counts([history.get(row.request_id, []) for row in rows], vocab, ex.device)
+    counts = _round_counts(ex, rows, history, vocab) if penalized(params) else None
     accepted, bonus = verify_on_device(
         model.compute_logits(target_hidden), fed, [ex.draft_probs(row.request_id) for row in rows], params,
         gens, counts,
@@ -103,6 +127,7 @@ def run_sampled(
             (torch.arange(n, device=ex.device), bonus), torch.ones(n, device=ex.device), accumulate=True
         )
         counts.scatter_add_(1, fed[:, 1:], kept)
+    committed = counts
     draft, q = draft_on_device(proposal_logits(model, hidden), params, gens, counts)
     drafts, qs = [draft], [q]
     pos = starts + accepted  # each row's last pair
@@ -117,6 +142,10 @@ def run_sampled(
         qs.append(q)
     verdict = torch.stack([accepted, bonus, *drafts], dim=1).tolist()  # the one wait
     out = commit(ex, rows, verdict, history, draft_limits(ex, rows, verdict))
+    if committed is not None:  # the counts of each row's output after this round, for the next one
+        for i, row in enumerate(rows):
+            h = history[row.request_id]
+            ex.penalty_counts[row.request_id] = (len(h), h[-1], committed[i])
     if qs[0] is not None:
         q_all = torch.stack([q for q in qs if q is not None], dim=1)  # [n, k, V]
         for i, (row, p) in enumerate(zip(rows, params, strict=True)):

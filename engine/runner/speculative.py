@@ -116,6 +116,9 @@ class SpecExecutor:
         self.graphs: SpecGraphs | None = None
         self.draft_graphs: DFlashGraphs | None = None  # DFlash's drafter round (engine/spec/dflash_graphs.py)
         self._draft_probs: dict[str, torch.Tensor | None] = {}  # q of each request's pending drafts
+        # the sampled one-wait round's penalty counts per request: (output tokens counted, the last of them, counts
+        # [V] on the device), so a round uploads only the tokens since (engine/runner/spec_sampled.py)
+        self.penalty_counts: dict[str, tuple[int, int, torch.Tensor]] = {}
         self.num_verify_forwards = 0
         # greedy rounds that fit the static buffers queue everything before one host wait (spec_round.py)
         self.one_wait = True
@@ -125,6 +128,12 @@ class SpecExecutor:
         self.num_sampled_one_wait_rounds = 0
 
     def release(self, request_ids: Sequence[str]) -> None:
+        """Drop the state of requests that ended."""
+        self.forget_draft_probs(request_ids)
+        for request_id in request_ids:
+            self.penalty_counts.pop(request_id, None)
+
+    def forget_draft_probs(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
             self._draft_probs.pop(request_id, None)
 
