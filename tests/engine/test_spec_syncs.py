@@ -1,6 +1,8 @@
 """A greedy speculative round (verify, roll back, catch up, draft) waits for the device once on the one-wait path
 (engine/runner/spec_round.py: accepted counts, bonus tokens and drafts in one copy) and twice on the general one:
-the verdict's host copy (engine/spec/verify.py) and the drafts' (engine/spec/mtp.py). Every other value the round sends to the device
+the verdict's host copy (engine/spec/verify.py) and the drafts' (engine/spec/mtp.py); a sampled, penalized round
+(the server's preset) once on the sampled one-wait path (engine/runner/spec_sampled.py), 2 + K times on the general
+one (the verdict's two copies, one per draft). Every other value the round sends to the device
 goes up through `engine.transfer.upload` (pinned, non-blocking): no `torch.tensor(..., device=...)`, no tensor
 indexed with a host list (both copy with a stream sync on CUDA), and no other `.tolist()` / `.item()` / `.cpu()`.
 
