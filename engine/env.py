@@ -83,6 +83,15 @@ def splitk_reduce_mode() -> str:
     return _dispatch.SPLITK_REDUCE
 
 
+def quant_moe_mode() -> str:
+    """`NINFER_QUANT_MOE`: `v1` (the default) or `v2`: which decode kernels the groupwise-int routed experts run
+    (`kernels.quant.quant_moe`; v2 has ~8x the programs a token, pending an H200 measurement).
+    Read once when `kernels` is imported (`kernels._dispatch.QUANT_MOE_MODE`)."""
+    from kernels import _dispatch
+
+    return _dispatch.QUANT_MOE_MODE
+
+
 def int8_attention_mode() -> str:
     """`NINFER_INT8_ATTENTION`: `grouped` (the default) or `keys_major`: which build of the grouped INT8 decode
     attention (int8 KV, 16-bit queries) runs; `keys_major` puts the keys on the MMAs' rows (half the MMAs, 128

@@ -400,8 +400,9 @@ def _check_server_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--server drives the server with the official openai SDK: {exc}") from None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def check_args(args: argparse.Namespace) -> str | None:
+    """The reason ``args`` cannot run (the rules that need no device: also what a device plan's tests check on
+    the CPU), or None."""
     try:
         if args.server:
             _check_server_args(args)
@@ -423,7 +424,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.gpu_memory_limit is not None:
             EngineConfig(gpu_memory_limit=args.gpu_memory_limit)
     except ValueError as exc:
-        print(f"ninfer-bench: {exc}", file=sys.stderr)
+        return str(exc)
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    reason = check_args(args)
+    if reason is not None:
+        print(f"ninfer-bench: {reason}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available() and needs_cuda(args.synthetic):
         print(
