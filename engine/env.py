@@ -134,3 +134,15 @@ def dflash_graph_context() -> int:
     if tokens < 0:
         raise ValueError(f"NINFER_DFLASH_GRAPH_CONTEXT={value!r}: expected a token count >= 0")
     return tokens
+
+
+def spec_one_wait_sampled() -> bool:
+    """`NINFER_SPEC_ONE_WAIT_SAMPLED`: `on` (the default: speculative rounds of sampled or penalized rows that fit the
+    static buffers wait for the host once, rejection sampling on the device, engine/runner/spec_sampled.py) or `off`
+    (they take the general round, which waits for the verdict and then for the drafts). Read when a speculative
+    runner is built; ValueError for anything else."""
+    value = os.environ.get("NINFER_SPEC_ONE_WAIT_SAMPLED", "on")
+    mode = value.strip().lower()
+    if mode not in ("on", "off"):
+        raise ValueError(f"NINFER_SPEC_ONE_WAIT_SAMPLED={value!r}: expected 'on', 'off'")
+    return mode == "on"
