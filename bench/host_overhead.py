@@ -193,8 +193,7 @@ STUBS: dict[str, Any] = {
     "add_rms_norm": lambda x, r, w, eps: (_empty(x), _empty(x)),
     "gated_rms_norm": lambda x, g, w, eps: _empty(x),
     "linear": lambda x, w: _empty(x, x.shape[0], w.shape[0]),
-    "apply_rope_qk": lambda q, k, cos, sin: (q, k),
-    "store_kv": lambda *args: None,
+    "qk_norm_rope_store": lambda query, *args: _empty(query),  # q/k norms, RoPE, KV store
     "paged_attention_decode": lambda q, *args: _empty(q),
     "sigmoid_gate_mul": lambda x, gate: _empty(x),
     "causal_conv1d_decode": lambda x, *args, **kwargs: _empty(x),  # kwargs: out_slots (a verify)

@@ -76,7 +76,7 @@ from engine.runner.pending import Launched
 from engine.runner.sizing import measure_auto_pages
 from engine.sampling import default_sampling, resolve_sampling
 from engine.scheduler import Scheduler
-from engine.spec.dflash_draft import attach_dflash, load_dflash
+from engine.spec.dflash_draft import DFlashKV, attach_dflash, dflash_of, load_dflash
 from engine.spec.draft_head import attach, draft_head_of, load_draft_head, require_draft_head
 from engine.structured.compiler import GrammarCompiler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -298,7 +298,12 @@ class EngineCore:
             )
         self.server_sampling = server_sampling
         param = next(model.parameters())
-        spec = kv_spec(self.model_config, param.dtype, config.cache.kv_dtype)
+        # the pool's sizing counts every per-page cache the runner allocates: the MTP layers' KV under --spec mtp
+        # (the runner's cache holds it) and the DFlash drafter's context KV under --spec dflash
+        spec = kv_spec(self.model_config, param.dtype, config.cache.kv_dtype, with_mtp=config.spec == "mtp")
+        if config.spec == "dflash":
+            companion = DFlashKV.bytes_per_token(dflash_of(model).config, param.dtype)
+            spec = dataclasses.replace(spec, companion_bytes_per_token=companion)
         limit = apply_memory_limit(config, param.device)
         budget = host_budget(config.cache)
         # Structured outputs: the API checks specs with it (400 before admission), the sampler enforces them.

@@ -83,6 +83,15 @@ def splitk_reduce_mode() -> str:
     return _dispatch.SPLITK_REDUCE
 
 
+def quant_moe_mode() -> str:
+    """`NINFER_QUANT_MOE`: `v1` (the default) or `v2`: which decode kernels the groupwise-int routed experts run
+    (`kernels.quant.quant_moe`; v2 has ~8x the programs a token, pending an H200 measurement).
+    Read once when `kernels` is imported (`kernels._dispatch.QUANT_MOE_MODE`)."""
+    from kernels import _dispatch
+
+    return _dispatch.QUANT_MOE_MODE
+
+
 def int8_attention_mode() -> str:
     """`NINFER_INT8_ATTENTION`: `grouped` (the default) or `keys_major`: which build of the grouped INT8 decode
     attention (int8 KV, 16-bit queries) runs; `keys_major` puts the keys on the MMAs' rows (half the MMAs, 128
@@ -134,3 +143,15 @@ def dflash_graph_context() -> int:
     if tokens < 0:
         raise ValueError(f"NINFER_DFLASH_GRAPH_CONTEXT={value!r}: expected a token count >= 0")
     return tokens
+
+
+def spec_one_wait_sampled() -> bool:
+    """`NINFER_SPEC_ONE_WAIT_SAMPLED`: `on` (the default: speculative rounds of sampled or penalized rows that fit the
+    static buffers wait for the host once, rejection sampling on the device, engine/runner/spec_sampled.py) or `off`
+    (they take the general round, which waits for the verdict and then for the drafts). Read when a speculative
+    runner is built; ValueError for anything else."""
+    value = os.environ.get("NINFER_SPEC_ONE_WAIT_SAMPLED", "on")
+    mode = value.strip().lower()
+    if mode not in ("on", "off"):
+        raise ValueError(f"NINFER_SPEC_ONE_WAIT_SAMPLED={value!r}: expected 'on', 'off'")
+    return mode == "on"

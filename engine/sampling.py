@@ -88,9 +88,10 @@ def output_token_counts(
     """Occurrences of each token in each row's output so far.  # [B, vocab_size] float32"""
     device = torch.device(device)
     counts = torch.zeros(len(output_token_ids), vocab_size, dtype=torch.float32, device=device)
-    for row, ids in enumerate(output_token_ids):
-        if ids:
-            counts[row].index_add_(0, upload(list(ids), device), torch.ones(len(ids), device=device))
+    rows = [row for row, ids in enumerate(output_token_ids) for _ in ids]
+    if rows:  # one copy, no wait
+        index = upload([rows, [t for ids in output_token_ids for t in ids]], device)
+        counts.index_put_((index[0], index[1]), torch.ones(len(rows), device=device), accumulate=True)
     return counts
 
 

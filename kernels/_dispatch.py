@@ -36,6 +36,12 @@ launches) or ``fused`` (``kernels.moe_router.moe_router``: the router GEMV and t
 (the default: ``_linear_reduce_kernel``, one more launch) or ``last`` (the last split of each row tile to finish
 sums them in the same order: no reduce launch, bitwise the same outputs).
 
+``NINFER_QUANT_MOE`` picks the decode kernels of the groupwise-int routed experts (``kernels.quant.quant_moe``):
+``v1`` (the default: ``triton_group.py``'s two kernels, a grid of 128 down programs a token) or ``v2``
+(``kernels.quant.triton_moe``: ~8x the programs a token, whole-chunk tiles whose loads are all issued before the
+arithmetic); both batch invariant, neither bitwise the other (they sum in different orders). ``v2`` waits for an
+H200 measurement (``bench/kernels/quant.py --moe-only``) before it becomes the default.
+
 ``NINFER_INT8_ATTENTION`` picks the build of the grouped INT8 decode attention (int8 KV with 16-bit queries,
 ``kernels.attention.decode_int8``): ``grouped`` (the default: query heads as the MMAs' rows, [heads, keys] scores) or
 ``keys_major`` (keys as the MMAs' rows, the few query heads of a KV head as their columns: half the MMAs, capped at
@@ -102,6 +108,11 @@ def parse_splitk_reduce_mode(value: str) -> str:
     return _parse("NINFER_SPLITK_REDUCE", value, ("launch", "last"))
 
 
+def parse_quant_moe_mode(value: str) -> str:
+    """``NINFER_QUANT_MOE``'s value, normalised: ``v1`` or ``v2``; ValueError for anything else."""
+    return _parse("NINFER_QUANT_MOE", value, ("v1", "v2"))
+
+
 def parse_int8_attention_mode(value: str) -> str:
     """``NINFER_INT8_ATTENTION``'s value, normalised: ``grouped`` or ``keys_major``; ValueError for anything else."""
     return _parse("NINFER_INT8_ATTENTION", value, ("grouped", "keys_major"))
@@ -128,6 +139,7 @@ GEMV_MODE = parse_gemv_mode(os.environ.get("NINFER_GEMV", "auto"))
 QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "packed"))
 MOE_ROUTER_MODE = parse_moe_router_mode(os.environ.get("NINFER_MOE_ROUTER", "split"))
 SPLITK_REDUCE = parse_splitk_reduce_mode(os.environ.get("NINFER_SPLITK_REDUCE", "launch"))
+QUANT_MOE_MODE = parse_quant_moe_mode(os.environ.get("NINFER_QUANT_MOE", "v1"))
 INT8_ATTENTION = parse_int8_attention_mode(os.environ.get("NINFER_INT8_ATTENTION", "grouped"))
 PDL_MODE = parse_pdl_mode(os.environ.get("NINFER_PDL", "off"))
 

@@ -258,16 +258,16 @@ def memory_ops_before_wait(ptx: str) -> int | None:
 
 
 def compile_all(
-    targets: tuple[str, ...] = DEFAULT_TARGETS, kernels_dir: Path = KERNELS_DIR, only: tuple[str, ...] = ()
+    targets: tuple[str, ...] = DEFAULT_TARGETS, kernels_dir: Path = KERNELS_DIR, only: str | None = None
 ) -> dict[str, Any]:
-    """Compile every discovered kernel's every variant (``variants_of``) for every target (only the kernels named
-    in ``only`` when it is not empty); a report with one row each."""
+    """Compile every discovered kernel's every variant (``variants_of``) for every target; a report with one row
+    each. ``only``: a regular expression; then just the kernels whose name it matches (``re.search``)."""
     import triton
     import triton.backends.nvidia.compiler as nvidia
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    kernels = [k for k in discover(kernels_dir) if not only or k.name in only]
+    kernels = [k for k in discover(kernels_dir) if only is None or re.search(only, k.name)]
     unspecified = [k.name for k in kernels if k.name not in VARIANTS]
     if unspecified:
         raise SystemExit(
@@ -325,7 +325,8 @@ def compile_all(
                     )
                     rows.append(row)
     return {
-        "what": "Triton ahead-of-time compile of every kernels/ @triton.jit kernel, 27B launch values",
+        "what": "Triton ahead-of-time compile of every kernels/ @triton.jit kernel, 27B launch values"
+        + (f" (only the kernels matching {only!r})" if only else ""),
         "date": datetime.date.today().isoformat(),
         "triton": triton.__version__,
         "ptxas": {  # the wheel's two: ptxas-blackwell for arch >= 100, ptxas below
@@ -361,15 +362,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, required=True, help="where to write the report")
     p.add_argument("--target", action="append", help="backend:arch, repeatable (default cuda:120, cuda:90)")
     p.add_argument("--kernels-dir", type=Path, default=KERNELS_DIR)
-    p.add_argument(
-        "--kernel", action="append", help="compile only this kernel (repeatable; default: every one)"
-    )
+    p.add_argument("--only", metavar="REGEX", help="compile only the kernels whose name matches (re.search)")
     args = p.parse_args(argv)
-    report = compile_all(tuple(args.target or DEFAULT_TARGETS), args.kernels_dir, tuple(args.kernel or ()))
+    report = compile_all(tuple(args.target or DEFAULT_TARGETS), args.kernels_dir, args.only)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     for row in report["rows"]:
         status = f"{row['cubin_bytes']:>7} B cubin, {row.get('registers')} regs" if row["ok"] else "FAILED"
+        if row["ok"]:
+            status += (
+                f", {row.get('local_bytes')} B local (spills), {row.get('triton_shared_bytes')} B shared"
+            )
         print(f"{row['target']:<9} {row['kernel']:<32} {row['variant']:<30} {status}")
     return 0 if report["ok"] else 1
 

@@ -26,6 +26,19 @@ def _mma_group_asm(bits: int) -> str:
 
 
 _GROUP_PTRS = {"x_ptr": "bf16", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16"}
+# quant_moe_experts' two kernels (v1 and v2 alike): bf16 x and output, fp32 routing weights and act, int64 ids
+_MOE_GATE_UP_PTRS = {
+    "x_ptr": "bf16", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16", "ids_ptr": "i64",
+    "weights_ptr": "fp32", "act_ptr": "fp32",
+}  # fmt: skip
+_MOE_DOWN_PTRS = {
+    "act_ptr": "fp32",
+    "codes_ptr": "u8",
+    "high_ptr": "u8",
+    "scales_ptr": "fp16",
+    "ids_ptr": "i64",
+    "out_ptr": "bf16",
+}
 _GROUP_ALIGNED = ("x_stride", "codes_stride", "high_stride", "scales_stride")
 # (label, format bits, group, K, split): one shape per code path (each BITS; split and unsplit), to keep the
 # compile short, with gemv_tiles' split (K is split until the grid has MIN_PROGRAMS = 1024 programs): the
@@ -263,15 +276,7 @@ def variants(variant: Any) -> dict[str, list[Any]]:
         "_quant_moe_gate_up_kernel": [
             variant(
                 "35B-A3B gate_up Q4",
-                dict(
-                    x_ptr="bf16",
-                    codes_ptr="u8",
-                    high_ptr="u8",
-                    scales_ptr="fp16",
-                    ids_ptr="i64",
-                    weights_ptr="fp32",
-                    act_ptr="fp32",
-                ),
+                _MOE_GATE_UP_PTRS,
                 dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=4, GROUP=64, GROUPS=32, BLOCK_N=32, NUM_STAGES=3),
                 aligned=("x_stride", "codes_stride", "high_stride", "scales_stride"),
             )  # fmt: skip
@@ -279,19 +284,56 @@ def variants(variant: Any) -> dict[str, list[Any]]:
         "_quant_moe_down_kernel": [
             variant(
                 f"35B-A3B down Q{bits}",
-                dict(
-                    act_ptr="fp32",
-                    codes_ptr="u8",
-                    high_ptr="u8",
-                    scales_ptr="fp16",
-                    ids_ptr="i64",
-                    out_ptr="bf16",
-                ),
+                _MOE_DOWN_PTRS,
                 dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=bits, GROUP=64, GROUPS=8, BLOCK_H=16),
                 aligned=("codes_stride", "high_stride"),
             )  # fmt: skip
             for bits in (5,)
         ],
+        # NINFER_QUANT_MOE=v2 (kernels/quant/triton_moe.py) at the same geometry; quant_moe_tiles_v2's defaults:
+        # gate_up 8 row pairs a program, chunks of 512 lanes (K_pad 2048: 4), 4 warps; down 8 rows a program, top_k 8 at
+        # once, chunks of 256 lanes (K_pad 512: 2), 8 warps
+        "_quant_moe_gate_up_v2_kernel": [
+            variant(
+                f"35B-A3B gate_up Q{bits}",
+                _MOE_GATE_UP_PTRS,
+                dict(
+                    HIDDEN=2048,
+                    INTER=512,
+                    ACT_STRIDE=512,
+                    TOP_K=8,
+                    BITS=bits,
+                    GROUP=64,
+                    K_PAD=2048,
+                    BLOCK_N=8,
+                    BLOCK_K=512,
+                    X_PAIRS=True,
+                ),
+                aligned=("x_stride", "codes_stride", "high_stride", "scales_stride"),
+            )
+            for bits in (4, 6)
+        ],
+        "_quant_moe_down_v2_kernel": [
+            variant(
+                f"35B-A3B down Q{bits}",
+                _MOE_DOWN_PTRS,
+                dict(
+                    HIDDEN=2048,
+                    INTER=512,
+                    ACT_STRIDE=512,
+                    TOP_K=8,
+                    BLOCK_TOPK=8,
+                    BITS=bits,
+                    GROUP=64,
+                    K_PAD=512,
+                    BLOCK_H=8,
+                    BLOCK_K=256,
+                ),
+                aligned=("codes_stride", "high_stride"),
+                num_warps=8,
+            )
+            for bits in (5, 6)
+        ],  # fmt: skip
         # dequantize_to (the "dequant" prefill route): 32 rows x 128 columns a program (NVFP4: 64), 4 warps
         "_quant_dequant_group_kernel": [
             variant(

@@ -31,7 +31,10 @@ bandwidth) for both, and the time 80% of it would take, for bytes = payload + x.
 sets split K), so every candidate is a valid split of that shape. The JSON is rewritten after every row (a
 run cut off by a time limit keeps what it measured).
 
-Last, the 35B-A3B's quantized routed experts at decode (``quant_moe_experts`` vs bf16 ``moe_experts``).
+Last, the 35B-A3B's quantized routed experts at decode (``quant_moe_experts`` v1 and v2, ``NINFER_QUANT_MOE``, vs
+bf16 ``moe_experts``), alone with ``--moe-only``; ``--moe-variants all`` times v2's tile alternatives too:
+
+    python bench/kernels/quant.py --json bench/results/quant_moe_h200_<date>.json --moe-only --moe-variants all
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from kernels.quant import (  # noqa: E402
     Q4,
     Q5,
     Q6,
+    QUANT_MOE_V2_VARIANTS,
     QuantWeight,
     gemm_tiles,
     gemv_tiles,
@@ -67,6 +71,8 @@ from kernels.quant import (  # noqa: E402
     quant_linear_ref,
     quant_moe_experts,
     quant_moe_experts_ref,
+    quant_moe_tiles,
+    quant_moe_tiles_v2,
     view_planes,
 )
 from kernels.quant.packed_linear import GEMV_VARIANTS, packed_tiles  # noqa: E402
@@ -281,37 +287,87 @@ def bench_prefill(name: str, fmt: str, n: int, k: int) -> None:
         del out
 
 
-def bench_moe(read_gbps: float) -> None:
-    """The 35B-A3B routed experts at decode (T = 1, 8; E 256, H 2048, I 512, top_k 8): ``quant_moe_experts`` on
-    the profile's Q4 gate_up / Q5 down stacks against ``kernels.moe.moe_experts`` on bf16 experts, over distinct
-    layers; bytes = the chosen experts' payload (the distinct ones of the step)."""
-    experts, hidden, inter, top_k = 256, 2048, 512, 8
+MOE_BYTES_PER_S = 4.0e12  # the bandwidth the MoE rows' "at 4 TB/s" time assumes
+MOE_GEOMETRY = (256, 2048, 512, 8)  # 35B-A3B: experts, hidden, moe_intermediate_size, top_k
+
+
+def bench_moe(read_gbps: float, variants: list[str]) -> None:
+    """The 35B-A3B routed experts at decode (T = 1, 8; E 256, H 2048, I 512, top_k 8): ``quant_moe_experts`` v1
+    and v2 (``NINFER_QUANT_MOE``; v2 also with the tile ``variants`` of ``QUANT_MOE_V2_VARIANTS`` on the Q5 stacks)
+    on the profile's Q4 gate_up with Q5 and Q6 down stacks, against ``kernels.moe.moe_experts`` on bf16 experts, over
+    distinct layers (each call reads its experts from HBM); bytes = the chosen experts' payload (the distinct
+    ones of the step), and the time those bytes take at 4 TB/s. Each v2 row checks v2 against the reference and
+    that every row of T = 8 is bitwise the row alone."""
+    experts, hidden, inter, top_k = MOE_GEOMETRY
     layers = 4
-    stacks = [
-        (
-            view_planes(Q4, random_payload(Q4, experts * 2 * inter, hidden), (experts * 2 * inter, hidden)),
-            view_planes(Q5, random_payload(Q5, experts * hidden, inter), (experts * hidden, inter)),
-        )
-        for _ in range(layers)
-    ]
     dense = [
         (torch.randn(experts, 2 * inter, hidden, device=DEV, dtype=BF16) * hidden**-0.5,
          torch.randn(experts, hidden, inter, device=DEV, dtype=BF16) * inter**-0.5)
         for _ in range(2)
     ]  # fmt: skip
-    per_expert = geometry(Q4, (2 * inter, hidden)).payload_bytes + geometry(Q5, (hidden, inter)).payload_bytes
-    for tokens in (1, 8):
-        x = torch.randn(tokens, hidden, device=DEV, dtype=BF16)
-        weights, ids = moe_route_ref(torch.randn(tokens, experts, device=DEV), top_k)
-        out = quant_moe_experts(x, *stacks[0], weights, ids)
-        check = _err(out, quant_moe_experts_ref(x, *stacks[0], weights, ids))
-        t = _per_call(lambda st: quant_moe_experts(x, *st, weights, ids), stacks)
-        t_bf16 = _per_call(lambda d: moe_experts(x, *d, weights, ids), dense)
-        nbytes = per_expert * ids.unique().numel()
-        _emit({"op": "quant MoE experts Q4/Q5", "shape": f"35B-A3B T{tokens} E256 H2048 I512 top8",
-               "kernel_us": round(t, 2), "bytes": nbytes, "kernel_GBps": round(nbytes / t / 1e3, 1),
-               "fraction_of_read": round(nbytes / t / 1e3 / read_gbps, 3), "bf16_moe_experts_us": round(t_bf16, 2),
-               "speedup_vs_bf16": round(t_bf16 / t, 3), **check})  # fmt: skip
+    for down_fmt in (Q5, Q6):
+        stacks = [
+            (
+                view_planes(
+                    Q4, random_payload(Q4, experts * 2 * inter, hidden), (experts * 2 * inter, hidden)
+                ),
+                view_planes(
+                    down_fmt, random_payload(down_fmt, experts * hidden, inter), (experts * hidden, inter)
+                ),
+            )
+            for _ in range(layers)
+        ]
+        per_expert = (
+            geometry(Q4, (2 * inter, hidden)).payload_bytes
+            + geometry(down_fmt, (hidden, inter)).payload_bytes
+        )
+        for tokens in (1, 8):
+            x = torch.randn(tokens, hidden, device=DEV, dtype=BF16)
+            weights, ids = moe_route_ref(torch.randn(tokens, experts, device=DEV), top_k)
+            expected = quant_moe_experts_ref(x, *stacks[0], weights, ids)
+            nbytes = per_expert * ids.unique().numel()
+            t_bf16 = _per_call(lambda d: moe_experts(x, *d, weights, ids), dense)
+            shape = f"35B-A3B Q4/{down_fmt} T{tokens} E256 H2048 I512 top8"
+            # the tile variants on the Q5 stacks (the profile's common layers); Q6 (3 layers) with the defaults
+            runs = [("v1", "default")] + [
+                ("v2", name) for name in (variants if down_fmt == Q5 else ["default"])
+            ]
+            times: dict[tuple[str, str], float] = {}
+            for version, name in runs:
+                tiles = None
+                if version == "v2":
+                    tiles = quant_moe_tiles_v2(
+                        stacks[0][0].k_pad, stacks[0][1].k_pad, **QUANT_MOE_V2_VARIANTS[name]
+                    )
+
+                def call(st: tuple[QuantWeight, QuantWeight]) -> torch.Tensor:
+                    return quant_moe_experts(x, *st, weights, ids, version=version, tiles_v2=tiles)
+
+                out = call(stacks[0])
+                check = _err(out, expected)
+                if tokens > 1:
+                    check["batch_invariant"] = all(
+                        torch.equal(
+                            quant_moe_experts(x[i : i + 1], *stacks[0], weights[i : i + 1], ids[i : i + 1],
+                                              version=version, tiles_v2=tiles)[0],
+                            out[i],
+                        )
+                        for i in range(tokens)
+                    )  # fmt: skip
+                t = _per_call(call, stacks)
+                times[(version, name)] = t
+                _emit({"op": f"quant MoE experts {version}", "variant": name, "shape": shape,
+                       "tiles": list(tiles) if tiles else list(quant_moe_tiles(hidden, inter)),
+                       "kernel_us": round(t, 2), "bytes": nbytes, "kernel_GBps": round(nbytes / t / 1e3, 1),
+                       "us_at_4TBps": round(nbytes / MOE_BYTES_PER_S * 1e6, 2),
+                       "fraction_of_read": round(nbytes / t / 1e3 / read_gbps, 3),
+                       "bf16_moe_experts_us": round(t_bf16, 2), "speedup_vs_bf16": round(t_bf16 / t, 3),
+                       "speedup_vs_v1": round(times[("v1", "default")] / t, 3), **check})  # fmt: skip
+            best = min((t, name) for (version, name), t in times.items() if version == "v2")
+            print(f"  MoE {shape}: v1 {times[('v1', 'default')]:.2f} us, best v2 {best[1]} {best[0]:.2f} us, "
+                  f"bf16 {t_bf16:.2f} us, {nbytes / MOE_BYTES_PER_S * 1e6:.2f} us at 4 TB/s", flush=True)  # fmt: skip
+        del stacks
+        torch.cuda.empty_cache()
 
 
 def main() -> None:
@@ -338,7 +394,21 @@ def main() -> None:
     )
     parser.add_argument("--rep", type=int, default=100, help="ms of CUDA-graph replay a timing (default 100)")
     parser.add_argument("--no-moe", action="store_true", help="skip the 35B-A3B quantized MoE rows")
+    parser.add_argument("--moe-only", action="store_true", help="only the 35B-A3B quantized MoE rows")
+    parser.add_argument(
+        "--moe-variants",
+        default="default",
+        metavar="NAMES",
+        help=f"comma list of v2 MoE tile variants, or 'all': {', '.join(QUANT_MOE_V2_VARIANTS)}",
+    )
     args = parser.parse_args()
+    moe_variants = (
+        list(QUANT_MOE_V2_VARIANTS)
+        if args.moe_variants == "all"
+        else [v for v in args.moe_variants.split(",") if v]
+    )
+    if any(v not in QUANT_MOE_V2_VARIANTS for v in moe_variants):
+        parser.error(f"--moe-variants: unknown {set(moe_variants) - set(QUANT_MOE_V2_VARIANTS)}")
     global REP_MS
     REP_MS = args.rep
     sweep = list(SWEEP) if args.sweep == "all" else [name for name in args.sweep.split(",") if name]
@@ -372,7 +442,7 @@ def main() -> None:
     read_gbps = _read_gbps()
     _emit({"op": "read bandwidth (fp32 sum)", "shape": "2 GiB", "kernel_GBps": round(read_gbps, 1)})
     step: dict[tuple[str, int], float] = {}
-    for name, n, k, group_fmt, calls in SHAPES:
+    for name, n, k, group_fmt, calls in [] if args.moe_only else SHAPES:
         if args.only and not any(part in name for part in args.only.split(",")):
             continue
         formats = [
@@ -387,8 +457,8 @@ def main() -> None:
             if not args.no_prefill:
                 bench_prefill(name, fmt, n, k)
             torch.cuda.empty_cache()
-    if not args.no_moe and not args.no_decode:
-        bench_moe(read_gbps)
+    if args.moe_only or (not args.no_moe and not args.no_decode):
+        bench_moe(read_gbps, moe_variants)
     for (profile, tokens), us in step.items():
         _emit({"op": "decode step's dense linears (sum of calls x us)", "shape": f"27B {profile} T{tokens}",
                "kernel_us": round(us, 1)})  # fmt: skip

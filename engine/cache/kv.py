@@ -49,19 +49,23 @@ class KVSpec:
     dtype: torch.dtype  # the model's compute dtype: K/V with kv_dtype "bf16", the conv state
     kv_dtype: KVDtype = "bf16"
     int8_group_size: int = 64  # values per fp16 scale along head_dim (int8 only)
+    # device bytes a token of caches kept beside the model cache and sized by its pages (the DFlash drafter's
+    # context K/V: engine/spec/dflash_draft.py); counted in page_bytes so the pool's sizing leaves room for them
+    companion_bytes_per_token: int = 0
 
     @property
     def num_int8_groups(self) -> int:
         return self.head_dim // self.int8_group_size
 
     def page_bytes(self, page_size: int) -> int:
-        """Device bytes of one KV page across every KV entry of this spec (K and V, plus int8 scales)."""
+        """Device bytes of one KV page across every KV entry of this spec (K and V, plus int8 scales), and the
+        companion caches' share of a page."""
         values = page_size * self.num_kv_heads * self.head_dim
         if self.kv_dtype == "int8":
             per_kv = values + page_size * self.num_kv_heads * self.num_int8_groups * 2  # codes + fp16 scales
         else:
             per_kv = values * torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_kv_layers * per_kv
+        return 2 * self.num_kv_layers * per_kv + page_size * self.companion_bytes_per_token
 
 
 @dataclass

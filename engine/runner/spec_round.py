@@ -25,7 +25,7 @@ graphs. Must not touch: requests, the scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -54,9 +54,12 @@ def _greedy_plain(params: SamplingParams) -> bool:
 OneWaitRows = tuple[list[StaticRow], list[StaticRow]]
 
 
-def one_wait_width(ex: SpecExecutor, rows: Sequence[RowPlan]) -> int | None:
-    """The verify width of a round whose rows are all greedy verify rows of one width (the conditions of the module
-    docstring before the static buffers'; DFlash's round too, engine/runner/dflash_round.py), else None."""
+def one_wait_width(
+    ex: SpecExecutor, rows: Sequence[RowPlan], plain: Callable[[SamplingParams], bool] = _greedy_plain
+) -> int | None:
+    """The verify width of a round whose rows are all verify rows of one width whose params pass `plain` (default:
+    greedy, the conditions of the module docstring before the static buffers'; DFlash's round too,
+    engine/runner/dflash_round.py), else None."""
     if ex.graphs is None or not rows:
         return None
     width = rows[0].num_tokens
@@ -65,16 +68,18 @@ def one_wait_width(ex: SpecExecutor, rows: Sequence[RowPlan]) -> int | None:
     for row in rows:
         if row.num_tokens != width or row.num_sample != width or row.start_pos == 0 or row.reset_state:
             return None
-        if not _greedy_plain(row.sampling_params):
+        if not plain(row.sampling_params):
             return None
     return width
 
 
-def one_wait_rows(ex: SpecExecutor, rows: Sequence[RowPlan]) -> OneWaitRows | None:
+def one_wait_rows(
+    ex: SpecExecutor, rows: Sequence[RowPlan], plain: Callable[[SamplingParams], bool] = _greedy_plain
+) -> OneWaitRows | None:
     """The static rows of the one-wait round over `rows`, or None when they do not take it (see the module
-    docstring for the conditions)."""
+    docstring for the conditions; `plain` as in `one_wait_width`)."""
     graphs = ex.graphs
-    width = one_wait_width(ex, rows) if isinstance(ex.drafter, MtpDrafter) else None
+    width = one_wait_width(ex, rows, plain) if isinstance(ex.drafter, MtpDrafter) else None
     if graphs is None or width is None:
         return None
     verify = ex.static_rows(rows, width)
@@ -90,24 +95,12 @@ def run_one_wait(
     """One round over `rows` (`static`: their `one_wait_rows`); `history` gets each row's committed tokens."""
     graphs, drafter, model = ex.graphs, ex.drafter, ex.model
     assert graphs is not None and isinstance(drafter, MtpDrafter)
-    n, width, k = len(rows), rows[0].num_tokens, ex.k
-    device = ex.device
-    verify_rows, catch_up = static
+    width, k = rows[0].num_tokens, ex.k
+    verify_rows, catch_up_rows = static
     target_hidden = graphs.target(verify_rows, width)  # [n * width, H]
     ex.num_verify_forwards += 1
     accepted, bonus, slots, starts, capacity = verdict_on_device(ex, rows, target_hidden, width)
-    # catch-up: pairs s-1 .. s+width-1 of every row, the bonus at pair a + 1
-    row_ids = torch.arange(n, device=device)
-    pair_rows = torch.cat(
-        [n * width + row_ids[:, None], row_ids[:, None] * width + torch.arange(width, device=device)], 1
-    )
-    pieces = torch.cat([target_hidden, drafter.hidden.index_select(0, slots)]).index_select(
-        0, pair_rows.flatten()
-    )
-    patch = DevicePatch(token_index=row_ids * (width + 1) + accepted + 1, token_values=bonus)
-    mtp_hidden = graphs.catch_up(catch_up, pieces, patch)
-    drafter.hidden.index_copy_(0, slots, target_hidden.index_select(0, row_ids * width + accepted))
-    hidden = mtp_hidden.index_select(0, row_ids * (width + 1) + accepted + 1)
+    hidden = catch_up(ex, rows, catch_up_rows, target_hidden, accepted, bonus, slots)
     drafts = [proposal_logits(model, hidden).argmax(dim=-1)]
     pos = starts + accepted  # each row's last pair
     steps = [StaticRow((0,), row.start_pos, row.page_ids) for row in rows]
@@ -116,11 +109,42 @@ def run_one_wait(
         hidden, logits = graphs.draft(steps, hidden, drafts[-1], move)
         drafts.append(logits.argmax(dim=-1))
     verdict = torch.stack([accepted, bonus, *drafts], dim=1).tolist()  # the one wait
+    return commit(ex, rows, verdict, history, draft_limits(ex, rows, verdict))
+
+
+def draft_limits(ex: SpecExecutor, rows: Sequence[RowPlan], verdict: list[list[int]]) -> list[int]:
+    """The drafts each row may propose after a round (`verdict` per row [accepted, ...]): K, or fewer at the end of
+    its pages (the general round never proposes a draft past them)."""
     caps = [len(row.page_ids) * ex.cache.page_size for row in rows]
-    limits = [
-        min(k, cap - (row.start_pos + a)) for row, (a, *_), cap in zip(rows, verdict, caps, strict=True)
-    ]
-    return commit(ex, rows, verdict, history, limits)
+    return [min(ex.k, cap - (row.start_pos + v[0])) for row, v, cap in zip(rows, verdict, caps, strict=True)]
+
+
+def catch_up(
+    ex: SpecExecutor,
+    rows: Sequence[RowPlan],
+    static: list[StaticRow],
+    target_hidden: torch.Tensor,
+    accepted: torch.Tensor,
+    bonus: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """The MTP catch-up of a one-wait round (`static`: its fixed-shape rows) and each row's continuation state;
+    returns the MTP output at each row's last kept pair [n, H] (draft 1's input)."""
+    graphs, drafter = ex.graphs, ex.drafter
+    assert graphs is not None and isinstance(drafter, MtpDrafter)
+    n, width, device = len(rows), rows[0].num_tokens, ex.device
+    # pairs s-1 .. s+width-1 of every row, the bonus at pair a + 1
+    row_ids = torch.arange(n, device=device)
+    pair_rows = torch.cat(
+        [n * width + row_ids[:, None], row_ids[:, None] * width + torch.arange(width, device=device)], 1
+    )
+    pieces = torch.cat([target_hidden, drafter.hidden.index_select(0, slots)]).index_select(
+        0, pair_rows.flatten()
+    )
+    patch = DevicePatch(token_index=row_ids * (width + 1) + accepted + 1, token_values=bonus)
+    mtp_hidden = graphs.catch_up(static, pieces, patch)
+    drafter.hidden.index_copy_(0, slots, target_hidden.index_select(0, row_ids * width + accepted))
+    return mtp_hidden.index_select(0, row_ids * (width + 1) + accepted + 1)
 
 
 def verdict_on_device(
@@ -128,11 +152,22 @@ def verdict_on_device(
 ) -> tuple[torch.Tensor, ...]:
     """Acceptance and rollback of greedy verify rows, queued on the device: (accepted [n], bonus [n], working
     slots [n], start positions [n], page capacities [n]) as device tensors."""
-    n, k, device = len(rows), ex.k, ex.device
     argmax, _ = processed_distribution(
         ex.model.compute_logits(target_hidden), [row.sampling_params for row in rows for _ in range(width)]
     )
-    argmax = argmax.view(n, width)
+    fed, snap, slots, starts, capacity = round_inputs(ex, rows, width)
+    # acceptance: the leading drafts equal to the target's argmax, then the argmax after them
+    argmax = argmax.view(len(rows), width)
+    accepted = (fed[:, 1:] == argmax[:, :-1]).long().cumprod(dim=1).sum(dim=1)  # [n]
+    bonus = argmax.gather(1, accepted[:, None]).squeeze(1)
+    roll_back(ex, accepted, width, snap, slots)
+    return accepted, bonus, slots, starts, capacity
+
+
+def round_inputs(ex: SpecExecutor, rows: Sequence[RowPlan], width: int) -> tuple[torch.Tensor, ...]:
+    """A one-wait round's host values on the device in one copy, no wait: (fed tokens [n, width], each lane's
+    first snapshot slot [n], working slots [n], start positions [n], page capacities [n])."""
+    n, k, device = len(rows), ex.k, ex.device
     caps = [len(row.page_ids) * ex.cache.page_size for row in rows]
     host = [
         *(t for row in rows for t in row.token_ids),
@@ -143,13 +178,14 @@ def verdict_on_device(
     ]
     up = upload(host, device)  # one copy, no wait
     fed, snap, slots, starts, capacity = up.split([n * width, n, n, n, n])
-    fed = fed.view(n, width)
-    # acceptance: the leading drafts equal to the target's argmax, then the argmax after them
-    accepted = (fed[:, 1:] == argmax[:, :-1]).long().cumprod(dim=1).sum(dim=1)  # [n]
-    bonus = argmax.gather(1, accepted[:, None]).squeeze(1)
-    # rollback: snapshot a of the lane, or (all kept) the working slot onto itself
+    return fed.view(n, width), snap, slots, starts, capacity
+
+
+def roll_back(
+    ex: SpecExecutor, accepted: torch.Tensor, width: int, snap: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """Every row's working slot from snapshot `accepted` of its lane, or (all kept) from itself."""
     ex.cache.copy_states(torch.where(accepted < width - 1, snap + accepted, slots), slots)
-    return accepted, bonus, slots, starts, capacity
 
 
 def commit(
@@ -166,7 +202,7 @@ def commit(
     num_accepted: list[int] = []
     rolled: list[int] = []
     proposals: list[tuple[int, ...]] = []
-    ex.release([row.request_id for row in rows])  # greedy drafts keep no q
+    ex.forget_draft_probs([row.request_id for row in rows])  # greedy drafts keep no q
     for row, (a, b, *new), limit in zip(rows, verdict, limits, strict=True):
         committed = (*row.token_ids[1 : a + 1], b)
         history.setdefault(row.request_id, []).extend(committed)

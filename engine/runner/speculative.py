@@ -25,7 +25,9 @@ over replay because it needs no second pass through the layers and reuses the de
 rolled-back state is exactly the state of decoding the accepted tokens one per step.
 
 Host waits of a round (tests/engine/test_spec_syncs.py): a greedy round whose rows fit the static buffers takes
-engine/runner/spec_round.py and waits once, for (accepted count, bonus, next drafts) per row; any other round waits
+engine/runner/spec_round.py and waits once, for (accepted count, bonus, next drafts) per row; a sampled or
+penalized one engine/runner/spec_sampled.py (rejection sampling on the device, NINFER_SPEC_ONE_WAIT_SAMPLED), also
+once; any other round waits
 twice, for the verdict (engine/spec/verify.py: its catch-up's rows depend on how many drafts each row kept) and for
 the drafts (engine/spec/mtp.py). DFlash's greedy round takes engine/runner/dflash_round.py the same way (one wait);
 its general round waits for the verdict and for the drafts (engine/spec/dflash_draft.py; its block on the drafter's
@@ -42,12 +44,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from engine.env import spec_one_wait_sampled
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
 from engine.runner.dflash_round import dflash_one_wait_rows, run_dflash_one_wait, static_proposals
 from engine.runner.inputs import eager_batch
 from engine.runner.spec_round import one_wait_rows, run_one_wait
+from engine.runner.spec_sampled import run_sampled, sampled_rows
 from engine.spec.dflash_draft import DFlashDrafter
 from engine.spec.dflash_graphs import DFlashGraphs
 from engine.spec.graphs import SpecGraphs, StaticRow
@@ -112,14 +116,33 @@ class SpecExecutor:
         self.graphs: SpecGraphs | None = None
         self.draft_graphs: DFlashGraphs | None = None  # DFlash's drafter round (engine/spec/dflash_graphs.py)
         self._draft_probs: dict[str, torch.Tensor | None] = {}  # q of each request's pending drafts
+        # the sampled one-wait round's penalty counts per request: (output tokens counted, the last of them, counts
+        # [V] on the device), so a round uploads only the tokens since (engine/runner/spec_sampled.py)
+        self.penalty_counts: dict[str, tuple[int, int, torch.Tensor]] = {}
         self.num_verify_forwards = 0
         # greedy rounds that fit the static buffers queue everything before one host wait (spec_round.py)
         self.one_wait = True
+        # sampled and penalized rounds too (engine/runner/spec_sampled.py; NINFER_SPEC_ONE_WAIT_SAMPLED)
+        self.one_wait_sampled = spec_one_wait_sampled()
         self.num_one_wait_rounds = 0
+        self.num_sampled_one_wait_rounds = 0
 
     def release(self, request_ids: Sequence[str]) -> None:
+        """Drop the state of requests that ended."""
+        self.forget_draft_probs(request_ids)
+        for request_id in request_ids:
+            self.penalty_counts.pop(request_id, None)
+
+    def forget_draft_probs(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
             self._draft_probs.pop(request_id, None)
+
+    def draft_probs(self, request_id: str) -> torch.Tensor | None:
+        """q [>= k, V] of the request's pending drafts (None: greedy drafts, or none)."""
+        return self._draft_probs.get(request_id)
+
+    def keep_draft_probs(self, request_id: str, probs: torch.Tensor) -> None:
+        self._draft_probs[request_id] = probs
 
     def copy_slot(self, src: int, dst: int) -> None:
         self.drafter.copy_slot(src, dst)
@@ -218,6 +241,11 @@ class SpecExecutor:
         if static is not None:
             self.num_one_wait_rounds += 1
             return SpecOutcome(*run_one_wait(self, rows, static, history))
+        static = sampled_rows(self, rows) if self.one_wait and self.one_wait_sampled else None
+        if static is not None:
+            self.num_one_wait_rounds += 1
+            self.num_sampled_one_wait_rounds += 1
+            return SpecOutcome(*run_sampled(self, rows, static, history))
         hidden_parts: list[torch.Tensor] = []
         feature_parts: list[torch.Tensor] = []
         where: dict[int, int] = {}  # plan row -> offset of its first fed token in the concatenated hidden

@@ -93,13 +93,24 @@ class DFlashKV:
     last slot, `sink`, belongs to no page: the static round's padding positions store there, nothing reads it)."""
 
     def __init__(self, config: DFlashConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: Any):
-        shape = (num_pages * page_size + 1, config.num_key_value_heads, config.head_dim)
+        shape = (num_pages * page_size + 1, *self.token_shape(config))
         self.page_size, self.num_pages = page_size, num_pages
         self.sink = num_pages * page_size
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.values = [
             torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
         ]
+
+    @staticmethod
+    def token_shape(config: DFlashConfig) -> tuple[int, int]:
+        return config.num_key_value_heads, config.head_dim
+
+    @classmethod
+    def bytes_per_token(cls, config: DFlashConfig, dtype: torch.dtype) -> int:
+        """Device bytes a pool token costs here (K and V of every draft layer): the KV pool's sizing counts them
+        (``KVSpec.companion_bytes_per_token``)."""
+        heads, dim = cls.token_shape(config)
+        return 2 * config.num_hidden_layers * heads * dim * torch.empty((), dtype=dtype).element_size()
 
     def copy_page(self, src: int, dst: int) -> None:
         p = self.page_size

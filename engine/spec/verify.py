@@ -28,7 +28,7 @@ from itertools import accumulate
 import torch
 
 from engine.request import SamplingParams
-from engine.sampling import output_token_counts, processed_distribution
+from engine.sampling import output_token_counts, penalized, processed_distribution
 from engine.transfer import upload
 
 GeneratorFor = Callable[[str, int | None], torch.Generator]  # (request_id, seed) -> generator
@@ -125,18 +125,114 @@ def _rejection(
         noise[r].exponential_(generator=gen)
     both = upload([*num_drafts_cpu, *(t for row in index_cpu for t in row)], device)  # one copy, no wait
     num_drafts, index = both[:num_rows], both[num_rows:].view(num_rows, k_max)
-    positions = torch.arange(k_max, device=device)
-    p_d = p[:, :-1].gather(2, index[:, :, None]).squeeze(2)
-    q_d = q[:, :-1].gather(2, index[:, :, None]).squeeze(2)
-    reject = (u * q_d > p_d) & (positions[None, :] < num_drafts[:, None])
+    first, final = rejection_on_device(p, q, index, num_drafts, u, noise)
+    host = torch.stack([first, final]).tolist()  # the one host copy
+    return [Verdict((*drafts[:a], t), a) for (_, _, drafts), a, t in zip(rows, host[0], host[1], strict=True)]
+
+
+def rejection_on_device(
+    p: torch.Tensor,  # [R, k + 1, V] the target's processed distributions at the verified positions
+    q: torch.Tensor,  # [R, k + 1, V] the drafts' q, zero past each row's drafts
+    drafts: torch.Tensor,  # [R, k] int64 the drafted tokens
+    num_drafts: torch.Tensor,  # [R] int64 drafts per row (the columns past them are padding)
+    u: torch.Tensor,  # [R, k] uniform [0, 1) draws
+    noise: torch.Tensor,  # [R, V] Exp(1) draws
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The acceptance rule on device tensors, nothing read back: (accepted count [R], the token after the accepted
+    drafts [R]). Draft j is rejected when u_j * q_j(d_j) >= p_j(d_j) (accepted with probability min(1, p / q)); the
+    token is drawn from the residual norm(max(p_a - q_a, 0)) at the first rejection a, or from p_k when every
+    draft is kept (q_k is zero there), by the exponential race argmax(residual / Exp(1)). A row whose p and q are
+    one-hot (greedy: p at the argmax, q at the draft) accepts exactly the drafts equal to the argmax."""
+    vocab, k_max = p.shape[-1], drafts.shape[1]
+    positions = torch.arange(k_max, device=p.device)
+    p_d = p[:, :-1].gather(2, drafts[:, :, None]).squeeze(2)
+    q_d = q[:, :-1].gather(2, drafts[:, :, None]).squeeze(2)
+    reject = (u * q_d >= p_d) & (positions[None, :] < num_drafts[:, None])
     first = torch.where(reject.any(dim=1), reject.int().argmax(dim=1), num_drafts)  # [R] accepted count
     pick = first[:, None, None].expand(-1, 1, vocab)
     p_a, q_a = p.gather(1, pick).squeeze(1), q.gather(1, pick).squeeze(1)
     residual = (p_a - q_a).clamp_(min=0.0)
     residual = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p_a)  # p == q: draw from p
-    final = (residual / noise).argmax(dim=1)
-    host = torch.stack([first, final]).tolist()  # the one host copy
-    return [Verdict((*drafts[:a], t), a) for (_, _, drafts), a, t in zip(rows, host[0], host[1], strict=True)]
+    return first, (residual / noise).argmax(dim=1)
+
+
+def _draws(
+    gens: Sequence[torch.Generator | None], cols: int, device: torch.device, exponential: bool
+) -> torch.Tensor:
+    """[len(gens), cols] draws, row r from `gens[r]` (Exp(1) or uniform [0, 1)); a None row (greedy) gets ones
+    (Exp) or zeros (uniform). Rows that share one generator (unseeded requests) draw in one launch."""
+    out = (torch.ones if exponential else torch.zeros)(len(gens), cols, device=device)
+    live = [r for r, g in enumerate(gens) if g is not None]
+    if len(live) == len(gens) and all(g is gens[0] for g in gens):
+        return out.exponential_(generator=gens[0]) if exponential else out.uniform_(generator=gens[0])
+    for r in live:
+        if exponential:
+            out[r].exponential_(generator=gens[r])
+        else:
+            out[r].uniform_(generator=gens[r])
+    return out
+
+
+def _one_hot(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[*tokens.shape, vocab] float32."""
+    out = torch.zeros(*tokens.shape, vocab, device=tokens.device)
+    return out.scatter_(-1, tokens[..., None], 1.0)
+
+
+def verify_on_device(
+    logits: torch.Tensor,  # [n * w, V] the target's logits, row by row, w = k + 1 positions each
+    fed: torch.Tensor,  # [n, w] int64 each row's fed tokens: its last token, then its k drafts
+    draft_probs: Sequence[torch.Tensor | None],  # per row q of its drafts [>= k, V] (None: a greedy row)
+    params: Sequence[SamplingParams],  # per row
+    gens: Sequence[torch.Generator | None],  # per row its request's generator (None: a greedy row)
+    counts: torch.Tensor | None = None,  # [n, V] each row's output-token counts before the round (penalties)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify` over rows of one width without a host read: (accepted [n], token after them [n]) on the device.
+    The same processed distributions (position j's penalty counts: the output so far plus drafts[:j]), the same
+    rule (`rejection_on_device`); a greedy row's p and q are one-hot (its argmax, its draft), so it keeps the
+    drafts equal to the argmax and then takes the argmax."""
+    n, w = fed.shape
+    k, vocab, device = w - 1, logits.shape[-1], logits.device
+    drafts = fed[:, 1:]
+    position_params = [p for p in params for _ in range(w)]
+    position_counts = None
+    if counts is not None and penalized(params):
+        seen = torch.cat([torch.zeros(n, 1, vocab, device=device), _one_hot(drafts, vocab).cumsum(dim=1)], 1)
+        position_counts = (counts[:, None] + seen).view(n * w, vocab)
+    greedy_tokens, probs = processed_distribution(logits, position_params, position_counts)
+    greedy = [p.temperature == 0.0 for p in params]
+    p = _one_hot(greedy_tokens, vocab)
+    if probs is not None:
+        greedy_rows = upload([g for g in greedy for _ in range(w)], device, torch.bool)
+        p = torch.where(greedy_rows[:, None], p, probs)
+    q_rows = []
+    for r, q_r in enumerate(draft_probs):
+        if greedy[r] or q_r is None:
+            assert greedy[r], "a sampled row's drafts without their q"
+            q_rows.append(_one_hot(drafts[r], vocab))
+        else:
+            q_rows.append(q_r[:k])
+    q = torch.cat([torch.stack(q_rows), torch.zeros(n, 1, vocab, device=device)], dim=1)
+    u = _draws(gens, k, device, exponential=False)
+    noise = _draws(gens, vocab, device, exponential=True)
+    num_drafts = torch.full((n,), k, dtype=torch.long, device=device)
+    return rejection_on_device(p.view(n, w, vocab), q, drafts, num_drafts, u, noise)
+
+
+def draft_on_device(
+    logits: torch.Tensor,  # [B, V] the drafter's logits for one draft position
+    params: Sequence[SamplingParams],
+    gens: Sequence[torch.Generator | None],  # per row its request's generator (None: a greedy row)
+    counts: torch.Tensor | None = None,  # [B, V] per row: output so far plus earlier drafts (penalties)
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One draft per row from the drafter's processed distribution q, on the device: (tokens [B], q [B, V] or None
+    when every row is greedy). Greedy rows take the argmax, sampled rows the exponential race over q."""
+    greedy_tokens, probs = processed_distribution(logits, params, counts)
+    if probs is None:
+        return greedy_tokens, None
+    sampled = (probs / _draws(gens, probs.shape[-1], probs.device, exponential=True)).argmax(dim=-1)
+    greedy = upload([p.temperature == 0.0 for p in params], logits.device, torch.bool)
+    return torch.where(greedy, greedy_tokens, sampled), probs
 
 
 def draft_tokens(
@@ -150,15 +246,11 @@ def draft_tokens(
     greedy rows take the argmax, sampled rows draw from q. Returns (tokens, q [B, V] or None when every
     row is greedy); verification needs q of the drawn tokens."""
     counts = None
-    if history is not None and any(p.presence_penalty or p.frequency_penalty for p in params):
+    if history is not None and penalized(params):
         counts = output_token_counts(history, logits.shape[-1], logits.device)
-    greedy_tokens, probs = processed_distribution(logits, params, counts)
-    if probs is None:
-        return greedy_tokens.tolist(), None
-    noise = torch.ones_like(probs)
-    for row, (p, request_id) in enumerate(zip(params, request_ids, strict=True)):
-        if p.temperature != 0.0:
-            noise[row].exponential_(generator=generator(request_id, p.seed))
-    sampled = (probs / noise).argmax(dim=-1)
-    greedy = upload([p.temperature == 0.0 for p in params], logits.device, torch.bool)
-    return torch.where(greedy, greedy_tokens, sampled).tolist(), probs
+    gens = [
+        None if p.temperature == 0.0 else generator(r, p.seed)
+        for p, r in zip(params, request_ids, strict=True)
+    ]
+    tokens, probs = draft_on_device(logits, params, gens, counts)
+    return tokens.tolist(), probs

@@ -66,7 +66,15 @@ from kernels.quant.quant_linear import (
     quant_linear,
     quant_linear_ref,
 )
-from kernels.quant.quant_moe import QuantMoeTiles, quant_moe_experts, quant_moe_experts_ref, quant_moe_tiles
+from kernels.quant.quant_moe import (
+    QUANT_MOE_V2_VARIANTS,
+    QuantMoeTiles,
+    QuantMoeTilesV2,
+    quant_moe_experts,
+    quant_moe_experts_ref,
+    quant_moe_tiles,
+    quant_moe_tiles_v2,
+)
 from kernels.quant.weight import QuantWeight, dequantize, view_planes
 
 __all__ = [
@@ -84,7 +92,9 @@ __all__ = [
     "ROW_SPLIT",
     "W8",
     "Geometry",
+    "QUANT_MOE_V2_VARIANTS",
     "QuantMoeTiles",
+    "QuantMoeTilesV2",
     "QuantTiles",
     "QuantWeight",
     "decode_ref",
@@ -105,6 +115,7 @@ __all__ = [
     "quant_moe_experts",
     "quant_moe_experts_ref",
     "quant_moe_tiles",
+    "quant_moe_tiles_v2",
     "quantize_nvfp4",
     "view_planes",
 ]

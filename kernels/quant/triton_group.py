@@ -44,21 +44,34 @@ if HAS_TRITON:
         # The signed codes of lanes [2 * byte0, 2 * byte0 + 2 * BYTES) of each row as exact float32: (even
         # lanes, odd lanes), [rows, BYTES] each. code_rows / high_rows: the rows' offsets into the planes
         # [rows, 1]; byte0 a multiple of BYTES (a multiple of 4). Every plane is read once, contiguously: the
-        # BYTES code bytes of a row and its BYTES / 4 (Q5) or BYTES / 2 (Q6) high bytes, each high byte then
-        # broadcast in registers to the code bytes whose lanes it holds.
+        # BYTES code bytes of a row and its BYTES / 4 (Q5) or BYTES / 2 (Q6) high bytes (``_nibble_values``).
         i = tl.arange(0, BYTES)
         c = tl.load(codes_ptr + code_rows + (byte0 + i)[None, :]).to(tl.int32)
+        h = c  # unused for Q4
+        if BITS == 5:
+            h = tl.load(high_ptr + high_rows + (byte0 // 4 + tl.arange(0, BYTES // 4))[None, :]).to(tl.int32)
+        if BITS == 6:
+            h = tl.load(high_ptr + high_rows + (byte0 // 2 + tl.arange(0, BYTES // 2))[None, :]).to(tl.int32)
+        return _nibble_values(c, h, BITS)
+
+    @triton.jit
+    def _nibble_values(c, h, BITS: tl.constexpr):
+        # Loaded planes -> the signed codes as exact float32 (even lanes, odd lanes), [rows, BYTES] each. c: int32
+        # [rows, BYTES] code bytes, column j holding lanes 2j, 2j + 1 (BYTES a multiple of 4, the first column's
+        # lane a multiple of 8); h: int32 high bytes [rows, BYTES // 4] (Q5) or [rows, BYTES // 2] (Q6) of the
+        # same lanes (ignored for Q4), each broadcast in registers to the code bytes whose lanes it holds.
+        rows: tl.constexpr = c.shape[0]
+        BYTES: tl.constexpr = c.shape[1]
+        i = tl.arange(0, BYTES)
         lo = c & 15
         hi = c >> 4
         if BITS == 5:  # lane l's bit 4 is bit l % 8 of high byte l // 8: byte b holds lanes 2b, 2b + 1
-            h = tl.load(high_ptr + high_rows + (byte0 // 4 + tl.arange(0, BYTES // 4))[None, :]).to(tl.int32)
-            h = tl.reshape(tl.broadcast_to(h[:, :, None], [h.shape[0], BYTES // 4, 4]), [h.shape[0], BYTES])
+            h = tl.reshape(tl.broadcast_to(h[:, :, None], [rows, BYTES // 4, 4]), [rows, BYTES])
             shift = (2 * (i % 4))[None, :]
             lo = lo | (((h >> shift) & 1) << 4)
             hi = hi | (((h >> (shift + 1)) & 1) << 4)
         if BITS == 6:  # lane l's bits 4, 5 are bits 2l % 8, 2l % 8 + 1 of high byte l // 4
-            h = tl.load(high_ptr + high_rows + (byte0 // 2 + tl.arange(0, BYTES // 2))[None, :]).to(tl.int32)
-            h = tl.reshape(tl.broadcast_to(h[:, :, None], [h.shape[0], BYTES // 2, 2]), [h.shape[0], BYTES])
+            h = tl.reshape(tl.broadcast_to(h[:, :, None], [rows, BYTES // 2, 2]), [rows, BYTES])
             shift = (4 * (i % 2))[None, :]
             lo = lo | (((h >> shift) & 3) << 4)
             hi = hi | (((h >> (shift + 2)) & 3) << 4)

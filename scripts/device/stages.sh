@@ -7,6 +7,8 @@
 # limit still returns the stages before it. Triton's cache lives in .tcache/ (carry it to reuse the last call's
 # compiles) or carry .carry/tcache.tgz (a call's $OUT/tcache.tgz, under 16 MB: it is unpacked into .tcache/).
 # Usage: git rev-parse HEAD > .carry/commit; then on the device: scripts/device/stages.sh PLAN_FILE [--budget SECONDS (default 570)]
+# Before spending device time: tests/engine/test_device_plans.py checks the newest session's plans on the CPU (flags,
+# env switches, pytest selections, outputs under $WORK).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PLAN=${1:?usage: stages.sh PLAN_FILE [--budget SECONDS]}

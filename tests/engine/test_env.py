@@ -17,6 +17,8 @@ def test_engine_env_reports_what_the_kernels_parsed(monkeypatch: pytest.MonkeyPa
     assert (env.kernels_mode(), env.gemv_mode(), env.quant_gemv_mode()) == ("ref", "on", "packed")
     monkeypatch.setattr(_dispatch, "SPLITK_REDUCE", "last")
     assert (env.moe_router_mode(), env.splitk_reduce_mode()) == ("fused", "last")
+    monkeypatch.setattr(_dispatch, "QUANT_MOE_MODE", "v2")
+    assert env.quant_moe_mode() == "v2"
     monkeypatch.setattr(_dispatch, "INT8_ATTENTION", "keys_major")
     assert env.int8_attention_mode() == "keys_major"
 
@@ -36,6 +38,9 @@ def test_kernel_switches_are_normalised_or_refused_with_the_variable_named() -> 
     assert _dispatch.parse_splitk_reduce_mode("LAST ") == "last"
     with pytest.raises(ValueError, match=r"^NINFER_SPLITK_REDUCE='off': expected 'launch', 'last'$"):
         _dispatch.parse_splitk_reduce_mode("off")
+    assert _dispatch.parse_quant_moe_mode(" V2") == "v2"
+    with pytest.raises(ValueError, match=r"^NINFER_QUANT_MOE='v3': expected 'v1', 'v2'$"):
+        _dispatch.parse_quant_moe_mode("v3")
     assert _dispatch.parse_int8_attention_mode(" Keys_Major") == "keys_major"
     with pytest.raises(ValueError, match=r"^NINFER_INT8_ATTENTION='fast': expected 'grouped', 'keys_major'$"):
         _dispatch.parse_int8_attention_mode("fast")

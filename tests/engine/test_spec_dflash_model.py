@@ -179,3 +179,26 @@ def test_random_companion_is_finite_and_seeded():
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(x, y), name
     assert all(torch.isfinite(t).all() for t in a.state_dict().values())
+
+
+def test_pool_sizing_counts_the_drafter_kv_a_page_really_takes():
+    """`--kv-capacity auto` / `--gpu-memory-limit` size the KV pool by `KVSpec.page_bytes`; under `--spec dflash`
+    the drafter's context K/V grows with the pool too (`DFlashKV`, one slot per pool token), so its bytes a
+    token, as engine/core.py adds them (`companion_bytes_per_token`), must be what `DFlashKV` allocates."""
+    from dataclasses import replace
+
+    from engine.cache.kv import KVSpec
+    from engine.spec.dflash_draft import DFlashKV
+
+    page_size, num_pages = 16, 5
+    kv = DFlashKV(TINY, num_pages, page_size, torch.bfloat16, "cpu")
+    allocated = sum(t.numel() * t.element_size() for t in (*kv.keys, *kv.values))
+    per_token = DFlashKV.bytes_per_token(TINY, torch.bfloat16)
+    assert allocated == (num_pages * page_size + 1) * per_token  # + the sink slot
+    assert per_token == 2 * 3 * 2 * 8 * 2  # K and V, 3 layers, 2 heads of 8, bf16
+    base = KVSpec(
+        num_kv_layers=2, num_kv_heads=2, head_dim=8, num_gdn_layers=1, conv_shape=(4, 3),
+        recurrent_shape=(2, 4, 4), dtype=torch.bfloat16,
+    )  # fmt: skip
+    with_drafter = replace(base, companion_bytes_per_token=per_token)
+    assert with_drafter.page_bytes(page_size) == base.page_bytes(page_size) + page_size * per_token

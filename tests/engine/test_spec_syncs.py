@@ -1,6 +1,8 @@
 """A greedy speculative round (verify, roll back, catch up, draft) waits for the device once on the one-wait path
 (engine/runner/spec_round.py: accepted counts, bonus tokens and drafts in one copy) and twice on the general one:
-the verdict's host copy (engine/spec/verify.py) and the drafts' (engine/spec/mtp.py). Every other value the round sends to the device
+the verdict's host copy (engine/spec/verify.py) and the drafts' (engine/spec/mtp.py); a sampled, penalized round
+(the server's preset) once on the sampled one-wait path (engine/runner/spec_sampled.py), 2 + K times on the general
+one (the verdict's two copies, one per draft). Every other value the round sends to the device
 goes up through `engine.transfer.upload` (pinned, non-blocking): no `torch.tensor(..., device=...)`, no tensor
 indexed with a host list (both copy with a stream sync on CUDA), and no other `.tolist()` / `.item()` / `.cpu()`.
 
@@ -24,6 +26,7 @@ from engine_harness import one_thread, tiny_artifact
 from torch.overrides import TorchFunctionMode
 
 from engine.core import load_artifact
+from engine.request import SamplingParams
 from engine.testing.bench.spec import make_spec_runner, run_spec_rounds
 
 ROUNDS = 3
@@ -156,3 +159,42 @@ def test_a_greedy_dflash_round_waits_once_or_twice(
         assert runner.spec.num_one_wait_rounds == ROUNDS + 1
     assert dict(counts) == want
     assert runner.spec.draft_graphs.runs == ROUNDS + 1
+
+
+SERVER_DEFAULT = SamplingParams(
+    temperature=0.7, top_p=0.8, top_k=20, presence_penalty=1.5
+)  # non-thinking preset
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+@pytest.mark.parametrize("one_wait", [True, False])
+def test_a_sampled_penalized_round_waits_once_on_the_sampled_path(
+    arch: str, one_wait: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's default sampling (temperature, top-p, top-k, a presence penalty): the sampled one-wait round
+    (engine/runner/spec_sampled.py) reads (accepted, bonus, drafts) once; the general round reads the verdict (the
+    greedy tokens, then the rejection's), then each of the K drafts. The first step of the counted run is a width-1
+    verify (the drafts it makes carry their q), which takes the general round either way."""
+    k, concurrency = 3, 3
+    runner = make_spec_runner(_model(arch), 3 * concurrency, concurrency, "bf16", k, 64, cuda_graph=False)
+    assert runner.spec is not None
+    runner.spec.one_wait_sampled = one_wait
+    vocab, context = runner.config.vocab_size, 20
+    counts, mode = _count_syncs(monkeypatch)
+    try:
+        with mode:
+            got = run_spec_rounds(runner, vocab, concurrency, context, 0, ROUNDS + 1, k, SERVER_DEFAULT)
+    finally:
+        monkeypatch.undo()
+    assert got["tokens_per_round"] >= 1
+    general = {
+        "tolist engine/spec/verify.py:verify": 1,
+        "tolist engine/spec/verify.py:_rejection": 1,
+        "tolist engine/spec/verify.py:draft_tokens": k,
+    }
+    rounds = 1 if one_wait else ROUNDS + 1
+    want = {name: n * rounds for name, n in general.items()}
+    if one_wait:
+        want["tolist engine/runner/spec_sampled.py:run_sampled"] = ROUNDS
+    assert dict(counts) == want
+    assert runner.spec.num_sampled_one_wait_rounds == (ROUNDS if one_wait else 0)

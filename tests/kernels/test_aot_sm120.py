@@ -54,6 +54,8 @@ KNOWN_KERNELS = {
     "_quant_gemm_fp8_kernel",
     "_quant_moe_gate_up_kernel",
     "_quant_moe_down_kernel",
+    "_quant_moe_gate_up_v2_kernel",
+    "_quant_moe_down_v2_kernel",
     "_quant_dequant_group_kernel",
     "_quant_dequant_fp_kernel",
     "_quant_gemv_packed_kernel",

@@ -3,27 +3,38 @@ decoded stacked weights; the launcher runs it where no kernel runs, and refuses 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from kernels.moe import moe_experts_ref, moe_route_ref
-from kernels.quant import Q4, Q5, Q6, W8, decode_ref, encode, view_planes
-from kernels.quant.quant_moe import quant_moe_experts, quant_moe_experts_ref
+from kernels.quant import Q4, Q5, Q6, W8, decode_ref, encode, quant_moe, view_planes
+from kernels.quant.quant_moe import (
+    QUANT_MOE_V2_VARIANTS,
+    quant_moe_experts,
+    quant_moe_experts_ref,
+    quant_moe_tiles_v2,
+)
 
 E, H, INTER, TOP_K = 8, 128, 96, 2
 
 
-def make_experts(gate_up_fmt: str, down_fmt: str, device: str = "cpu"):
-    gu_w = torch.randn(E * 2 * INTER, H) * H**-0.5
-    dn_w = torch.randn(E * H, INTER) * INTER**-0.5
+def make_experts(
+    gate_up_fmt: str, down_fmt: str, device: str = "cpu", e: int = E, h: int = H, inter: int = INTER
+):
+    """Random expert stacks (gate_up [e * 2 * inter, h], down [e * h, inter]) encoded in the two formats: the
+    (gate_up, down) plane views on ``device`` and their exact decodes (CPU)."""
+    gu_w = torch.randn(e * 2 * inter, h) * h**-0.5
+    dn_w = torch.randn(e * h, inter) * inter**-0.5
     gu_p, dn_p = encode(gate_up_fmt, gu_w), encode(down_fmt, dn_w)
-    gate_up = view_planes(gate_up_fmt, gu_p.to(device), (E * 2 * INTER, H))
-    down = view_planes(down_fmt, dn_p.to(device), (E * H, INTER))
+    gate_up = view_planes(gate_up_fmt, gu_p.to(device), (e * 2 * inter, h))
+    down = view_planes(down_fmt, dn_p.to(device), (e * h, inter))
     return (
         gate_up,
         down,
-        decode_ref(gate_up_fmt, gu_p, (E * 2 * INTER, H)),
-        decode_ref(down_fmt, dn_p, (E * H, INTER)),
+        decode_ref(gate_up_fmt, gu_p, (e * 2 * inter, h)),
+        decode_ref(down_fmt, dn_p, (e * h, inter)),
     )
 
 
@@ -42,3 +53,27 @@ def test_mismatched_stacks_are_refused():
     weights, ids = moe_route_ref(torch.randn(2, E), TOP_K)
     with pytest.raises(AssertionError, match="gate_up"):
         quant_moe_experts_ref(torch.randn(2, H), gate_up.rows(0, 2 * INTER), down, weights, ids)
+
+
+def test_v2_tiles_depend_on_the_geometry_only():
+    """v2's chunks are the largest power of two under the cap that divides K_pad (never of T); the 35B-A3B
+    defaults: 4 gate_up chunks of 512 lanes, 2 down chunks of 256."""
+    tiles = quant_moe_tiles_v2(2048, 512)
+    assert (tiles.block_k_gate_up, tiles.block_k_down, tiles.block_n, tiles.block_h) == (512, 256, 8, 8)
+    assert (
+        quant_moe_tiles_v2(384, 640).block_k_gate_up == 128
+        and quant_moe_tiles_v2(384, 640).block_k_down == 128
+    )
+    for name, overrides in QUANT_MOE_V2_VARIANTS.items():
+        tiles = quant_moe_tiles_v2(2048, 512, **overrides)
+        assert 2048 % tiles.block_k_gate_up == 0 and 512 % tiles.block_k_down == 0, name
+
+
+def test_repacked_stacks_are_refused(monkeypatch):
+    """The kernels read the stored layout; a GEMV-layout (repacked) stack is refused with a clear error, not
+    read as garbage (checked where the kernels run: the interpreter stands in for the GPU)."""
+    monkeypatch.setattr(quant_moe, "use_triton", lambda *tensors: True)
+    gate_up, down, _, _ = make_experts(Q4, Q5)
+    weights, ids = moe_route_ref(torch.randn(2, E), TOP_K)
+    with pytest.raises(ValueError, match="repack=False"):
+        quant_moe_experts(torch.randn(2, H), replace(gate_up, gemv_layout=True), down, weights, ids)

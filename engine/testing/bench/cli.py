@@ -22,6 +22,7 @@ import torch
 from engine.config import EngineConfig
 from engine.core import apply_memory_limit
 from engine.model.quant_experts import scratch_bytes
+from engine.sampling import default_sampling
 from engine.spec.dflash import PUBLISHED_35B_A3B, check_target, random_dflash
 from engine.spec.dflash_draft import attach_dflash
 from engine.testing.bench.fit import fit_report
@@ -36,6 +37,7 @@ from engine.testing.bench.spec import (
     run_spec_rounds,
 )
 from engine.testing.bench.steps import (
+    GREEDY,
     PAGE_SIZE,
     decode_step_bytes,
     make_runner,
@@ -110,6 +112,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--spec-two-waits", action="store_true",
                    help="--spec-rounds: every round takes the general path, which waits for the verdict and then for "
                    "the drafts (default: greedy rounds wait once, engine/runner/spec_round.py)")  # fmt: skip
+    p.add_argument("--spec-sampled", action="store_true",
+                   help="--spec-rounds rows sample with the server's non-thinking preset (temperature 0.7, top-p 0.8, "
+                   "top-k 20, presence penalty 1.5): the sampled one-wait round (engine/runner/spec_sampled.py), or "
+                   "the general round with --spec-two-waits or NINFER_SPEC_ONE_WAIT_SAMPLED=off")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--vs-hf", action="store_true", help="also time HF transformers on the same geometry")
     p.add_argument("--hf-max-prompt-len", type=int, default=16384,
@@ -335,17 +341,20 @@ def _bench_spec(
     if runner.spec is not None:
         runner.spec.one_wait = not args.spec_two_waits
     length = DFLASH_ACCEPTANCE_LENGTH if args.spec == "dflash" else ACCEPTANCE_LENGTH
+    params = default_sampling(moe=False, thinking=False) if args.spec_sampled else GREEDY
+    warmup = (
+        max(args.decode_warmup, 1) if args.spec_sampled else args.decode_warmup
+    )  # sampled: a width-1 first step
     rows = []
     for c in args.concurrency:
         one_wait_before = runner.spec.num_one_wait_rounds if runner.spec is not None else 0
-        got = run_spec_rounds(
-            runner, vocab, c, args.decode_context, args.decode_warmup, args.decode_tokens, k
-        )
+        got = run_spec_rounds(runner, vocab, c, args.decode_context, warmup, args.decode_tokens, k, params)
         plain = {
             ("graph" if r["cuda_graph"] else "eager"): r["step_ms"] for r in decode if r["concurrency"] == c
         }
         round_ms = got["round_s"] * 1e3
         row = {"spec": args.spec, "concurrency": c, "draft_tokens": k, "round_ms": round(round_ms, 3),
+               "sampled": bool(args.spec_sampled),
                "lm_head_draft": bool(args.spec_lm_head_draft),
                "spec_cuda_graph": runner.spec_graphs_captured,
                "spec_graphs": runner.spec.capture_reports() if runner.spec is not None else {},
@@ -357,7 +366,15 @@ def _bench_spec(
                f"projected_tok_s_at_{length}": round(c * length / got["round_s"], 1)}  # fmt: skip
         if args.profile and c == min(args.concurrency):
             rounds = functools.partial(
-                run_spec_rounds, runner, vocab, c, args.decode_context, 0, PROFILED_ROUNDS, k
+                run_spec_rounds,
+                runner,
+                vocab,
+                c,
+                args.decode_context,
+                int(args.spec_sampled),
+                PROFILED_ROUNDS,
+                k,
+                params,
             )
             prof = profile_kernels(rounds)
             row["profile_rounds"] = {"rounds": PROFILED_ROUNDS, **prof,
@@ -383,8 +400,9 @@ def _check_server_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--server drives the server with the official openai SDK: {exc}") from None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def check_args(args: argparse.Namespace) -> str | None:
+    """The reason ``args`` cannot run (the rules that need no device: also what a device plan's tests check on
+    the CPU), or None."""
     try:
         if args.server:
             _check_server_args(args)
@@ -406,7 +424,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.gpu_memory_limit is not None:
             EngineConfig(gpu_memory_limit=args.gpu_memory_limit)
     except ValueError as exc:
-        print(f"ninfer-bench: {exc}", file=sys.stderr)
+        return str(exc)
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    reason = check_args(args)
+    if reason is not None:
+        print(f"ninfer-bench: {reason}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available() and needs_cuda(args.synthetic):
         print(

@@ -20,6 +20,7 @@ from torch import nn
 from engine.config import KVDtype
 from engine.model.linear import Linear
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from engine.request import SamplingParams
 from engine.runner import ModelRunner
 from engine.spec.draft_head import DRAFT_ROWS, DraftHead, attach
 from engine.step import RowPlan, StepPlan
@@ -62,11 +63,19 @@ def _synchronize(runner: ModelRunner) -> None:
 
 
 def run_spec_rounds(
-    runner: ModelRunner, vocab: int, concurrency: int, context: int, warmup: int, rounds: int, k: int
+    runner: ModelRunner,
+    vocab: int,
+    concurrency: int,
+    context: int,
+    warmup: int,
+    rounds: int,
+    k: int,
+    params: SamplingParams = GREEDY,
 ) -> dict[str, float]:
-    """Seconds per round of `concurrency` verify rows of k drafts each (greedy; each row advances by what
-    it accepted + 1, its next drafts the runner's), the tokens committed per round, and the graph replays
-    per round (0: eager)."""
+    """Seconds per round of `concurrency` verify rows of k drafts each (`params`, greedy by default; each row
+    advances by what it accepted + 1, its next drafts the runner's), the tokens committed per round, and the graph
+    replays per round (0: eager). Sampled `params`: the first step feeds each row's last token alone (a verify of
+    width 1), so every later round's drafts come from the MTP head with their q; count it in `warmup`."""
     spec = runner.spec
     replays = 0
     pages_per_seq = -(-(context + (warmup + rounds + 1) * (k + 1)) // PAGE_SIZE)
@@ -81,19 +90,22 @@ def run_spec_rounds(
             _synchronize(runner)
             start, committed = time.perf_counter(), 0
             replays = spec.num_graph_replays if spec is not None else 0
+        feed = [
+            () if step == 0 and params.temperature != 0.0 else d for d in drafts
+        ]  # sampled: drafts with q
         rows = tuple(
             RowPlan(
                 request_id=f"s{i}",
                 lane=i,
-                token_ids=(last[i], *drafts[i]),
+                token_ids=(last[i], *feed[i]),
                 start_pos=pos[i],
                 page_ids=pages[i],
                 state_slot=i,
                 reset_state=False,
                 copy_state_from=None,
                 save_state_to=None,
-                num_sample=1 + len(drafts[i]),
-                sampling_params=GREEDY,
+                num_sample=1 + len(feed[i]),
+                sampling_params=params,
                 num_output_tokens=1,
             )  # fmt: skip
             for i in range(concurrency)
