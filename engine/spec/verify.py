@@ -65,9 +65,8 @@ def verify(
     sizes = [len(d) + 1 for d in drafts]
     assert target_logits.shape[0] == sum(sizes), f"{target_logits.shape[0]} logits rows for positions {sizes}"
     position_params = [p for p, n in zip(params, sizes, strict=True) for _ in range(n)]
-    penalized = any(p.presence_penalty or p.frequency_penalty for p in params)
     counts = None
-    if penalized:
+    if penalized(params):
         hist = history if history is not None else [()] * len(drafts)
         counts = _position_counts(hist, drafts, target_logits.shape[-1], target_logits.device)
     greedy_tokens, probs = processed_distribution(target_logits, position_params, counts)
