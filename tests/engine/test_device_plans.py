@@ -1,4 +1,4 @@
-"""The newest session's device plans (scripts/device/plans/DATE-sN-*.txt) are valid before they cost device time.
+"""The newest date's device plans (scripts/device/plans/DATE-sN-*.txt) are valid before they cost device time.
 
 Every stage line (`NAME SECONDS COMMAND`, as scripts/device/stages.sh reads it) is checked without a GPU: its
 `NINFER_*=value` prefixes are switches the code parses, with values it accepts; `python3 -m engine.testing.bench`
@@ -35,13 +35,14 @@ _PYTEST_VALUE_OPTIONS = {"-k", "-m", "-p", "--timeout", "--durations", "-n", "--
 
 
 def newest_plans() -> list[Path]:
-    """The plan files of the newest session prefix (DATE-sN, by date then N)."""
-    sessions: dict[tuple[str, int], list[Path]] = {}
+    """The plan files of the newest date (DATE-sN-*: every session that planned for that date; sessions without
+    a GPU leave their plans to the next one that has it, so several sessions can share a date)."""
+    dates: dict[str, list[Path]] = {}
     for path in PLANS.glob("*.txt"):
         m = _SESSION.match(path.name)
         if m:
-            sessions.setdefault((m.group(1), int(m.group(2))), []).append(path)
-    return sorted(sessions[max(sessions)]) if sessions else []
+            dates.setdefault(m.group(1), []).append(path)
+    return sorted(dates[max(dates)]) if dates else []
 
 
 def stages(path: Path) -> list[tuple[str, int, str]]:
