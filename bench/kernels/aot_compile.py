@@ -199,6 +199,7 @@ def _torch_free_module(path: Path, out_dir: Path) -> ModuleType:
     chunks = [
         "import triton\nimport triton.language as tl\n"
         "from triton.experimental import gluon\nfrom triton.experimental.gluon import language as gl\n"
+        "from triton.experimental.gluon.language.nvidia.ampere import async_copy\n"
     ]
     for file in (*_imported_kernel_modules(path), *siblings, path):
         source = file.read_text()
@@ -307,7 +308,9 @@ def compile_all(
                             options=compile_options(variant),
                         )
                     except Exception as exc:  # noqa: BLE001  (recorded per row; the caller fails on it)
-                        row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[-4000:])
+                        row.update(
+                            ok=False, error=f"{type(exc).__name__}: {exc} <- {exc.__cause__!r}"[-4000:]
+                        )
                         rows.append(row)
                         continue
                     cubin = compiled.asm.get("cubin", b"")

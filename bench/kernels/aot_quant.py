@@ -132,6 +132,40 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 ("27B Q6 head K=5120", 6, 40, 40, 32, 1),
             )
         ],
+        # the cp.async ring one-row GEMV (packed_linear "ring" tiles): the pairs kernel's arithmetic, its weight bytes
+        # through STAGES shared-memory slots; scales as int32 words (a unit's two fp16 scales)
+        "_quant_gemv_ring_kernel": [
+            variant(
+                label,
+                {
+                    "xw_ptr": "i32",
+                    "codes_ptr": "i32",
+                    "high_ptr": {5: "u8", 6: "i16"}.get(bits, "i32"),
+                    "scales_ptr": "i32",
+                    "out_ptr": "fp32" if units_split < units else "bf16",
+                },
+                dict(
+                    BITS=bits,
+                    UNITS_SPLIT=units_split,
+                    BLOCK_N=block_n,
+                    NUM_WARPS=warps,
+                    STEP=step,
+                    STAGES=stages,
+                ),
+                aligned=("codes_stride", "high_stride"),
+                num_warps=warps,
+            )  # fmt: skip
+            for label, bits, units, units_split, block_n, step, stages, warps in (
+                ("27B Q4 7168x5120 split 5, ring_n64s2", 4, 40, 8, 64, 2, 4, 4),
+                ("27B Q5 5120x17408 split 4, ring_n64s2", 5, 136, 34, 64, 2, 4, 4),
+                ("27B Q6 head K=5120, ring_n64s2", 6, 40, 40, 64, 2, 4, 4),
+                ("27B Q5 5120x6144 split 6, ring_n64s2st3", 5, 48, 8, 64, 2, 3, 4),
+                ("27B Q6 head K=5120, ring_n64s1", 6, 40, 40, 64, 1, 4, 4),
+                ("27B Q4 34816x5120 split 2, ring_n32w2s2", 4, 40, 20, 32, 2, 4, 2),
+                ("27B Q4 4096x5120 split 10, ring_n128s1", 4, 40, 4, 128, 1, 4, 4),
+                ("one unit a program (empty copy groups)", 4, 40, 1, 64, 1, 4, 4),
+            )
+        ],
         # the tensor-core one-row GEMV on the same loads (packed_linear "mma" tiles: 64 or 128 rows, 4 warps)
         "_quant_gemv_mma_kernel": [
             variant(

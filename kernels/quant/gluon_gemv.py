@@ -33,6 +33,7 @@ if HAS_TRITON:
     try:
         from triton.experimental import gluon
         from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
         HAS_GLUON = True
     except ImportError:  # a Triton without Gluon: packed_linear keeps the Triton modes
@@ -180,6 +181,154 @@ if HAS_GLUON:
                 acc = _pairs_unit(acc, w2, g2, t0, t1, xw_ptr, unit + 1, i, magic, one, neg, BITS, BLOCK_N, L)
             w, g, s0, s1 = w_n, g_n, s0_n, s1_n
             w2, g2, t0, t1 = w2_n, g2_n, t0_n, t1_n
+        _store_rows(out_ptr, acc, 1.0, rows, N)
+
+    @gluon.jit
+    def _ring_slot(BLOCK_N: gl.constexpr, STEP: gl.constexpr, BITS: gl.constexpr):
+        # one ring slot: STEP units of code words [STEP * BLOCK_N, 16] (unit-major: a unit's rows at a 64-byte
+        # pitch, so a quarter warp's two rows of 16-byte reads fill 128 consecutive bytes, no bank conflicts),
+        # their high bytes / halves (Q5 / Q6; the code words again for Q4), their scale words [STEP * BLOCK_N].
+        # Allocations of their own: Triton's barrier analysis tells buffers apart, not parts of one, so a slot
+        # being read and another being filled need no barrier between them.
+        FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        codes = gl.allocate_shared_memory(gl.int32, [STEP * BLOCK_N, 16], FLAT)
+        high = codes
+        if BITS == 5:
+            high = gl.allocate_shared_memory(gl.uint8, [STEP * BLOCK_N, 16], FLAT)
+        if BITS == 6:
+            high = gl.allocate_shared_memory(gl.int16, [STEP * BLOCK_N, 16], FLAT)
+        scales = gl.allocate_shared_memory(gl.int32, [STEP * BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        return codes, high, scales
+
+    @gluon.jit
+    def _ring_issue(
+        slot, codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs, unit0, BITS: gl.constexpr
+    ):
+        # a stage's copies (STEP units from unit0) into ``slot``, one commit group. code_offs / high_offs [STEP *
+        # BLOCK_N, 16] (layout L: a thread copies the 16 bytes it reads back), sc_offs [STEP * BLOCK_N] (a thread
+        # one word), all relative to unit 0 of the row
+        codes, high, scales = slot
+        async_copy.async_copy_global_to_shared(codes, codes_ptr + code_offs + unit0 * 16)
+        if BITS == 5 or BITS == 6:
+            async_copy.async_copy_global_to_shared(high, high_ptr + high_offs + unit0 * 16)
+        async_copy.async_copy_global_to_shared(scales, scales_ptr + sc_offs + unit0)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _ring_stage(acc, slot, xw_ptr, unit0, i, magic, one, neg, STEP: gl.constexpr, BITS: gl.constexpr,
+                    BLOCK_N: gl.constexpr, L: gl.constexpr):  # fmt: skip
+        # acc += a stage's products from ``slot`` (its copies landed and are visible): _pairs_unit a unit
+        codes, high, scales = slot
+        for u in gl.static_range(STEP):
+            w = codes.slice(u * BLOCK_N, BLOCK_N).load(L)
+            g = w
+            if BITS == 5:  # as _pairs_load: byte i spread to bits 0..7 and 12..19
+                h = high.slice(u * BLOCK_N, BLOCK_N).load(L).to(gl.int32) & 0xFF
+                g = h | (h << 12)
+            if BITS == 6:
+                h = high.slice(u * BLOCK_N, BLOCK_N).load(L).to(gl.int32) & 0xFFFF
+                g = (h & 0xFF) | ((h & 0xFF00) << 8)
+            sw = scales.slice(u * BLOCK_N, BLOCK_N).load(gl.SliceLayout(1, L))
+            s0 = (sw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+            s1 = (sw >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+            acc = _pairs_unit(acc, w, g, s0, s1, xw_ptr, unit0 + u, i, magic, one, neg, BITS, BLOCK_N, L)
+        return acc
+
+    @gluon.jit
+    def _ring_step(acc, ring, k: gl.constexpr, t, codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs,
+                   xw_ptr, u0, i, magic, one, neg, ITERS: gl.constexpr, STAGES: gl.constexpr, STEP: gl.constexpr,
+                   BITS: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr):  # fmt: skip
+        # stage t (in slot k = t % STAGES): wait for its copies, one barrier, refill the slot stage t - 1 used with
+        # stage t + STAGES - 1 (an empty group past the last), then its products
+        async_copy.wait_group(STAGES - 2)  # this thread's copies of stage t have landed
+        gl.thread_barrier()  # ... every thread's; every thread is done with stage t - 1's slot
+        if t + STAGES - 1 < ITERS:
+            _ring_issue(ring[(k + STAGES - 1) % STAGES], codes_ptr, high_ptr, scales_ptr, code_offs, high_offs,
+                        sc_offs, u0 + (t + STAGES - 1) * STEP, BITS)  # fmt: skip
+        else:
+            async_copy.commit_group()
+        return _ring_stage(acc, ring[k], xw_ptr, u0 + t * STEP, i, magic, one, neg, STEP, BITS, BLOCK_N, L)
+
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_ring_kernel(
+        xw_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        BITS: gl.constexpr,
+        UNITS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+        STEP: gl.constexpr,  # units a stage
+        STAGES: gl.constexpr,  # ring slots, 2..4: STAGES - 1 stages in flight while one is computed
+    ):
+        # _quant_gemv_pairs_kernel's arithmetic (the same layout L, _pairs_unit), its weight bytes streamed
+        # through a ring of STAGES shared-memory slots by cp.async instead of a register prefetch: the bytes in
+        # flight no longer cost registers (the pairs kernel: 127 registers, 25% occupancy, DRAM 50% on the H200).
+        # Stage t: wait for its copy group, one barrier (its bytes visible to every thread; the slot refilled
+        # next, stage t - 1's, read by every thread), issue stage t + STAGES - 1, compute stage t. The loop is
+        # unrolled by STAGES so each slot is a static index. scales_ptr: the fp16 scales as int32 words [N, K_pad
+        # / 128] (a unit's two group scales, low half first; scales_stride in words); the rest as the pairs
+        # kernel's.
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
+        LS: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+        OFFSET: gl.constexpr = 1 << (BITS - 1)
+        ITERS: gl.constexpr = UNITS_SPLIT // STEP
+        gl.static_assert(STAGES >= 2 and STAGES <= 4, "ring slots: 2..4")
+        split = gl.program_id(1)
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
+        # the copies' offsets, relative to the row's unit 0: slot row R is row R % BLOCK_N of unit R // BLOCK_N
+        rr = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, L))
+        r2 = gl.minimum(gl.program_id(0) * BLOCK_N + rr % BLOCK_N, N - 1).to(gl.int64)[:, None]
+        u2 = (rr // BLOCK_N * 16)[:, None] + i[None, :]
+        code_offs = r2 * codes_stride + u2
+        high_offs = r2 * high_stride + u2
+        rs = gl.arange(0, STEP * BLOCK_N, layout=LS)
+        sc_offs = (
+            gl.minimum(gl.program_id(0) * BLOCK_N + rs % BLOCK_N, N - 1).to(gl.int64) * scales_stride
+            + rs // BLOCK_N
+        )
+        s0 = _ring_slot(BLOCK_N, STEP, BITS)
+        s1 = _ring_slot(BLOCK_N, STEP, BITS)
+        s2 = s0
+        s3 = s0
+        if STAGES >= 3:
+            s2 = _ring_slot(BLOCK_N, STEP, BITS)
+        if STAGES >= 4:
+            s3 = _ring_slot(BLOCK_N, STEP, BITS)
+        ring = (s0, s1, s2, s3)
+        magic = gl.full([BLOCK_N, 16], 0x43004300, gl.int32, layout=L)  # 128 in bf16, twice
+        one = gl.full([BLOCK_N, 16], 0x3F803F80, gl.int32, layout=L)  # 1.0 in bf16, twice
+        neg = gl.full(
+            [BLOCK_N, 16], (0xC300 | OFFSET) * 65537 - 4294967296, gl.int32, layout=L
+        )  # -(128 + OFFSET)
+        acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+        u0 = split * UNITS_SPLIT
+        for k in gl.static_range(STAGES - 1):
+            if k < ITERS:
+                _ring_issue(ring[k], codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs, u0 + k * STEP,
+                            BITS)  # fmt: skip
+            else:
+                async_copy.commit_group()  # (an empty group: the count below stays STAGES - 2)
+        if ITERS > STAGES:
+            for t0 in range(0, ITERS, STAGES):
+                for k in gl.static_range(STAGES):
+                    if t0 + k < ITERS:
+                        acc = _ring_step(acc, ring, k, t0 + k, codes_ptr, high_ptr, scales_ptr, code_offs, high_offs,
+                                         sc_offs, xw_ptr, u0, i, magic, one, neg, ITERS, STAGES, STEP, BITS, BLOCK_N,
+                                         L)  # fmt: skip
+        else:  # (one pass: unrolled whole; Triton's lowering fails on the loop folded from a single trip)
+            for t in gl.static_range(ITERS):
+                acc = _ring_step(acc, ring, t, t, codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs,
+                                 xw_ptr, u0, i, magic, one, neg, ITERS, STAGES, STEP, BITS, BLOCK_N, L)  # fmt: skip
+        async_copy.wait_group(
+            0
+        )  # (only empty groups are left: nothing lands in this CTA's memory after it exits)
         _store_rows(out_ptr, acc, 1.0, rows, N)
 
     @gluon.jit

@@ -89,6 +89,42 @@ def test_pairs_mode(fmt, device, assert_close):
 
 
 @pytest.mark.parametrize("fmt", [Q4, Q5, Q6])
+def test_ring_mode(fmt, device, assert_close):
+    """The "ring" tiles (on a GPU the cp.async ring kernel, _quant_gemv_ring_kernel; the interpreter runs the Triton
+    CUDA-core mode): fewer stages than slots (one unit, empty copy groups), exactly as many, several passes of
+    the ring with a last partial pass, split K, one and two units a slot, N below a tile and odd (the clamped
+    rows), a row view of a fused parent, x a column slice; on the GPU each is bitwise the pairs kernel (the same
+    arithmetic in the same order)."""
+    from kernels.quant.gluon_gemv import HAS_GLUON
+
+    assert HAS_GLUON or device == "cpu", "the GPU's Triton has no Gluon: the ring tiles would not run it"
+    for n, k, variant in (
+        (37, 128, "ring_n64s1"),
+        (300, 512, "ring_n64s1"),
+        (300, 1280, "ring_n64s1"),
+        (70, 2560, "ring_n64s2"),
+        (20, 2048, "ring_n64s2st3"),
+        (300, 1024, "ring_n32w2s2"),
+        (200, 1280, "ring_n128s1"),
+    ):
+        qw = _weight(fmt, n, k, device)
+        x = torch.randn(1, k + 8, device=device).bfloat16()[:, 4 : 4 + k]
+        tiles = packed_tiles(fmt, n, k, variant)
+        assert tiles.mode == "ring", tiles
+        got = quant_linear(x, qw, route="gemv", tiles=tiles)
+        _check(f"{fmt} {n}x{k} {tiles}", got, x, qw, assert_close)
+        if device != "cpu":
+            pairs = tiles._replace(mode="pairs", num_stages=1)
+            assert torch.equal(got, quant_linear(x, qw, route="gemv", tiles=pairs)), f"{fmt} {n}x{k} {tiles}"
+    part = _weight(fmt, 300, 640, device).rows(100, 150)
+    x = torch.randn(1, 640, device=device).bfloat16()
+    tiles = packed_tiles(fmt, 50, 640, "ring_n64s1")
+    _check(
+        f"{fmt} rows 100:150 {tiles}", quant_linear(x, part, route="gemv", tiles=tiles), x, part, assert_close
+    )
+
+
+@pytest.mark.parametrize("fmt", [Q4, Q5, Q6])
 def test_mma_mode(fmt, device, assert_close):
     """The "mma" tiles (on a GPU the tensor-core Gluon kernel, _quant_gemv_mma_kernel, for 1..8 rows of x; the
     interpreter runs the Triton modes): split and unsplit K, two-unit steps, N below one tile and not a multiple
