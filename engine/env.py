@@ -110,6 +110,15 @@ def pdl_mode() -> str:
     return _dispatch.PDL_MODE
 
 
+def fp_one_row_mode() -> str:
+    """`NINFER_FP_ONE_ROW`: `rows` (the default) or `ring`: the one-row decode GEMV of NVFP4 and FP8 rows prefetches
+    the next step's words in registers (`rows`) or streams the weight bytes through a cp.async ring of shared-memory
+    slots (`ring`). Read once when `kernels` is imported (`kernels._dispatch.FP_ONE_ROW`)."""
+    from kernels import _dispatch
+
+    return _dispatch.FP_ONE_ROW
+
+
 def gemv_variants() -> dict[str, str | None]:
     """`NINFER_ONE_ROW`, `NINFER_FEW_ROWS`, `NINFER_W8_ONE_ROW`: a `kernels.quant.packed_linear.GEMV_VARIANTS` name
     every groupwise-int decode GEMV of one row (Q4/Q5/Q6), of 2..8 rows (Q4/Q5/Q6), of one W8 row takes instead of

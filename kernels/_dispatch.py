@@ -15,6 +15,12 @@ for every linear of at most 8 rows wherever the kernels run Triton).
 variants for the groupwise-int decode GEMV of one row, of 2..8 rows, of one W8 row (for measuring a variant end to
 end; unset: the measured tables; an unknown name is refused when that module is imported).
 
+``NINFER_FP_ONE_ROW`` picks the one-row decode GEMV of NVFP4 and FP8 rows (``kernels.quant.quant_linear``): ``rows``
+(the default: ``gluon_gemv``'s ``_quant_gemv_nvfp4_rows_kernel`` / ``_quant_gemv_fp8_rows_kernel``, the next step's
+words prefetched in registers) or ``ring`` (the same arithmetic, the weight bytes streamed through a cp.async ring of
+shared-memory slots, ``_quant_gemv_nvfp4_ring_kernel`` / ``_quant_gemv_fp8_ring_kernel``). Waits for an H200
+measurement before it becomes the default.
+
 ``NINFER_ATTN_FUSE`` picks how gated attention runs where the kernels run Triton: ``off`` (the default: the q and k
 norms, the RoPE and the K/V store are four launches, the output gate one more after the decode reduce) or ``on``
 (``kernels.attention.fuse.qk_norm_rope_store``: norms, RoPE and a float cache's store in one launch; decode's
@@ -118,6 +124,11 @@ def parse_int8_attention_mode(value: str) -> str:
     return _parse("NINFER_INT8_ATTENTION", value, ("grouped", "keys_major"))
 
 
+def parse_fp_one_row_mode(value: str) -> str:
+    """``NINFER_FP_ONE_ROW``'s value, normalised: ``rows`` or ``ring``; ValueError for anything else."""
+    return _parse("NINFER_FP_ONE_ROW", value, ("rows", "ring"))
+
+
 def parse_pdl_mode(value: str) -> str:
     """``NINFER_PDL``'s value, normalised: ``off`` or ``on``; ValueError for anything else."""
     return _parse("NINFER_PDL", value, ("off", "on"))
@@ -142,6 +153,7 @@ SPLITK_REDUCE = parse_splitk_reduce_mode(os.environ.get("NINFER_SPLITK_REDUCE", 
 QUANT_MOE_MODE = parse_quant_moe_mode(os.environ.get("NINFER_QUANT_MOE", "v1"))
 INT8_ATTENTION = parse_int8_attention_mode(os.environ.get("NINFER_INT8_ATTENTION", "grouped"))
 PDL_MODE = parse_pdl_mode(os.environ.get("NINFER_PDL", "off"))
+FP_ONE_ROW = parse_fp_one_row_mode(os.environ.get("NINFER_FP_ONE_ROW", "rows"))
 
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:

@@ -230,6 +230,34 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 ("NVFP4 K=5120", 40, "bf16"),
             )
         ],
+        # NVFP4's one-row GEMV through the cp.async ring (quant_linear "rows_ring" tiles)
+        "_quant_gemv_nvfp4_ring_kernel": [
+            variant(
+                label,
+                {"xw_ptr": "i32", "codes_ptr": "i32", "scales_ptr": "u8", "out_ptr": out},
+                dict(STEPS_SPLIT=steps, BLOCK_N=64, NUM_WARPS=4, STEP=step, STAGES=stages),
+                aligned=("codes_stride", "tile_stride"),
+                floats=("out_scale",),
+            )  # fmt: skip
+            for label, steps, out, step, stages in (
+                ("27B NVFP4 34816x5120 split 2, 2 steps x 4 slots", 20, "fp32", 2, 4),
+                ("NVFP4 K=5120, 1 step x 4 slots", 40, "bf16", 1, 4),
+                ("NVFP4 K=5120 split 10, one pass", 4, "fp32", 1, 4),
+            )
+        ],
+        # FP8 rows' one-row GEMV through the cp.async ring (quant_linear "rows_ring" tiles)
+        "_quant_gemv_fp8_ring_kernel": [
+            variant(
+                label,
+                {"xw_ptr": "i32", "codes_ptr": "i32", "scales_ptr": "bf16", "out_ptr": out},
+                dict(STEPS_SPLIT=steps, BLOCK_N=64, NUM_WARPS=4, STEP=step, STAGES=stages),
+                aligned=("codes_stride",),
+            )  # fmt: skip
+            for label, steps, out, step, stages in (
+                ("Qwen3.8 FP8 attention 7168x5120 split 4, 2 steps x 4 slots", 20, "fp32", 2, 4),
+                ("FP8 K=5120, 1 step x 4 slots", 80, "bf16", 1, 4),
+            )
+        ],
         "_quant_dequant_packed_kernel": [
             variant(
                 f"Q{bits}" if bits < 8 else "W8",

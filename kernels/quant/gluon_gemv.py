@@ -184,70 +184,138 @@ if HAS_GLUON:
         _store_rows(out_ptr, acc, 1.0, rows, N)
 
     @gluon.jit
-    def _ring_slot(BLOCK_N: gl.constexpr, STEP: gl.constexpr, BITS: gl.constexpr):
-        # one ring slot: STEP units of code words [STEP * BLOCK_N, 16] (unit-major: a unit's rows at a 64-byte
-        # pitch, so a quarter warp's two rows of 16-byte reads fill 128 consecutive bytes, no bank conflicts),
-        # their high bytes / halves (Q5 / Q6; the code words again for Q4), their scale words [STEP * BLOCK_N].
-        # Allocations of their own: Triton's barrier analysis tells buffers apart, not parts of one, so a slot
-        # being read and another being filled need no barrier between them.
+    def _ring_slot(BLOCK_N: gl.constexpr, STEP: gl.constexpr, KIND: gl.constexpr):
+        # one ring slot of STEP units (KIND: the groupwise BITS 4/5/6, 0 NVFP4, 1 FP8 rows): code words [STEP * BLOCK_N,
+        # 16] (unit-major: a unit's rows at a 64-byte pitch, so a quarter warp's two rows of 16-byte reads fill 128
+        # consecutive bytes, no bank conflicts), Q5 / Q6's high bytes / halves (the code words again otherwise),
+        # the scales (groupwise: a word a row, its two fp16 group scales [STEP * BLOCK_N]; NVFP4: the 8 E4M3 block
+        # scale bytes of a row [STEP * BLOCK_N, 8]). Allocations of their own: Triton's barrier analysis tells
+        # buffers apart, not parts of one, so a slot being read and another being filled need no barrier between.
         FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         codes = gl.allocate_shared_memory(gl.int32, [STEP * BLOCK_N, 16], FLAT)
         high = codes
-        if BITS == 5:
+        if KIND == 5:
             high = gl.allocate_shared_memory(gl.uint8, [STEP * BLOCK_N, 16], FLAT)
-        if BITS == 6:
+        if KIND == 6:
             high = gl.allocate_shared_memory(gl.int16, [STEP * BLOCK_N, 16], FLAT)
-        scales = gl.allocate_shared_memory(gl.int32, [STEP * BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        if KIND == 0:
+            scales = gl.allocate_shared_memory(gl.uint8, [STEP * BLOCK_N, 8], FLAT)
+        elif KIND == 1:
+            scales = codes  # (FP8 rows: the row scale is read once, at the end)
+        else:
+            scales = gl.allocate_shared_memory(
+                gl.int32, [STEP * BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0])
+            )
         return codes, high, scales
 
     @gluon.jit
-    def _ring_issue(
-        slot, codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs, unit0, BITS: gl.constexpr
-    ):
-        # a stage's copies (STEP units from unit0) into ``slot``, one commit group. code_offs / high_offs [STEP *
-        # BLOCK_N, 16] (layout L: a thread copies the 16 bytes it reads back), sc_offs [STEP * BLOCK_N] (a thread
-        # one word), all relative to unit 0 of the row
+    def _ring_issue(slot, src, unit0, KIND: gl.constexpr):
+        # a stage's copies (STEP units from unit0) into ``slot``, one commit group. src: (codes_ptr, high_ptr,
+        # scales_ptr, code_offs, high_offs, sc_offs), the offsets of unit 0 of the program's rows: code_offs /
+        # high_offs [STEP * BLOCK_N, 16] in layout L (a thread copies the 16 bytes it reads back), sc_offs a word
+        # (groupwise) or 4 bytes (NVFP4: two copies, the 512-byte scale columns of blocks 0-3 and 4-7) a thread
         codes, high, scales = slot
+        codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs = src
         async_copy.async_copy_global_to_shared(codes, codes_ptr + code_offs + unit0 * 16)
-        if BITS == 5 or BITS == 6:
+        if KIND == 5 or KIND == 6:
             async_copy.async_copy_global_to_shared(high, high_ptr + high_offs + unit0 * 16)
-        async_copy.async_copy_global_to_shared(scales, scales_ptr + sc_offs + unit0)
+        if KIND == 0:
+            async_copy.async_copy_global_to_shared(scales, scales_ptr + sc_offs + unit0 * 1024)
+        if KIND >= 4:
+            async_copy.async_copy_global_to_shared(scales, scales_ptr + sc_offs + unit0)
         async_copy.commit_group()
 
     @gluon.jit
-    def _ring_stage(acc, slot, xw_ptr, unit0, i, magic, one, neg, STEP: gl.constexpr, BITS: gl.constexpr,
+    def _nvfp4_unit(acc, w, sc, xw_ptr, unit, i, BLOCK_N: gl.constexpr, L: gl.constexpr):
+        # acc [BLOCK_N, 16] += one 128-lane step of NVFP4 products: word i's 8 lanes (_nvfp4_pair_f32 a byte) times
+        # its block's E4M3 scale ``sc`` (uint8, the word's block)
+        part = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+        w4 = w >> 4
+        for c in gl.static_range(4):
+            part = _nvfp4_pair_f32(w, w4, gl.load(xw_ptr + unit * 64 + 4 * i + c), c, part)
+        return gl.fma(part, sc.to(gl.float8e4nv, bitcast=True).to(gl.float32), acc)
+
+    @gluon.jit
+    def _ring_stage(acc, slot, xw_ptr, unit0, i, consts, STEP: gl.constexpr, KIND: gl.constexpr,
                     BLOCK_N: gl.constexpr, L: gl.constexpr):  # fmt: skip
-        # acc += a stage's products from ``slot`` (its copies landed and are visible): _pairs_unit a unit
+        # acc += a stage's products from ``slot`` (its copies landed and are visible): _pairs_unit (groupwise) or
+        # _nvfp4_unit a unit
         codes, high, scales = slot
+        # NVFP4: a row's 8 block scales, a thread the two of its 4 words
+        L8: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [L.warps_per_cta[0], 1], [1, 0])
         for u in gl.static_range(STEP):
             w = codes.slice(u * BLOCK_N, BLOCK_N).load(L)
-            g = w
-            if BITS == 5:  # as _pairs_load: byte i spread to bits 0..7 and 12..19
-                h = high.slice(u * BLOCK_N, BLOCK_N).load(L).to(gl.int32) & 0xFF
-                g = h | (h << 12)
-            if BITS == 6:
-                h = high.slice(u * BLOCK_N, BLOCK_N).load(L).to(gl.int32) & 0xFFFF
-                g = (h & 0xFF) | ((h & 0xFF00) << 8)
-            sw = scales.slice(u * BLOCK_N, BLOCK_N).load(gl.SliceLayout(1, L))
-            s0 = (sw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-            s1 = (sw >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-            acc = _pairs_unit(acc, w, g, s0, s1, xw_ptr, unit0 + u, i, magic, one, neg, BITS, BLOCK_N, L)
+            if KIND == 0:  # (each scale widened to the two words of its block)
+                sb = scales.slice(u * BLOCK_N, BLOCK_N).load(L8)
+                sc = gl.convert_layout(gl.reshape(gl.join(sb, sb), [BLOCK_N, 16]), L)
+                acc = _nvfp4_unit(acc, w, sc, xw_ptr, unit0 + u, i, BLOCK_N, L)
+            elif KIND == 1:
+                acc = _fp8_step(acc, w, xw_ptr, unit0 + u, i)
+            else:
+                magic, one, neg = consts
+                g = w
+                if KIND == 5:  # as _pairs_load: byte i spread to bits 0..7 and 12..19
+                    h = high.slice(u * BLOCK_N, BLOCK_N).load(L).to(gl.int32) & 0xFF
+                    g = h | (h << 12)
+                if KIND == 6:
+                    h = high.slice(u * BLOCK_N, BLOCK_N).load(L).to(gl.int32) & 0xFFFF
+                    g = (h & 0xFF) | ((h & 0xFF00) << 8)
+                sw = scales.slice(u * BLOCK_N, BLOCK_N).load(gl.SliceLayout(1, L))
+                s0 = (sw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+                s1 = (sw >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+                acc = _pairs_unit(acc, w, g, s0, s1, xw_ptr, unit0 + u, i, magic, one, neg, KIND, BLOCK_N, L)
         return acc
 
     @gluon.jit
-    def _ring_step(acc, ring, k: gl.constexpr, t, codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs,
-                   xw_ptr, u0, i, magic, one, neg, ITERS: gl.constexpr, STAGES: gl.constexpr, STEP: gl.constexpr,
-                   BITS: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr):  # fmt: skip
+    def _ring_step(acc, ring, k: gl.constexpr, t, src, xw_ptr, u0, i, consts, ITERS: gl.constexpr,
+                   STAGES: gl.constexpr, STEP: gl.constexpr, KIND: gl.constexpr, BLOCK_N: gl.constexpr,
+                   L: gl.constexpr):  # fmt: skip
         # stage t (in slot k = t % STAGES): wait for its copies, one barrier, refill the slot stage t - 1 used with
         # stage t + STAGES - 1 (an empty group past the last), then its products
         async_copy.wait_group(STAGES - 2)  # this thread's copies of stage t have landed
         gl.thread_barrier()  # ... every thread's; every thread is done with stage t - 1's slot
         if t + STAGES - 1 < ITERS:
-            _ring_issue(ring[(k + STAGES - 1) % STAGES], codes_ptr, high_ptr, scales_ptr, code_offs, high_offs,
-                        sc_offs, u0 + (t + STAGES - 1) * STEP, BITS)  # fmt: skip
+            _ring_issue(ring[(k + STAGES - 1) % STAGES], src, u0 + (t + STAGES - 1) * STEP, KIND)
         else:
             async_copy.commit_group()
-        return _ring_stage(acc, ring[k], xw_ptr, u0 + t * STEP, i, magic, one, neg, STEP, BITS, BLOCK_N, L)
+        return _ring_stage(acc, ring[k], xw_ptr, u0 + t * STEP, i, consts, STEP, KIND, BLOCK_N, L)
+
+    @gluon.jit
+    def _ring_run(acc, src, xw_ptr, u0, i, consts, ITERS: gl.constexpr, STAGES: gl.constexpr, STEP: gl.constexpr,
+                  KIND: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr):  # fmt: skip
+        # a program's ITERS stages of STEP units from unit u0 through a ring of STAGES slots (2..4): the first
+        # STAGES - 1 issued up front, then _ring_step a stage; the loop is unrolled by STAGES so each slot is a
+        # static index
+        gl.static_assert(STAGES >= 2 and STAGES <= 4, "ring slots: 2..4")
+        s0 = _ring_slot(BLOCK_N, STEP, KIND)
+        s1 = _ring_slot(BLOCK_N, STEP, KIND)
+        s2 = s0
+        s3 = s0
+        if STAGES >= 3:
+            s2 = _ring_slot(BLOCK_N, STEP, KIND)
+        if STAGES >= 4:
+            s3 = _ring_slot(BLOCK_N, STEP, KIND)
+        ring = (s0, s1, s2, s3)
+        for k in gl.static_range(STAGES - 1):
+            if k < ITERS:
+                _ring_issue(ring[k], src, u0 + k * STEP, KIND)
+            else:
+                async_copy.commit_group()  # (an empty group: the count _ring_step waits for stays STAGES - 2)
+        if ITERS > STAGES:
+            for t0 in range(0, ITERS, STAGES):
+                for k in gl.static_range(STAGES):
+                    if t0 + k < ITERS:
+                        acc = _ring_step(acc, ring, k, t0 + k, src, xw_ptr, u0, i, consts, ITERS, STAGES, STEP, KIND,
+                                         BLOCK_N, L)  # fmt: skip
+        else:  # (one pass: unrolled whole; Triton's lowering fails on the loop folded from a single trip)
+            for t in gl.static_range(ITERS):
+                acc = _ring_step(
+                    acc, ring, t, t, src, xw_ptr, u0, i, consts, ITERS, STAGES, STEP, KIND, BLOCK_N, L
+                )
+        async_copy.wait_group(
+            0
+        )  # (only empty groups are left: nothing lands in this CTA's memory after it exits)
+        return acc
 
     @gluon.jit(do_not_specialize=["N"])
     def _quant_gemv_ring_kernel(
@@ -271,65 +339,106 @@ if HAS_GLUON:
         # through a ring of STAGES shared-memory slots by cp.async instead of a register prefetch: the bytes in
         # flight no longer cost registers (the pairs kernel: 127 registers, 25% occupancy, DRAM 50% on the H200).
         # Stage t: wait for its copy group, one barrier (its bytes visible to every thread; the slot refilled
-        # next, stage t - 1's, read by every thread), issue stage t + STAGES - 1, compute stage t. The loop is
-        # unrolled by STAGES so each slot is a static index. scales_ptr: the fp16 scales as int32 words [N, K_pad
-        # / 128] (a unit's two group scales, low half first; scales_stride in words); the rest as the pairs
-        # kernel's.
+        # next, stage t - 1's, read by every thread), issue stage t + STAGES - 1, compute stage t (_ring_run).
+        # scales_ptr: the fp16 scales as int32 words [N, K_pad / 128] (a unit's two group scales, low half first;
+        # scales_stride in words); the rest as the pairs kernel's.
         L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
         LS: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
         OFFSET: gl.constexpr = 1 << (BITS - 1)
-        ITERS: gl.constexpr = UNITS_SPLIT // STEP
-        gl.static_assert(STAGES >= 2 and STAGES <= 4, "ring slots: 2..4")
-        split = gl.program_id(1)
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
         # the copies' offsets, relative to the row's unit 0: slot row R is row R % BLOCK_N of unit R // BLOCK_N
         rr = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, L))
         r2 = gl.minimum(gl.program_id(0) * BLOCK_N + rr % BLOCK_N, N - 1).to(gl.int64)[:, None]
         u2 = (rr // BLOCK_N * 16)[:, None] + i[None, :]
-        code_offs = r2 * codes_stride + u2
-        high_offs = r2 * high_stride + u2
         rs = gl.arange(0, STEP * BLOCK_N, layout=LS)
-        sc_offs = (
-            gl.minimum(gl.program_id(0) * BLOCK_N + rs % BLOCK_N, N - 1).to(gl.int64) * scales_stride
-            + rs // BLOCK_N
+        sc_offs = gl.minimum(gl.program_id(0) * BLOCK_N + rs % BLOCK_N, N - 1).to(gl.int64) * scales_stride
+        src = (
+            codes_ptr,
+            high_ptr,
+            scales_ptr,
+            r2 * codes_stride + u2,
+            r2 * high_stride + u2,
+            sc_offs + rs // BLOCK_N,
         )
-        s0 = _ring_slot(BLOCK_N, STEP, BITS)
-        s1 = _ring_slot(BLOCK_N, STEP, BITS)
-        s2 = s0
-        s3 = s0
-        if STAGES >= 3:
-            s2 = _ring_slot(BLOCK_N, STEP, BITS)
-        if STAGES >= 4:
-            s3 = _ring_slot(BLOCK_N, STEP, BITS)
-        ring = (s0, s1, s2, s3)
-        magic = gl.full([BLOCK_N, 16], 0x43004300, gl.int32, layout=L)  # 128 in bf16, twice
-        one = gl.full([BLOCK_N, 16], 0x3F803F80, gl.int32, layout=L)  # 1.0 in bf16, twice
-        neg = gl.full(
-            [BLOCK_N, 16], (0xC300 | OFFSET) * 65537 - 4294967296, gl.int32, layout=L
-        )  # -(128 + OFFSET)
+        consts = (
+            gl.full([BLOCK_N, 16], 0x43004300, gl.int32, layout=L),  # 128 in bf16, twice
+            gl.full([BLOCK_N, 16], 0x3F803F80, gl.int32, layout=L),  # 1.0 in bf16, twice
+            gl.full(
+                [BLOCK_N, 16], (0xC300 | OFFSET) * 65537 - 4294967296, gl.int32, layout=L
+            ),  # -(128 + OFFSET)
+        )
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
-        u0 = split * UNITS_SPLIT
-        for k in gl.static_range(STAGES - 1):
-            if k < ITERS:
-                _ring_issue(ring[k], codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs, u0 + k * STEP,
-                            BITS)  # fmt: skip
-            else:
-                async_copy.commit_group()  # (an empty group: the count below stays STAGES - 2)
-        if ITERS > STAGES:
-            for t0 in range(0, ITERS, STAGES):
-                for k in gl.static_range(STAGES):
-                    if t0 + k < ITERS:
-                        acc = _ring_step(acc, ring, k, t0 + k, codes_ptr, high_ptr, scales_ptr, code_offs, high_offs,
-                                         sc_offs, xw_ptr, u0, i, magic, one, neg, ITERS, STAGES, STEP, BITS, BLOCK_N,
-                                         L)  # fmt: skip
-        else:  # (one pass: unrolled whole; Triton's lowering fails on the loop folded from a single trip)
-            for t in gl.static_range(ITERS):
-                acc = _ring_step(acc, ring, t, t, codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs,
-                                 xw_ptr, u0, i, magic, one, neg, ITERS, STAGES, STEP, BITS, BLOCK_N, L)  # fmt: skip
-        async_copy.wait_group(
-            0
-        )  # (only empty groups are left: nothing lands in this CTA's memory after it exits)
+        acc = _ring_run(acc, src, xw_ptr, gl.program_id(1) * UNITS_SPLIT, i, consts, UNITS_SPLIT // STEP, STAGES,
+                        STEP, BITS, BLOCK_N, L)  # fmt: skip
         _store_rows(out_ptr, acc, 1.0, rows, N)
+
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_nvfp4_ring_kernel(
+        xw_ptr,
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        codes_stride,
+        tile_stride,
+        out_scale,
+        STEPS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+        STEP: gl.constexpr,  # 128-lane steps a stage
+        STAGES: gl.constexpr,  # ring slots, 2..4
+    ):
+        # _quant_gemv_nvfp4_rows_kernel's arithmetic (_nvfp4_unit), its code words and block scales streamed
+        # through a ring of STAGES shared-memory slots by cp.async (_ring_run; see _quant_gemv_ring_kernel). A
+        # row's 8 scales of a step are two 4-byte runs of the swizzled tiles, 512 bytes apart (blocks 0-3, 4-7).
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
+        LB: gl.constexpr = gl.BlockedLayout(
+            [1, 4], [16, 2], [NUM_WARPS, 1], [1, 0]
+        )  # a thread one 4-byte run
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
+        rr = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, L))
+        r2 = gl.minimum(gl.program_id(0) * BLOCK_N + rr % BLOCK_N, N - 1).to(gl.int64)[:, None]
+        code_offs = r2 * codes_stride + (rr // BLOCK_N * 16)[:, None] + i[None, :]
+        rb = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, LB))
+        row = gl.minimum(gl.program_id(0) * BLOCK_N + rb % BLOCK_N, N - 1).to(gl.int64)
+        inner = row % 128
+        j = gl.arange(0, 8, layout=gl.SliceLayout(0, LB))
+        sc_offs = (row // 128 * tile_stride + (inner % 32) * 16 + (inner // 32) * 4 + rb // BLOCK_N * 1024)[
+            :, None
+        ] + ((j // 4) * 512 + j % 4)[None, :]
+        src = (codes_ptr, codes_ptr, scales_ptr, code_offs, code_offs, sc_offs)
+        acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+        acc = _ring_run(acc, src, xw_ptr, gl.program_id(1) * STEPS_SPLIT, i, 0, STEPS_SPLIT // STEP, STAGES, STEP, 0,
+                        BLOCK_N, L)  # fmt: skip
+        _store_rows(out_ptr, acc, out_scale, rows, N)
+
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_fp8_ring_kernel(
+        xw_ptr,
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        codes_stride,
+        STEPS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+        STEP: gl.constexpr,  # 64-lane steps a stage
+        STAGES: gl.constexpr,  # ring slots, 2..4
+    ):
+        # _quant_gemv_fp8_rows_kernel's arithmetic (_fp8_step), its code words streamed through a ring of STAGES
+        # shared-memory slots by cp.async (_ring_run; see _quant_gemv_ring_kernel); the row's bf16 scale
+        # multiplies its sum once
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
+        rr = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, L))
+        r2 = gl.minimum(gl.program_id(0) * BLOCK_N + rr % BLOCK_N, N - 1).to(gl.int64)[:, None]
+        code_offs = r2 * codes_stride + (rr // BLOCK_N * 16)[:, None] + i[None, :]
+        src = (codes_ptr, codes_ptr, codes_ptr, code_offs, code_offs, code_offs)
+        acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+        acc = _ring_run(acc, src, xw_ptr, gl.program_id(1) * STEPS_SPLIT, i, 0, STEPS_SPLIT // STEP, STAGES, STEP, 1,
+                        BLOCK_N, L)  # fmt: skip
+        _store_rows(out_ptr, acc, gl.load(scales_ptr + rows_c).to(gl.float32), rows, N)
 
     @gluon.jit
     def _mma_unit(acc, w, g, s0, s1, x_ptrs, x_mask, unit, magic, BITS: gl.constexpr, ASM: gl.constexpr):
