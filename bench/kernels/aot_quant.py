@@ -166,6 +166,37 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 ("one unit a program (empty copy groups)", 4, 40, 1, 64, 1, 4, 4),
             )
         ],
+        # the tensor-core GEMV (1..8 rows of x) through the same cp.async ring (packed_linear "mmaring_*" tiles)
+        "_quant_gemv_mma_ring_kernel": [
+            variant(
+                label,
+                {
+                    "xw_ptr": "i32",
+                    "codes_ptr": "i32",
+                    "high_ptr": {5: "u8", 6: "i16"}.get(bits, "i32"),
+                    "scales_ptr": "i32",
+                    "out_ptr": "fp32" if units_split < units else "bf16",
+                },
+                dict(
+                    T=t,
+                    BITS=bits,
+                    UNITS_SPLIT=units_split,
+                    BLOCK_N=block_n,
+                    NUM_WARPS=warps,
+                    STEP=step,
+                    STAGES=stages,
+                    ASM=_mma_group_asm(bits),
+                ),
+                aligned=("xw_stride", "codes_stride", "high_stride"),
+                num_warps=warps,
+            )  # fmt: skip
+            for label, t, bits, units, units_split, block_n, step, stages, warps in (
+                ("27B Q4 7168x5120 T=8 split 5, mmaring_n64s2", 8, 4, 40, 8, 64, 2, 4, 4),
+                ("27B Q5 5120x17408 T=4 split 4, mmaring_n64s2", 4, 5, 136, 34, 64, 2, 4, 4),
+                ("27B Q6 head K=5120 T=4, mmaring_n128s1", 4, 6, 40, 40, 128, 1, 4, 4),
+                ("27B Q4 34816x5120 T=8 split 2, mmaring_n32w2s2", 8, 4, 40, 20, 32, 2, 4, 2),
+            )
+        ],
         # the tensor-core one-row GEMV on the same loads (packed_linear "mma" tiles: 64 or 128 rows, 4 warps)
         "_quant_gemv_mma_kernel": [
             variant(

@@ -248,7 +248,7 @@ def bench_decode(
                   f" | 80% target {target_us:7.2f} us", flush=True)  # fmt: skip
             for label in variants:
                 tiles = packed_tiles(fmt, n, k, label)
-                if tiles.mode not in ("dot", "mma") and tokens > 1:
+                if tiles.mode not in ("dot", "mma", "mma_ring") and tokens > 1:
                     continue  # the one-row modes
                 t_v = _per_call(lambda w: quant_linear(x, w, route="gemv", tiles=tiles), packed)
                 v = _pct(read, t_v)

@@ -237,9 +237,10 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ring_stage(acc, slot, xw_ptr, unit0, i, consts, STEP: gl.constexpr, KIND: gl.constexpr,
-                    BLOCK_N: gl.constexpr, L: gl.constexpr):  # fmt: skip
-        # acc += a stage's products from ``slot`` (its copies landed and are visible): _pairs_unit (groupwise) or
-        # _nvfp4_unit a unit
+                    BLOCK_N: gl.constexpr, L: gl.constexpr, ASM: gl.constexpr):  # fmt: skip
+        # acc += a stage's products from ``slot`` (its copies landed and are visible), a unit: groupwise
+        # _pairs_unit (consts: magic, one, neg) or, with an ASM text, _mma_unit (consts: magic, x_ptrs, x_mask);
+        # NVFP4 _nvfp4_unit; FP8 rows _fp8_step
         codes, high, scales = slot
         # NVFP4: a row's 8 block scales, a thread the two of its 4 words
         L8: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [L.warps_per_cta[0], 1], [1, 0])
@@ -252,7 +253,6 @@ if HAS_GLUON:
             elif KIND == 1:
                 acc = _fp8_step(acc, w, xw_ptr, unit0 + u, i)
             else:
-                magic, one, neg = consts
                 g = w
                 if KIND == 5:  # as _pairs_load: byte i spread to bits 0..7 and 12..19
                     h = high.slice(u * BLOCK_N, BLOCK_N).load(L).to(gl.int32) & 0xFF
@@ -263,13 +263,20 @@ if HAS_GLUON:
                 sw = scales.slice(u * BLOCK_N, BLOCK_N).load(gl.SliceLayout(1, L))
                 s0 = (sw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
                 s1 = (sw >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-                acc = _pairs_unit(acc, w, g, s0, s1, xw_ptr, unit0 + u, i, magic, one, neg, KIND, BLOCK_N, L)
+                if ASM == "":
+                    magic, one, neg = consts
+                    acc = _pairs_unit(
+                        acc, w, g, s0, s1, xw_ptr, unit0 + u, i, magic, one, neg, KIND, BLOCK_N, L
+                    )
+                else:
+                    magic, x_ptrs, x_mask = consts
+                    acc = _mma_unit(acc, w, g, s0, s1, x_ptrs, x_mask, unit0 + u, magic, KIND, ASM)
         return acc
 
     @gluon.jit
     def _ring_step(acc, ring, k: gl.constexpr, t, src, xw_ptr, u0, i, consts, ITERS: gl.constexpr,
                    STAGES: gl.constexpr, STEP: gl.constexpr, KIND: gl.constexpr, BLOCK_N: gl.constexpr,
-                   L: gl.constexpr):  # fmt: skip
+                   L: gl.constexpr, ASM: gl.constexpr):  # fmt: skip
         # stage t (in slot k = t % STAGES): wait for its copies, one barrier, refill the slot stage t - 1 used with
         # stage t + STAGES - 1 (an empty group past the last), then its products
         async_copy.wait_group(STAGES - 2)  # this thread's copies of stage t have landed
@@ -278,11 +285,11 @@ if HAS_GLUON:
             _ring_issue(ring[(k + STAGES - 1) % STAGES], src, u0 + (t + STAGES - 1) * STEP, KIND)
         else:
             async_copy.commit_group()
-        return _ring_stage(acc, ring[k], xw_ptr, u0 + t * STEP, i, consts, STEP, KIND, BLOCK_N, L)
+        return _ring_stage(acc, ring[k], xw_ptr, u0 + t * STEP, i, consts, STEP, KIND, BLOCK_N, L, ASM)
 
     @gluon.jit
     def _ring_run(acc, src, xw_ptr, u0, i, consts, ITERS: gl.constexpr, STAGES: gl.constexpr, STEP: gl.constexpr,
-                  KIND: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr):  # fmt: skip
+                  KIND: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr, ASM: gl.constexpr):  # fmt: skip
         # a program's ITERS stages of STEP units from unit u0 through a ring of STAGES slots (2..4): the first
         # STAGES - 1 issued up front, then _ring_step a stage; the loop is unrolled by STAGES so each slot is a
         # static index
@@ -306,12 +313,11 @@ if HAS_GLUON:
                 for k in gl.static_range(STAGES):
                     if t0 + k < ITERS:
                         acc = _ring_step(acc, ring, k, t0 + k, src, xw_ptr, u0, i, consts, ITERS, STAGES, STEP, KIND,
-                                         BLOCK_N, L)  # fmt: skip
+                                         BLOCK_N, L, ASM)  # fmt: skip
         else:  # (one pass: unrolled whole; Triton's lowering fails on the loop folded from a single trip)
             for t in gl.static_range(ITERS):
-                acc = _ring_step(
-                    acc, ring, t, t, src, xw_ptr, u0, i, consts, ITERS, STAGES, STEP, KIND, BLOCK_N, L
-                )
+                acc = _ring_step(acc, ring, t, t, src, xw_ptr, u0, i, consts, ITERS, STAGES, STEP, KIND, BLOCK_N, L,
+                                 ASM)  # fmt: skip
         async_copy.wait_group(
             0
         )  # (only empty groups are left: nothing lands in this CTA's memory after it exits)
@@ -369,7 +375,7 @@ if HAS_GLUON:
         )
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
         acc = _ring_run(acc, src, xw_ptr, gl.program_id(1) * UNITS_SPLIT, i, consts, UNITS_SPLIT // STEP, STAGES,
-                        STEP, BITS, BLOCK_N, L)  # fmt: skip
+                        STEP, BITS, BLOCK_N, L, "")  # fmt: skip
         _store_rows(out_ptr, acc, 1.0, rows, N)
 
     @gluon.jit(do_not_specialize=["N"])
@@ -409,8 +415,66 @@ if HAS_GLUON:
         src = (codes_ptr, codes_ptr, scales_ptr, code_offs, code_offs, sc_offs)
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
         acc = _ring_run(acc, src, xw_ptr, gl.program_id(1) * STEPS_SPLIT, i, 0, STEPS_SPLIT // STEP, STAGES, STEP, 0,
-                        BLOCK_N, L)  # fmt: skip
+                        BLOCK_N, L, "")  # fmt: skip
         _store_rows(out_ptr, acc, out_scale, rows, N)
+
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_mma_ring_kernel(
+        xw_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        xw_stride,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        T: gl.constexpr,  # rows of x, 1..8
+        BITS: gl.constexpr,
+        UNITS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+        STEP: gl.constexpr,  # units a stage
+        STAGES: gl.constexpr,  # ring slots, 2..4
+        ASM: gl.constexpr,  # MMA_GROUP_ASM[BITS]
+    ):
+        # _quant_gemv_mma_kernel's arithmetic (_mma_unit on the tensor cores, 1..8 rows of x, a row's output the
+        # same bits whatever T), its weight bytes streamed through a ring of STAGES shared-memory slots by
+        # cp.async (_ring_run; see _quant_gemv_ring_kernel; scales_ptr as int32 words there)
+        L: gl.constexpr = gl.BlockedLayout([2, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
+        LS: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+        split = gl.program_id(1)
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
+        rr = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, L))
+        r2 = gl.minimum(gl.program_id(0) * BLOCK_N + rr % BLOCK_N, N - 1).to(gl.int64)[:, None]
+        u2 = (rr // BLOCK_N * 16)[:, None] + i[None, :]
+        rs = gl.arange(0, STEP * BLOCK_N, layout=LS)
+        sc_offs = gl.minimum(gl.program_id(0) * BLOCK_N + rs % BLOCK_N, N - 1).to(gl.int64) * scales_stride
+        src = (
+            codes_ptr,
+            high_ptr,
+            scales_ptr,
+            r2 * codes_stride + u2,
+            r2 * high_stride + u2,
+            sc_offs + rs // BLOCK_N,
+        )
+        x_row = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, L)) % 16) // 2  # the quad's row of x
+        x_ptrs = xw_ptr + (gl.minimum(x_row, T - 1) * xw_stride)[:, None] + i[None, :]
+        x_mask = (x_row < T)[:, None] & (i >= 0)[None, :]
+        consts = (
+            gl.full([BLOCK_N, 16], 0x43004300, gl.int32, layout=L),
+            x_ptrs,
+            x_mask,
+        )  # (128 in bf16, twice)
+        acc = gl.zeros([BLOCK_N, 16], gl.int32, layout=L)  # fp32 bits (0.0)
+        acc = _ring_run(acc, src, xw_ptr, split * UNITS_SPLIT, i, consts, UNITS_SPLIT // STEP, STAGES, STEP, BITS,
+                        BLOCK_N, L, ASM)  # fmt: skip
+        # as _quant_gemv_mma_kernel's store: element (r, c) is weight row r, x row 2 (c // 4) + c % 4 when c % 4 < 2
+        out_row = (i // 4) * 2 + i % 4
+        mask = (rows < N)[:, None] & ((i % 4 < 2) & (out_row < T))[None, :]
+        offs = (split * T + out_row)[None, :] * N + rows[:, None]
+        gl.store(out_ptr + offs, acc.to(gl.float32, bitcast=True).to(out_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit(do_not_specialize=["N"])
     def _quant_gemv_fp8_ring_kernel(
@@ -437,7 +501,7 @@ if HAS_GLUON:
         src = (codes_ptr, codes_ptr, codes_ptr, code_offs, code_offs, code_offs)
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
         acc = _ring_run(acc, src, xw_ptr, gl.program_id(1) * STEPS_SPLIT, i, 0, STEPS_SPLIT // STEP, STAGES, STEP, 1,
-                        BLOCK_N, L)  # fmt: skip
+                        BLOCK_N, L, "")  # fmt: skip
         _store_rows(out_ptr, acc, gl.load(scales_ptr + rows_c).to(gl.float32), rows, N)
 
     @gluon.jit

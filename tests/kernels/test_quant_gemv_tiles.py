@@ -20,10 +20,15 @@ def test_splits_are_whole_steps(fmt, n, k, variant):
     tiles = packed_tiles(fmt, n, k, variant)
     units = k // 128
     assert units % (tiles.split_k * tiles.step_units) == 0, tiles
-    assert tiles.block_n >= 16 and tiles.mode in ("dot", "fma", "pairs", "mma", "ring")
-    if fmt == W8 and tiles.mode in ("pairs", "mma", "ring"):  # W8's Gluon kernel walks one unit a step
+    assert tiles.block_n >= 16 and tiles.mode in ("dot", "fma", "pairs", "mma", "ring", "mma_ring")
+    if fmt == W8 and tiles.mode in (
+        "pairs",
+        "mma",
+        "ring",
+        "mma_ring",
+    ):  # W8's Gluon kernel walks one unit a step
         assert tiles.step_units == 1
-    if tiles.mode == "mma":  # the MMA kernel's layout: 16 rows a warp
+    if tiles.mode in ("mma", "mma_ring"):  # the MMA kernels' layout: 16 rows a warp
         assert tiles.block_n % (16 * tiles.num_warps) == 0
 
 
@@ -66,7 +71,14 @@ def test_ring_tiles_fill_the_resident_slots(fmt, n, k):
 
     for name in ("ring_n64s2", "ring_n32w2s2"):
         tiles = packed_tiles(fmt, n, k, name)
-        key = (int(fmt[1]), tiles.block_n, tiles.num_warps, tiles.step_units, GEMV_VARIANTS[name].num_stages)
+        key = (
+            "ring",
+            int(fmt[1]),
+            tiles.block_n,
+            tiles.num_warps,
+            tiles.step_units,
+            GEMV_VARIANTS[name].num_stages,
+        )
         slots = H200_SMS * RING_RESIDENT.get(key, 4)
         tiles_n = -(-n // tiles.block_n)
         assert tiles.split_k == _wave_split(k // 128, tiles.step_units, tiles_n, slots), (name, tiles)
