@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from engine.model.mlp import Experts, routed_experts
+from kernels import _dispatch
 from kernels._dispatch import use_triton
 from kernels.linear import linear
 from kernels.quant import GROUP_FORMATS, QuantWeight, dequantize, quant_moe_experts, view_planes
@@ -146,7 +147,11 @@ class QuantExperts(nn.Module):
         scratch (down [E, H, I] follows into the same memory)."""
         return 2 * self.num_experts * self.intermediate_size * self.hidden_size
 
-    takes_shared_gate = True  # ``forward`` adds the gated shared term itself (``SparseMoeBlock``)
+    @property
+    def takes_shared_gate(self) -> bool:
+        """True (``NINFER_QUANT_MOE_SHARED=fused``, the default): ``SparseMoeBlock`` passes the shared expert's
+        output ungated with its gate's weight, and ``forward`` adds the gated term itself."""
+        return _dispatch.QUANT_MOE_SHARED == "fused"
 
     def forward(
         self,
@@ -158,11 +163,14 @@ class QuantExperts(nn.Module):
     ) -> torch.Tensor:
         down = self.down
         assert down is not None, "QuantExperts: the down bank was never bound"
-        if x.shape[0] <= QUANT_MAX_TOKENS:
+        few = x.shape[0] <= QUANT_MAX_TOKENS
+        if few and _dispatch.QUANT_MOE_SHARED == "fused":
             gate_up = self.gate_up.qweight
             return quant_moe_experts(x, gate_up, down.qweight, weights, expert_ids, shared, shared_gate)
         if shared_gate is not None:  # the block's own ops (``SparseMoeBlock.forward`` with a dense gate)
             shared = torch.sigmoid(linear(x, shared_gate)) * shared
+        if few:  # NINFER_QUANT_MOE_SHARED=separate: the gated output added by one more launch
+            return quant_moe_experts(x, self.gate_up.qweight, down.qweight, weights, expert_ids) + shared
         device, dtype = x.device, x.dtype
         return routed_experts(
             x, self.dense_gate_up(device, dtype), lambda: self.dense_down(device, dtype), weights, expert_ids,

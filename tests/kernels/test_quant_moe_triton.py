@@ -179,6 +179,27 @@ def test_real_geometry(down_fmt, device, assert_close):
         assert torch.equal(alone[0], v2[i]), f"35B-A3B v2 token {i}: alone differs from the batch"
 
 
+@pytest.mark.skipif(INTERPRET, reason="the real geometry is for the GPU (minutes under the interpreter)")
+def test_real_geometry_shared_term(device, assert_close):
+    """35B-A3B (gate_up Q4, down Q5), T = 1 and 8, the model's decode call: the shared expert's output and its gate
+    (``shared_gate``) in the launches; v1 and v2 against the reference, and v2's rows of T = 8 bitwise alone."""
+    gate_up = _random_stack(Q4, 256 * 1024, 2048, device)
+    down = _random_stack(Q5, 256 * 2048, 512, device)
+    for tokens in (1, 8):
+        x, shared, score = _shared_inputs(tokens, 2048, torch.bfloat16, device)
+        weights, ids = _route(tokens, 256, 8, device)
+        expected = quant_moe_experts_ref(x, gate_up, down, weights, ids, shared, score)
+        for version in ("v1", "v2"):
+            got = quant_moe_experts(x, gate_up, down, weights, ids, shared, score, version=version)
+            assert_close(f"35B-A3B shared {version} T={tokens}", got, expected, RMS, 0.0)
+    for version in ("v1", "v2"):
+        full = quant_moe_experts(x, gate_up, down, weights, ids, shared, score, version=version)
+        for i in (0, 7):
+            alone = quant_moe_experts(x[i : i + 1], gate_up, down, weights[i : i + 1], ids[i : i + 1],
+                                      shared[i : i + 1], score, version=version)  # fmt: skip
+            assert torch.equal(alone[0], full[i]), f"35B-A3B shared {version} token {i}: alone differs"
+
+
 def test_switch_picks_the_kernels(monkeypatch, device):
     """``version=None`` follows ``NINFER_QUANT_MOE`` (``kernels._dispatch.QUANT_MOE_MODE``, read at every call)."""
     gate_up, down, _, _ = make_experts(Q4, Q5, device)

@@ -33,6 +33,7 @@ from engine.model.quant_experts import QUANT_MAX_TOKENS, QuantExperts, quant_exp
 from engine.testing.bench.steps import weight_bytes
 from engine.testing.synthetic import GEOMETRIES
 from engine.testing.synthetic_quant import dequantized_twin, quantized_bytes, synthetic_profile
+from kernels import _dispatch
 from kernels.moe import moe_experts_ref
 from kernels.quant import Q4, Q5, geometry
 
@@ -248,3 +249,34 @@ def test_the_35b_a3b_profile_leaves_room_on_a_32_gib_card():
     assert scratch == gib  # E 256 x 2I 1024 x H 2048 in bf16: 1.0 GiB (the two banks side by side: 1.5)
     assert stored + scratch < 21 * gib  # 19.6 + 1.0 GiB: ~11 GiB left for KV, GDN state, activations
     assert stored - routed + config.num_hidden_layers * bank_pair > 32 * gib  # dense experts: 62 GiB
+
+
+def test_the_block_hands_its_shared_gate_to_the_quantized_experts(converted, monkeypatch):
+    """``NINFER_QUANT_MOE_SHARED=fused`` (the default): the MoE block passes its shared expert's output ungated
+    with the gate's weight, and the experts' decode adds ``sigmoid(gate . x) * shared`` (in fp32, rounded once);
+    ``separate``: the block gates it and the experts add it. The same block output to fp32 roundings, and the
+    prefill path (many tokens) bitwise either way."""
+    _, _, model = converted
+    block = model.model.layers[0].mlp
+    seen = []
+    forward = QuantExperts.forward
+
+    def spy(self, *args):
+        seen.append(len(args))
+        return forward(self, *args)
+
+    monkeypatch.setattr(QuantExperts, "forward", spy)
+    gen = torch.Generator().manual_seed(2)
+    hidden = block.experts.hidden_size
+    few, many = (
+        torch.randn(3, hidden, generator=gen),
+        torch.randn(QUANT_MAX_TOKENS + 6, hidden, generator=gen),
+    )
+    out = {}
+    with torch.inference_mode():
+        for mode in ("fused", "separate"):
+            monkeypatch.setattr(_dispatch, "QUANT_MOE_SHARED", mode)
+            out[mode] = (block(few), block(many))
+    assert seen == [5, 5, 4, 4]  # (x, weights, ids, shared, gate weight) fused; the gated shared separate
+    torch.testing.assert_close(out["fused"][0], out["separate"][0], rtol=1e-5, atol=1e-6)
+    assert torch.equal(out["fused"][1], out["separate"][1])

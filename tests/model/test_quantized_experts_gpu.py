@@ -33,7 +33,7 @@ from engine.testing.synthetic_quant import build_synthetic_quantized, dequantize
 from engine.testing.tiny import tiny_hf_config
 from kernels._dispatch import INTERPRET
 from kernels.moe import moe_route_ref
-from kernels.quant import quant_moe_experts, quant_moe_experts_ref
+from kernels.quant import quant_moe_experts_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -157,16 +157,11 @@ def _launches(fn: Callable[[], object]) -> list[str]:
     return names
 
 
-def _separate_shared_forward(self, x, weights, expert_ids, shared):  # noqa: ANN001, ANN202
-    """Session 11's ``QuantExperts`` decode: the routed sum, then the block's gated shared output added."""
-    return quant_moe_experts(x, self.gate_up.qweight, self.down.qweight, weights, expert_ids) + shared
-
-
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_a_decode_block_launches_no_shared_gate_or_add_kernel(version, monkeypatch):
     """A decode token through a quantized MoE block (router, route, the W8 shared expert, the quantized experts)
-    launches exactly session 11's kernels less the shared gate's GEMV, its sigmoid, the product and the add; the
-    outputs agree to bf16 roundings."""
+    launches exactly the kernels of ``NINFER_QUANT_MOE_SHARED=separate`` (session 11's decode) less the shared
+    gate's GEMV, its sigmoid, the product and the add; the outputs agree to bf16 roundings."""
     from engine.model.config import ModelConfig
 
     monkeypatch.setattr(kernels._dispatch, "QUANT_MOE_MODE", version)
@@ -180,8 +175,7 @@ def test_a_decode_block_launches_no_shared_gate_or_add_kernel(version, monkeypat
         block(x)  # first-call work (a lazily built buffer) out of the count
         fused = _launches(lambda: outs.append(block(x)))
         with monkeypatch.context() as mp:
-            mp.setattr(QuantExperts, "forward", _separate_shared_forward)
-            mp.setattr(QuantExperts, "takes_shared_gate", False)
+            mp.setattr(kernels._dispatch, "QUANT_MOE_SHARED", "separate")
             separate = _launches(lambda: outs.append(block(x)))
     print(f"{version}: {len(separate)} launches a decode MoE block before, {len(fused)} now: {fused}")
     gone, new = Counter(separate) - Counter(fused), Counter(fused) - Counter(separate)
