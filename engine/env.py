@@ -92,6 +92,15 @@ def quant_moe_mode() -> str:
     return _dispatch.QUANT_MOE_MODE
 
 
+def quant_moe_shared_mode() -> str:
+    """`NINFER_QUANT_MOE_SHARED`: `fused` (the default: a quantized MoE layer's decode adds the shared expert, gated,
+    inside its expert kernels) or `separate` (the gate, product and add as launches of their own).
+    Read once when `kernels` is imported (`kernels._dispatch.QUANT_MOE_SHARED`)."""
+    from kernels import _dispatch
+
+    return _dispatch.QUANT_MOE_SHARED
+
+
 def int8_attention_mode() -> str:
     """`NINFER_INT8_ATTENTION`: `grouped` (the default) or `keys_major`: which build of the grouped INT8 decode
     attention (int8 KV, 16-bit queries) runs; `keys_major` puts the keys on the MMAs' rows (half the MMAs, 128

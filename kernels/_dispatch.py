@@ -48,6 +48,12 @@ sums them in the same order: no reduce launch, bitwise the same outputs).
 arithmetic); both batch invariant, neither bitwise the other (they sum in different orders). ``v2`` waits for an
 H200 measurement (``bench/kernels/quant.py --moe-only``) before it becomes the default.
 
+``NINFER_QUANT_MOE_SHARED`` picks where a quantized MoE layer's decode (``engine/model/quant_experts.py``) adds the
+shared expert: ``fused`` (the default: its sigmoid gate computed by the gate_up kernel, its gated output added by
+the down kernel before the one rounding, ``quant_moe_experts(..., shared, shared_gate)``: no launch of its own) or
+``separate`` (session 11's: the gate GEMV, sigmoid and product by the block, the add by one more launch; the A/B
+for the H200 measurement, and a way back).
+
 ``NINFER_INT8_ATTENTION`` picks the build of the grouped INT8 decode attention (int8 KV with 16-bit queries,
 ``kernels.attention.decode_int8``): ``grouped`` (the default: query heads as the MMAs' rows, [heads, keys] scores) or
 ``keys_major`` (keys as the MMAs' rows, the few query heads of a KV head as their columns: half the MMAs, capped at
@@ -119,6 +125,11 @@ def parse_quant_moe_mode(value: str) -> str:
     return _parse("NINFER_QUANT_MOE", value, ("v1", "v2"))
 
 
+def parse_quant_moe_shared_mode(value: str) -> str:
+    """``NINFER_QUANT_MOE_SHARED``'s value, normalised: ``fused`` or ``separate``; ValueError for anything else."""
+    return _parse("NINFER_QUANT_MOE_SHARED", value, ("fused", "separate"))
+
+
 def parse_int8_attention_mode(value: str) -> str:
     """``NINFER_INT8_ATTENTION``'s value, normalised: ``grouped`` or ``keys_major``; ValueError for anything else."""
     return _parse("NINFER_INT8_ATTENTION", value, ("grouped", "keys_major"))
@@ -151,6 +162,7 @@ QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "pac
 MOE_ROUTER_MODE = parse_moe_router_mode(os.environ.get("NINFER_MOE_ROUTER", "split"))
 SPLITK_REDUCE = parse_splitk_reduce_mode(os.environ.get("NINFER_SPLITK_REDUCE", "launch"))
 QUANT_MOE_MODE = parse_quant_moe_mode(os.environ.get("NINFER_QUANT_MOE", "v1"))
+QUANT_MOE_SHARED = parse_quant_moe_shared_mode(os.environ.get("NINFER_QUANT_MOE_SHARED", "fused"))
 INT8_ATTENTION = parse_int8_attention_mode(os.environ.get("NINFER_INT8_ATTENTION", "grouped"))
 PDL_MODE = parse_pdl_mode(os.environ.get("NINFER_PDL", "off"))
 FP_ONE_ROW = parse_fp_one_row_mode(os.environ.get("NINFER_FP_ONE_ROW", "rows"))

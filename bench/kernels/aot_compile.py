@@ -194,14 +194,18 @@ def _torch_free_module(path: Path, out_dir: Path) -> ModuleType:
     kernel package (kernels/attention/decode.py) brings its siblings' jit functions too: its kernels call the
     helpers they share (kernels/attention/int8.py's ``_dequantize_tile``); so does every top-level kernels
     module it imports from (kernels/moe_router.py calls kernels/linear.py's ``gemv_split_tile``). The module's
-    own functions come last, so they win a clash of names."""
+    own functions come last, so they win a clash of names. The siblings' imports come too (kernels/quant/
+    triton_moe.py calls triton_group.py's helpers, which call kernels/moe.py's ``_moe_shared_weight``)."""
     siblings = [] if path.parent.name == KERNELS_DIR.name else sorted(set(path.parent.glob("*.py")) - {path})
     chunks = [
         "import triton\nimport triton.language as tl\n"
         "from triton.experimental import gluon\nfrom triton.experimental.gluon import language as gl\n"
         "from triton.experimental.gluon.language.nvidia.ampere import async_copy\n"
     ]
-    for file in (*_imported_kernel_modules(path), *siblings, path):
+    imported: list[Path] = []
+    for file in (path, *siblings):
+        imported += [m for m in _imported_kernel_modules(file) if m not in imported and m not in siblings]
+    for file in (*imported, *siblings, path):
         source = file.read_text()
         lines = source.splitlines()
         for fn in _jit_functions(ast.parse(source)):

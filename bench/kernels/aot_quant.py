@@ -26,19 +26,16 @@ def _mma_group_asm(bits: int) -> str:
 
 
 _GROUP_PTRS = {"x_ptr": "bf16", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16"}
-# quant_moe_experts' two kernels (v1 and v2 alike): bf16 x and output, fp32 routing weights and act, int64 ids
+# quant_moe_experts' two kernels (v1 and v2 alike): bf16 x and output, fp32 routing weights and act, int64 ids; the
+# shared expert's bf16 output and gate score, its fp32 gate (the model's decode: SHARED_GATE / SHARED=2)
 _MOE_GATE_UP_PTRS = {
     "x_ptr": "bf16", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16", "ids_ptr": "i64",
-    "weights_ptr": "fp32", "act_ptr": "fp32",
+    "weights_ptr": "fp32", "act_ptr": "fp32", "score_ptr": "bf16", "gate_ptr": "fp32",
 }  # fmt: skip
 _MOE_DOWN_PTRS = {
-    "act_ptr": "fp32",
-    "codes_ptr": "u8",
-    "high_ptr": "u8",
-    "scales_ptr": "fp16",
-    "ids_ptr": "i64",
-    "out_ptr": "bf16",
-}
+    "act_ptr": "fp32", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16", "ids_ptr": "i64",
+    "out_ptr": "bf16", "shared_ptr": "bf16", "gate_ptr": "fp32",
+}  # fmt: skip
 _GROUP_ALIGNED = ("x_stride", "codes_stride", "high_stride", "scales_stride")
 # (label, format bits, group, K, split): one shape per code path (each BITS; split and unsplit), to keep the
 # compile short, with gemv_tiles' split (K is split until the grid has MIN_PROGRAMS = 1024 programs): the
@@ -370,7 +367,17 @@ def variants(variant: Any) -> dict[str, list[Any]]:
             variant(
                 "35B-A3B gate_up Q4",
                 _MOE_GATE_UP_PTRS,
-                dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=4, GROUP=64, GROUPS=32, BLOCK_N=32, NUM_STAGES=3),
+                dict(
+                    HIDDEN=2048,
+                    INTER=512,
+                    TOP_K=8,
+                    BITS=4,
+                    GROUP=64,
+                    GROUPS=32,
+                    BLOCK_N=32,
+                    NUM_STAGES=3,
+                    SHARED_GATE=True,
+                ),
                 aligned=("x_stride", "codes_stride", "high_stride", "scales_stride"),
             )  # fmt: skip
         ],
@@ -378,8 +385,8 @@ def variants(variant: Any) -> dict[str, list[Any]]:
             variant(
                 f"35B-A3B down Q{bits}",
                 _MOE_DOWN_PTRS,
-                dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=bits, GROUP=64, GROUPS=8, BLOCK_H=16),
-                aligned=("codes_stride", "high_stride"),
+                dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=bits, GROUP=64, GROUPS=8, BLOCK_H=16, SHARED=2),
+                aligned=("codes_stride", "high_stride", "shared_stride"),
             )  # fmt: skip
             for bits in (5,)
         ],
@@ -401,6 +408,7 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                     BLOCK_N=8,
                     BLOCK_K=512,
                     X_PAIRS=True,
+                    SHARED_GATE=True,
                 ),
                 aligned=("x_stride", "codes_stride", "high_stride", "scales_stride"),
             )
@@ -421,8 +429,9 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                     K_PAD=512,
                     BLOCK_H=8,
                     BLOCK_K=256,
+                    SHARED=2,
                 ),
-                aligned=("codes_stride", "high_stride"),
+                aligned=("codes_stride", "high_stride", "shared_stride"),
                 num_warps=8,
             )
             for bits in (5, 6)

@@ -19,6 +19,8 @@ def test_engine_env_reports_what_the_kernels_parsed(monkeypatch: pytest.MonkeyPa
     assert (env.moe_router_mode(), env.splitk_reduce_mode()) == ("fused", "last")
     monkeypatch.setattr(_dispatch, "QUANT_MOE_MODE", "v2")
     assert env.quant_moe_mode() == "v2"
+    monkeypatch.setattr(_dispatch, "QUANT_MOE_SHARED", "separate")
+    assert env.quant_moe_shared_mode() == "separate"
     monkeypatch.setattr(_dispatch, "INT8_ATTENTION", "keys_major")
     assert env.int8_attention_mode() == "keys_major"
     monkeypatch.setattr(_dispatch, "FP_ONE_ROW", "ring")
