@@ -226,7 +226,9 @@ def test_plan_fits_its_budget(path: Path) -> None:
 def newest_order() -> Path | None:
     """The newest date's ORDER file (DATE-sN-ORDER.md, the highest N): the calls the next device session makes."""
     dates = {m.group(1) for p in newest_plans() if (m := _SESSION.match(p.name))}
-    orders = sorted(PLANS.glob(f"{max(dates)}-s*-ORDER.md"), key=lambda p: int(p.name.split("-s")[1].split("-")[0]))
+    orders = sorted(
+        PLANS.glob(f"{max(dates)}-s*-ORDER.md"), key=lambda p: int(p.name.split("-s")[1].split("-")[0])
+    )
     return orders[-1] if dates and orders else None
 
 
@@ -255,7 +257,9 @@ def test_order_calls_run_real_stages_within_a_call() -> None:
     anything), their stages' seconds fit the call's budget (570 s, under the device's 600 s a command), a call's
     stage names are unique (one log each), and together the calls schedule every stage of the date's plans."""
     order = newest_order()
-    assert order is not None, "no DATE-sN-ORDER.md beside the newest plans: the next session would not know the calls"
+    assert order is not None, (
+        "no DATE-sN-ORDER.md beside the newest plans: the next session would not know the calls"
+    )
     calls = order_calls(order)
     assert calls, f"{order.name}: no `scripts/device/stages.sh ...` call lines"
     scheduled = set()
