@@ -184,6 +184,36 @@ if HAS_GLUON:
         _store_rows(out_ptr, acc, 1.0, rows, N)
 
     @gluon.jit
+    def _ring_plane_offs(N, stride, i, STEP: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr):
+        # a plane's copy offsets [STEP * BLOCK_N, 16] (16 elements a row and unit; layout L, a thread the elements
+        # it reads back), relative to the row's unit 0: slot row R is row R % BLOCK_N (clamped) of unit R // BLOCK_N
+        rr = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, L))
+        r2 = gl.minimum(gl.program_id(0) * BLOCK_N + rr % BLOCK_N, N - 1).to(gl.int64)[:, None]
+        return r2 * stride + (rr // BLOCK_N * 16)[:, None] + i[None, :]
+
+    @gluon.jit
+    def _ring_group_src(codes_ptr, high_ptr, scales_ptr, N, codes_stride, high_stride, scales_stride, i,
+                        STEP: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, L: gl.constexpr):  # fmt: skip
+        # _ring_issue's src for the groupwise formats: the code words, the high plane and the scale words (a
+        # unit's two fp16 scales; a thread one word of slot row R)
+        LS: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+        rs = gl.arange(0, STEP * BLOCK_N, layout=LS)
+        sc_offs = gl.minimum(gl.program_id(0) * BLOCK_N + rs % BLOCK_N, N - 1).to(gl.int64) * scales_stride
+        return (
+            codes_ptr, high_ptr, scales_ptr, _ring_plane_offs(N, codes_stride, i, STEP, BLOCK_N, L),
+            _ring_plane_offs(N, high_stride, i, STEP, BLOCK_N, L), sc_offs + rs // BLOCK_N,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _mma_store(out_ptr, acc, rows, i, N, split, T: gl.constexpr):
+        # the MMA kernels' C to out ([T, N] in x's dtype, or the split's fp32 partials [SPLIT_K, T, N]): element
+        # (r, c) is weight row r, x row 2 (c // 4) + c % 4 when c % 4 < 2 (the rest are 0.0)
+        out_row = (i // 4) * 2 + i % 4
+        mask = (rows < N)[:, None] & ((i % 4 < 2) & (out_row < T))[None, :]
+        offs = (split * T + out_row)[None, :] * N + rows[:, None]
+        gl.store(out_ptr + offs, acc.to(gl.float32, bitcast=True).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
     def _ring_slot(BLOCK_N: gl.constexpr, STEP: gl.constexpr, KIND: gl.constexpr):
         # one ring slot of STEP units (KIND: the groupwise BITS 4/5/6, 0 NVFP4, 1 FP8 rows): code words [STEP * BLOCK_N,
         # 16] (unit-major: a unit's rows at a 64-byte pitch, so a quarter warp's two rows of 16-byte reads fill 128
@@ -349,23 +379,10 @@ if HAS_GLUON:
         # scales_ptr: the fp16 scales as int32 words [N, K_pad / 128] (a unit's two group scales, low half first;
         # scales_stride in words); the rest as the pairs kernel's.
         L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
-        LS: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
         OFFSET: gl.constexpr = 1 << (BITS - 1)
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
-        # the copies' offsets, relative to the row's unit 0: slot row R is row R % BLOCK_N of unit R // BLOCK_N
-        rr = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, L))
-        r2 = gl.minimum(gl.program_id(0) * BLOCK_N + rr % BLOCK_N, N - 1).to(gl.int64)[:, None]
-        u2 = (rr // BLOCK_N * 16)[:, None] + i[None, :]
-        rs = gl.arange(0, STEP * BLOCK_N, layout=LS)
-        sc_offs = gl.minimum(gl.program_id(0) * BLOCK_N + rs % BLOCK_N, N - 1).to(gl.int64) * scales_stride
-        src = (
-            codes_ptr,
-            high_ptr,
-            scales_ptr,
-            r2 * codes_stride + u2,
-            r2 * high_stride + u2,
-            sc_offs + rs // BLOCK_N,
-        )
+        src = _ring_group_src(codes_ptr, high_ptr, scales_ptr, N, codes_stride, high_stride, scales_stride, i, STEP,
+                              BLOCK_N, NUM_WARPS, L)  # fmt: skip
         consts = (
             gl.full([BLOCK_N, 16], 0x43004300, gl.int32, layout=L),  # 128 in bf16, twice
             gl.full([BLOCK_N, 16], 0x3F803F80, gl.int32, layout=L),  # 1.0 in bf16, twice
@@ -402,9 +419,7 @@ if HAS_GLUON:
             [1, 4], [16, 2], [NUM_WARPS, 1], [1, 0]
         )  # a thread one 4-byte run
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
-        rr = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, L))
-        r2 = gl.minimum(gl.program_id(0) * BLOCK_N + rr % BLOCK_N, N - 1).to(gl.int64)[:, None]
-        code_offs = r2 * codes_stride + (rr // BLOCK_N * 16)[:, None] + i[None, :]
+        code_offs = _ring_plane_offs(N, codes_stride, i, STEP, BLOCK_N, L)
         rb = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, LB))
         row = gl.minimum(gl.program_id(0) * BLOCK_N + rb % BLOCK_N, N - 1).to(gl.int64)
         inner = row % 128
@@ -443,22 +458,10 @@ if HAS_GLUON:
         # same bits whatever T), its weight bytes streamed through a ring of STAGES shared-memory slots by
         # cp.async (_ring_run; see _quant_gemv_ring_kernel; scales_ptr as int32 words there)
         L: gl.constexpr = gl.BlockedLayout([2, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
-        LS: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
         split = gl.program_id(1)
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
-        rr = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, L))
-        r2 = gl.minimum(gl.program_id(0) * BLOCK_N + rr % BLOCK_N, N - 1).to(gl.int64)[:, None]
-        u2 = (rr // BLOCK_N * 16)[:, None] + i[None, :]
-        rs = gl.arange(0, STEP * BLOCK_N, layout=LS)
-        sc_offs = gl.minimum(gl.program_id(0) * BLOCK_N + rs % BLOCK_N, N - 1).to(gl.int64) * scales_stride
-        src = (
-            codes_ptr,
-            high_ptr,
-            scales_ptr,
-            r2 * codes_stride + u2,
-            r2 * high_stride + u2,
-            sc_offs + rs // BLOCK_N,
-        )
+        src = _ring_group_src(codes_ptr, high_ptr, scales_ptr, N, codes_stride, high_stride, scales_stride, i, STEP,
+                              BLOCK_N, NUM_WARPS, L)  # fmt: skip
         x_row = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, L)) % 16) // 2  # the quad's row of x
         x_ptrs = xw_ptr + (gl.minimum(x_row, T - 1) * xw_stride)[:, None] + i[None, :]
         x_mask = (x_row < T)[:, None] & (i >= 0)[None, :]
@@ -470,11 +473,7 @@ if HAS_GLUON:
         acc = gl.zeros([BLOCK_N, 16], gl.int32, layout=L)  # fp32 bits (0.0)
         acc = _ring_run(acc, src, xw_ptr, split * UNITS_SPLIT, i, consts, UNITS_SPLIT // STEP, STAGES, STEP, BITS,
                         BLOCK_N, L, ASM)  # fmt: skip
-        # as _quant_gemv_mma_kernel's store: element (r, c) is weight row r, x row 2 (c // 4) + c % 4 when c % 4 < 2
-        out_row = (i // 4) * 2 + i % 4
-        mask = (rows < N)[:, None] & ((i % 4 < 2) & (out_row < T))[None, :]
-        offs = (split * T + out_row)[None, :] * N + rows[:, None]
-        gl.store(out_ptr + offs, acc.to(gl.float32, bitcast=True).to(out_ptr.dtype.element_ty), mask=mask)
+        _mma_store(out_ptr, acc, rows, i, N, split, T)
 
     @gluon.jit(do_not_specialize=["N"])
     def _quant_gemv_fp8_ring_kernel(
@@ -495,9 +494,7 @@ if HAS_GLUON:
         # multiplies its sum once
         L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
-        rr = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, L))
-        r2 = gl.minimum(gl.program_id(0) * BLOCK_N + rr % BLOCK_N, N - 1).to(gl.int64)[:, None]
-        code_offs = r2 * codes_stride + (rr // BLOCK_N * 16)[:, None] + i[None, :]
+        code_offs = _ring_plane_offs(N, codes_stride, i, STEP, BLOCK_N, L)
         src = (codes_ptr, codes_ptr, codes_ptr, code_offs, code_offs, code_offs)
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
         acc = _ring_run(acc, src, xw_ptr, gl.program_id(1) * STEPS_SPLIT, i, 0, STEPS_SPLIT // STEP, STAGES, STEP, 1,
@@ -583,11 +580,7 @@ if HAS_GLUON:
                 acc = _mma_unit(acc, w2, g2, t0, t1, x_ptrs, x_mask, unit + 1, magic, BITS, ASM)
             w, g, s0, s1 = w_n, g_n, s0_n, s1_n
             w2, g2, t0, t1 = w2_n, g2_n, t0_n, t1_n
-        # element (r, c): weight row r, x row 2 (c // 4) + c % 4 when c % 4 < 2 (the rest are 0.0)
-        out_row = (i // 4) * 2 + i % 4
-        mask = (rows < N)[:, None] & ((i % 4 < 2) & (out_row < T))[None, :]
-        offs = (split * T + out_row)[None, :] * N + rows[:, None]
-        gl.store(out_ptr + offs, acc.to(gl.float32, bitcast=True).to(out_ptr.dtype.element_ty), mask=mask)
+        _mma_store(out_ptr, acc, rows, i, N, split, T)
 
     @gluon.jit
     def _fp8_word_f32(w):
