@@ -26,6 +26,7 @@ import torch
 from kernels import _dispatch
 from kernels._dispatch import HAS_TRITON, use_triton
 from kernels.moe import moe_experts_ref
+from kernels.pdl import pdl_args
 from kernels.quant.formats import GROUP_FORMATS
 from kernels.quant.weight import QuantWeight, dequantize
 
@@ -176,14 +177,14 @@ def quant_moe_experts(
         x, gate_up.codes, gu_high, gate_up.scales, expert_ids, weights, act, x.stride(0), gate_up.codes.stride(0),
         gu_high.stride(0), gate_up.scales.stride(0), HIDDEN=hidden, INTER=inter, TOP_K=top_k, BITS=gu_spec.bits,
         GROUP=gu_spec.group_size, GROUPS=gate_up.k_pad // gu_spec.group_size, BLOCK_N=tiles.block_n,
-        NUM_STAGES=tiles.num_stages, num_warps=tiles.num_warps,
+        NUM_STAGES=tiles.num_stages, num_warps=tiles.num_warps, **pdl_args(x.device),
     )  # fmt: skip
     dn_high = down.high if down.high is not None else down.codes
     _quant_moe_down_kernel[(num_tokens, triton.cdiv(hidden, tiles.block_h))](
         act, down.codes, dn_high, down.scales, expert_ids, out, down.codes.stride(0), dn_high.stride(0),
         down.scales.stride(0), HIDDEN=hidden, INTER=inter, TOP_K=top_k, BITS=dn_spec.bits,
         GROUP=dn_spec.group_size, GROUPS=down.k_pad // dn_spec.group_size, BLOCK_H=tiles.block_h,
-        num_warps=tiles.num_warps,
+        num_warps=tiles.num_warps, **pdl_args(x.device),
     )  # fmt: skip
     return out
 
@@ -213,7 +214,7 @@ def _launch_v2(
         x, gate_up.codes, gu_high, gate_up.scales, expert_ids, weights, act, x.stride(0), gate_up.codes.stride(0),
         gu_high.stride(0), gate_up.scales.stride(0), HIDDEN=hidden, INTER=inter, ACT_STRIDE=act_stride, TOP_K=top_k,
         BITS=gu_spec.bits, GROUP=gu_spec.group_size, K_PAD=gate_up.k_pad, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k_gate_up, X_PAIRS=x_pairs, num_warps=tiles.warps_gate_up,
+        BLOCK_K=tiles.block_k_gate_up, X_PAIRS=x_pairs, num_warps=tiles.warps_gate_up, **pdl_args(x.device),
     )  # fmt: skip
     dn_high = down.high if down.high is not None else down.codes
     _quant_moe_down_v2_kernel[(num_tokens, triton.cdiv(hidden, tiles.block_h))](
@@ -221,5 +222,5 @@ def _launch_v2(
         down.scales.stride(0), HIDDEN=hidden, INTER=inter, ACT_STRIDE=act_stride, TOP_K=top_k,
         BLOCK_TOPK=triton.next_power_of_2(top_k),
         BITS=dn_spec.bits, GROUP=dn_spec.group_size, K_PAD=down.k_pad, BLOCK_H=tiles.block_h,
-        BLOCK_K=tiles.block_k_down, num_warps=tiles.warps_down,
+        BLOCK_K=tiles.block_k_down, num_warps=tiles.warps_down, **pdl_args(x.device),
     )  # fmt: skip

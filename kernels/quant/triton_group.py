@@ -31,6 +31,8 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
+
     @triton.jit
     def _offset_value(u, SIGN: tl.constexpr):
         # the exact float32 of an offset code u = code + SIGN (int32, 0 <= u < 2^23): the bits of 2^23 + u minus
@@ -109,12 +111,15 @@ if HAS_TRITON:
         GROUPS_STEP: tl.constexpr,
         BLOCK_N: tl.constexpr,
         NUM_STAGES: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (cdiv(N, BLOCK_N), SPLIT_K): out^T [BLOCK_N, 16] for the weight rows of program_id(0) and the
         # GROUPS_SPLIT groups of split program_id(1) (see the module docstring). GROUPS_SPLIT is a multiple of
         # GROUPS_STEP. out: [T, N] in x's dtype (one split) or fp32 partials [SPLIT_K, T, N].
         BLOCK_T: tl.constexpr = 16
         HALF: tl.constexpr = GROUP // 2
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         dtype = x_ptr.dtype.element_ty
         tile = tl.program_id(0)
         split = tl.program_id(1)
@@ -244,10 +249,14 @@ if HAS_TRITON:
         GROUPS: tl.constexpr,
         BLOCK_N: tl.constexpr,
         NUM_STAGES: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T * TOP_K, cdiv(INTER, BLOCK_N)): act[pair, r] = w * silu(gate_r . x) * (up_r . x) for BLOCK_N
         # rows r of the pair's expert e, whose gate row is row e * 2 * INTER + r of the stacked [E * 2I, H]
         # weight and its up row e * 2 * INTER + INTER + r. GROUPS: K_pad / GROUP of that weight.
+        # PDL: the rows hang on the routed expert ids (a predecessor's), so nothing of the weight is read early
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         pair = tl.program_id(0)
         token = pair // TOP_K
         expert = tl.load(ids_ptr + pair).to(tl.int64)
@@ -285,10 +294,13 @@ if HAS_TRITON:
         GROUP: tl.constexpr,
         GROUPS: tl.constexpr,
         BLOCK_H: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T, cdiv(HIDDEN, BLOCK_H)): out[t, h] = sum over k = 0 .. TOP_K - 1 (in that order) of
         # down_{e_k}[h] . act[t, k] for BLOCK_H output rows h; expert e's down row h is row e * HIDDEN + h of
         # the stacked [E * H, I] weight. GROUPS: K_pad / GROUP of that weight.
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         token = tl.program_id(0)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         h_c = tl.minimum(h, HIDDEN - 1).to(tl.int64)
