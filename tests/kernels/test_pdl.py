@@ -302,3 +302,104 @@ def test_the_interpreter_never_gets_launch_pdl(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setattr(kernels.norm, "_rms_norm_kernel", Recorder())
     kernels.norm.rms_norm(torch.randn(2, 64), torch.randn(64), 1e-6)
     assert len(seen) == 1 and seen[0]["PDL"] is False and "launch_pdl" not in seen[0]
+
+
+# The kernels session 12 converted: decode attention (bf16, int8 grouped and keys-major) with its reduce and the gate
+# fused into it, the fused attention prologue, the quantized MoE experts (v1, v2) and the quantized GEMVs (the Gluon
+# one-row and few-row kernels on a GPU, whose first weight step is loaded before the wait; under the interpreter the
+# Triton GEMVs), each PDL on against off, bitwise
+
+
+def _on_gpu_with_pdl(device: str) -> bool:
+    return device == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["bf16", "int8_grouped", "int8_keys_major"])
+def test_decode_attention_with_pdl_is_bitwise_without(
+    monkeypatch: pytest.MonkeyPatch, device: str, kv: str
+) -> None:
+    from test_attention_triton import _cache_and_table
+
+    from kernels.attention.decode import paged_attention_decode
+
+    key_cache, value_cache, page_table, lens, key_scale, value_scale = _cache_and_table(
+        [70, 9, 1], 2, 64, 16, 5, device, int8=kv != "bf16"
+    )
+    query, gate = (torch.randn(3, 6, 64, device=device, dtype=torch.bfloat16) for _ in "qg")
+    args = (query, key_cache, value_cache, page_table, lens, 0.125, key_scale, value_scale, gate)
+    keys_major = kv == "int8_keys_major"
+    off, on = _twice(
+        monkeypatch,
+        lambda: paged_attention_decode(*args, fused=True, block_n=16, int8_keys_major=keys_major),
+    )
+    assert torch.equal(off, on)
+    if _on_gpu_with_pdl(device):
+        assert pdl_enabled(query.device)
+
+
+@pytest.mark.gpu
+def test_fused_attention_prologue_with_pdl_is_bitwise_without(
+    monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    from kernels.attention.fuse import qk_norm_rope_store
+
+    tokens, heads, kv_heads, dim, rotary = 3, 6, 2, 64, 32
+    query = torch.randn(tokens, heads, dim, device=device, dtype=torch.bfloat16)
+    key, value = (torch.randn(tokens, kv_heads, dim, device=device, dtype=torch.bfloat16) for _ in "kv")
+    q_w, k_w = (torch.randn(dim, device=device, dtype=torch.bfloat16) * 0.1 for _ in "qk")
+    cos, sin = (torch.randn(tokens, rotary, device=device, dtype=torch.bfloat16) for _ in "cs")
+    slots = torch.tensor([5, -1, 17], device=device)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        caches = [torch.zeros(4, 8, kv_heads, dim, device=device, dtype=torch.bfloat16) for _ in "kv"]
+        q = qk_norm_rope_store(query, key, value, q_w, k_w, 1e-6, cos, sin, *caches, slots, fused=True)
+        return q, *caches
+
+    off, on = _twice(monkeypatch, run)
+    assert all(torch.equal(a, b) for a, b in zip(off, on, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_quant_moe_with_pdl_is_bitwise_without(
+    monkeypatch: pytest.MonkeyPatch, device: str, version: str
+) -> None:
+    from test_quant_moe import TOP_K, E, H, make_experts
+
+    from kernels.moe import moe_route_ref
+    from kernels.quant import Q4, Q5
+    from kernels.quant.quant_moe import quant_moe_experts
+
+    gate_up, down, _, _ = make_experts(Q4, Q5, device)
+    x = torch.randn(3, H, device=device).bfloat16()
+    weights, ids = moe_route_ref(torch.randn(3, E, device=device), TOP_K)
+    off, on = _twice(monkeypatch, lambda: quant_moe_experts(x, gate_up, down, weights, ids, version=version))
+    assert torch.equal(off, on)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("interpreter_fixes")
+@pytest.mark.parametrize(
+    ("fmt", "rows", "layout"),
+    [("Q4G64_F16S", 1, "gemv"), ("Q6G64_F16S", 1, "gemv"), ("Q5G64_F16S", 4, "gemv"), ("W8G32_F16S", 1, "gemv"),
+     ("Q4G64_F16S", 1, "stored"), ("FP8_E4M3FN_ROW_BF16S", 1, "stored"), ("NVFP4", 1, "stored")],
+)  # fmt: skip
+def test_quant_gemv_with_pdl_is_bitwise_without(
+    monkeypatch: pytest.MonkeyPatch, device: str, fmt: str, rows: int, layout: str
+) -> None:
+    # on a GPU: the GEMV layout's one row of Q4 / Q6 runs _quant_gemv_pairs_kernel, 4 rows of Q5
+    # _quant_gemv_mma_kernel, W8 (its Gluon tiles) _quant_gemv_w8_pairs_kernel; stored FP8 / NVFP4 one row the Gluon
+    # rows kernels, stored Q4 the group GEMV (kernels/quant/triton_group.py); K = 2048 splits, so the reduce runs too.
+    # Under the interpreter: the Triton GEMVs (no Gluon).
+    from kernels.quant import W8, encode, quant_linear, view_planes
+    from kernels.quant.packed_linear import packed_tiles
+
+    n, k = 256, 2048
+    qw = view_planes(
+        fmt, encode(fmt, torch.randn(n, k) * k**-0.5).to(device), (n, k), repack=layout == "gemv"
+    )
+    x = torch.randn(rows, k, device=device).bfloat16()
+    tiles = packed_tiles(fmt, n, k, "pairs_n64s2") if fmt == W8 else None
+    off, on = _twice(monkeypatch, lambda: quant_linear(x, qw, route="gemv", tiles=tiles))
+    assert torch.equal(off, on)
