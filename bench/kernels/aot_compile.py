@@ -262,6 +262,65 @@ def memory_ops_before_wait(ptx: str) -> int | None:
     return None if at < 0 else len(_GLOBAL_MEMORY_OP.findall(ptx[:at]))
 
 
+_PARAM = re.compile(r"\[\s*\w+_param_(\d+)\s*\]")
+_REGISTER = re.compile(r"%\w+")
+_PREDICATE = re.compile(r"^@!?%\w+\s+")
+
+
+def _operands(text: str) -> list[str]:
+    """A PTX statement's operands, split at the commas outside braces and brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "{[" or -(ch in "}]")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [*parts, text[start:].strip()] if text.strip() else parts
+
+
+def reads_before_wait(ptx: str, params: list[str]) -> dict[str, Any] | None:
+    """What the PTX does to global memory before its first ``griddepcontrol.wait``: ``loads_from``, the kernel
+    arguments (``params``: the non-constexpr arguments in order, the PTX's ``_param_<i>``) that the addresses of its
+    global loads and async copies derive from (a register's sources followed through every instruction, from the
+    ``ld.param`` that read them), the ``_ptr`` ones sorted; ``writes``, its stores and atomics. None when there is
+    no wait. A kernel that loads its first WEIGHT tiles before the wait (kernels/pdl.py) must show only weight
+    pointers there and no write; L2 prefetches are not loads."""
+    at = ptx.find("griddepcontrol.wait")
+    if at < 0:
+        return None
+    sources: dict[str, set[int]] = {}  # register -> the params it derives from
+    loads: set[int] = set()
+    writes = 0
+    for line in ptx[:at].splitlines():
+        for statement in line.split("//")[0].split(";"):
+            statement = _PREDICATE.sub("", statement.strip().lstrip("{").rstrip("}").strip())
+            if not statement or statement.startswith((".", "$")):
+                continue
+            opcode, _, rest = statement.partition(" ")
+            ops = _operands(rest)
+            if opcode.startswith(("st.", "atom.", "red.")):
+                writes += 1
+                continue
+            if not ops or opcode.startswith("prefetch"):
+                continue
+            if opcode.startswith("ld.param"):
+                found = _PARAM.search(rest)
+                derived = {int(found.group(1))} if found else set()
+            else:
+                derived = set().union(
+                    *(sources.get(r, set()) for op in ops[1:] for r in _REGISTER.findall(op))
+                )
+            if opcode.startswith(("ld.global", "cp.async")):
+                address = [op for op in ops if op.startswith("[")]
+                loads |= set().union(
+                    *(sources.get(r, set()) for op in address for r in _REGISTER.findall(op))
+                )
+            for register in _REGISTER.findall(ops[0]):
+                sources[register] = derived
+    names = [params[i] for i in sorted(loads) if i < len(params)]
+    return {"loads_from": sorted(n for n in names if n.endswith("_ptr")), "writes": writes}
+
+
 def compile_all(
     targets: tuple[str, ...] = DEFAULT_TARGETS, kernels_dir: Path = KERNELS_DIR, only: str | None = None
 ) -> dict[str, Any]:
@@ -327,6 +386,7 @@ def compile_all(
                         ptx_target=_ptx_target(ptx),
                         griddepcontrol_wait=ptx.count("griddepcontrol.wait"),
                         memory_ops_before_wait=memory_ops_before_wait(ptx),
+                        before_wait=reads_before_wait(ptx, [a for a in kernel.args if sig[a] != "constexpr"]),
                         triton_shared_bytes=meta.shared,
                         **(_resource_usage(cuobjdump, cubin, work) if cubin else {}),
                     )

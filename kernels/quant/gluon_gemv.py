@@ -28,6 +28,9 @@ from __future__ import annotations
 from kernels._dispatch import HAS_TRITON
 from kernels.quant.mma_asm import mma_group_asm
 
+if HAS_TRITON:
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
+
 HAS_GLUON = False
 if HAS_TRITON:
     try:
@@ -61,6 +64,12 @@ if HAS_GLUON:
         s0 = gl.load(scales_ptr + scale_rows + unit * 2).to(gl.float32)
         s1 = gl.load(scales_ptr + scale_rows + unit * 2 + 1).to(gl.float32)
         return w, g, s0, s1
+
+    @gluon.jit
+    def _weight_step_load(w_ptr, offs, step, STRIDE: gl.constexpr):
+        # one step of a WEIGHT plane (codes or scales; no kernel of a step writes them, so under PDL the first step
+        # is loaded before pdl_wait): the elements at offs + step * STRIDE
+        return gl.load(w_ptr + offs + step * STRIDE)
 
     @gluon.jit
     def _pairs_and_or(a, MASK: gl.constexpr, c):
@@ -142,6 +151,7 @@ if HAS_GLUON:
         BLOCK_N: gl.constexpr,
         NUM_WARPS: gl.constexpr,
         STEP: gl.constexpr,  # units a loop step (1, or 2: two units' loads issued together, two a row in flight)
+        PDL: gl.constexpr,
     ):
         # xw_ptr: bf16 x (one row, K a multiple of 128) as int32 lane pairs; codes_ptr: int32 words (strides in
         # words); high_ptr: uint8 (Q5) or int16 (Q6) (strides in elements; the words again for Q4); scales_ptr:
@@ -168,6 +178,8 @@ if HAS_GLUON:
         if STEP == 2:
             w2, g2, t0, t1 = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
                                          gl.minimum(u0 + 1, last), i, BITS)  # fmt: skip
+        pdl_wait(PDL)  # kernels/pdl.py: the first step's WEIGHT planes above, x and the output only below
+        pdl_launch_dependents(PDL)
         for unit in range(u0, u0 + UNITS_SPLIT, STEP):
             # the next step's units first (past the split's end a unit loads the last one again: no branch)
             w_n, g_n, s0_n, s1_n = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
@@ -539,6 +551,7 @@ if HAS_GLUON:
         NUM_WARPS: gl.constexpr,
         STEP: gl.constexpr,  # units a loop step (1 or 2), as _quant_gemv_pairs_kernel's
         ASM: gl.constexpr,  # MMA_GROUP_ASM[BITS]
+        PDL: gl.constexpr,
     ):
         # _quant_gemv_pairs_kernel's weight loads, the products on the tensor cores (mma.sync m16n8k16, bf16,
         # fp32 accumulate) for 1..8 rows of x: a thread holds 2 weight rows x 4 words (L), so a quad of lanes
@@ -568,6 +581,8 @@ if HAS_GLUON:
         if STEP == 2:
             w2, g2, t0, t1 = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
                                          gl.minimum(u0 + 1, last), i, BITS)  # fmt: skip
+        pdl_wait(PDL)  # kernels/pdl.py: the first step's WEIGHT planes above, x and the output only below
+        pdl_launch_dependents(PDL)
         for unit in range(u0, u0 + UNITS_SPLIT, STEP):
             w_n, g_n, s0_n, s1_n = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
                                                gl.minimum(unit + STEP, last), i, BITS)  # fmt: skip
@@ -623,6 +638,7 @@ if HAS_GLUON:
         STEPS_SPLIT: gl.constexpr,
         BLOCK_N: gl.constexpr,
         NUM_WARPS: gl.constexpr,
+        PDL: gl.constexpr,
     ):
         # FP8 rows (E4M3 codes, one bf16 scale a row), one bf16 row of x (K a multiple of 64) as int32 lane pairs:
         # grid (cdiv(N, BLOCK_N), SPLIT_K), a program walks STEPS_SPLIT steps of 64 lanes, the next step's words
@@ -631,13 +647,15 @@ if HAS_GLUON:
         L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
         split = gl.program_id(1)
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
-        w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + i[None, :]
+        w_offs = (rows_c * codes_stride)[:, None] + i[None, :]
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
         s0 = split * STEPS_SPLIT
         last = s0 + STEPS_SPLIT - 1
-        w = gl.load(w_ptrs + s0 * 16)
+        w = _weight_step_load(codes_ptr, w_offs, s0, 16)
+        pdl_wait(PDL)  # kernels/pdl.py: the first step's WEIGHT words above, x and the output only below
+        pdl_launch_dependents(PDL)
         for step in range(s0, s0 + STEPS_SPLIT):
-            w_n = gl.load(w_ptrs + gl.minimum(step + 1, last) * 16)
+            w_n = _weight_step_load(codes_ptr, w_offs, gl.minimum(step + 1, last), 16)
             acc = _fp8_step(acc, w, xw_ptr, step, i)
             w = w_n
         _store_rows(out_ptr, acc, gl.load(scales_ptr + rows_c).to(gl.float32), rows, N)
@@ -674,6 +692,7 @@ if HAS_GLUON:
         STEPS_SPLIT: gl.constexpr,
         BLOCK_N: gl.constexpr,
         NUM_WARPS: gl.constexpr,
+        PDL: gl.constexpr,
     ):
         # NVFP4 (E2M1 codes two a byte, low nibble first; an E4M3 scale a block of 16 lanes in the swizzled
         # 128x4 tiles; out_scale = 2^14 / the per-tensor divisor), one bf16 row of x (K a multiple of 128) as int32
@@ -682,23 +701,23 @@ if HAS_GLUON:
         L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
         split = gl.program_id(1)
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
-        w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + i[None, :]
+        w_offs = (rows_c * codes_stride)[:, None] + i[None, :]
         inner = rows_c % 128
         # scale byte of (row n, block b = 8 step + i // 2): the row's part + (b // 4) * 512 + b % 4
-        s_ptrs = (
-            scales_ptr
-            + (rows_c // 128 * tile_stride + (inner % 32) * 16 + (inner // 32) * 4)[:, None]
-            + ((i // 8) * 512 + (i // 2) % 4)[None, :]
-        )
+        s_offs = (rows_c // 128 * tile_stride + (inner % 32) * 16 + (inner // 32) * 4)[:, None] + (
+            (i // 8) * 512 + (i // 2) % 4
+        )[None, :]
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
         s0 = split * STEPS_SPLIT
         last = s0 + STEPS_SPLIT - 1
-        w = gl.load(w_ptrs + s0 * 16)
-        sc = gl.load(s_ptrs + s0 * 1024)
+        w = _weight_step_load(codes_ptr, w_offs, s0, 16)
+        sc = _weight_step_load(scales_ptr, s_offs, s0, 1024)
+        pdl_wait(PDL)  # kernels/pdl.py: the first step's WEIGHTS above, x and the output only below
+        pdl_launch_dependents(PDL)
         for step in range(s0, s0 + STEPS_SPLIT):
             nxt = gl.minimum(step + 1, last)
-            w_n = gl.load(w_ptrs + nxt * 16)
-            sc_n = gl.load(s_ptrs + nxt * 1024)
+            w_n = _weight_step_load(codes_ptr, w_offs, nxt, 16)
+            sc_n = _weight_step_load(scales_ptr, s_offs, nxt, 1024)
             part = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
             w4 = w >> 4
             for c in gl.static_range(4):
@@ -720,6 +739,7 @@ if HAS_GLUON:
         UNITS_SPLIT: gl.constexpr,
         BLOCK_N: gl.constexpr,
         NUM_WARPS: gl.constexpr,
+        PDL: gl.constexpr,
     ):
         # W8 on the GEMV layout (32 words a unit; byte j of word i is u = code + 128 of lane 32j + i, group j of
         # 32 lanes), one bf16 row of x: a thread holds 4 words of a row (8 threads a row). Each byte becomes the
@@ -729,15 +749,17 @@ if HAS_GLUON:
         L: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NUM_WARPS, 1], [1, 0])
         split = gl.program_id(1)
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 32, L)
-        w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + i[None, :]
+        w_offs = (rows_c * codes_stride)[:, None] + i[None, :]
         s_ptrs = scales_ptr + rows_c * scales_stride
         magic = gl.full([BLOCK_N, 32], 0x4B000000, gl.int32, layout=L)
         acc = gl.zeros([BLOCK_N, 32], gl.float32, layout=L)
         u0 = split * UNITS_SPLIT
         last = u0 + UNITS_SPLIT - 1
-        w = gl.load(w_ptrs + u0 * 32)
+        w = _weight_step_load(codes_ptr, w_offs, u0, 32)
+        pdl_wait(PDL)  # kernels/pdl.py: the first unit's WEIGHT words above, x and the output only below
+        pdl_launch_dependents(PDL)
         for unit in range(u0, u0 + UNITS_SPLIT):
-            w_n = gl.load(w_ptrs + gl.minimum(unit + 1, last) * 32)
+            w_n = _weight_step_load(codes_ptr, w_offs, gl.minimum(unit + 1, last), 32)
             for j in gl.static_range(4):
                 f = _pairs_and_or(w >> (8 * j), 0xFF, magic).to(gl.float32, bitcast=True)
                 x = gl.load(x_ptr + unit * 128 + 32 * j + i).to(gl.float32)[None, :]

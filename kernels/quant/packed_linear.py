@@ -321,7 +321,7 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
         _quant_gemv_w8_pairs_kernel[grid](
             x[0], words, qw.scales, target, n, words.stride(0), qw.scales.stride(0),
             UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,
-            num_warps=tiles.num_warps,
+            num_warps=tiles.num_warps, **pdl_args(x.device),
         )  # fmt: skip
     elif gluon is not None:
         if qw.high is not None and bits == 5:
@@ -347,13 +347,13 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
                 xw, words, high, qw.scales, target, n, xw.stride(0), words.stride(0), high.stride(0),
                 qw.scales.stride(0), T=rows, BITS=bits, UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n,
                 NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, ASM=MMA_GROUP_ASM[bits],
-                num_warps=tiles.num_warps,
+                num_warps=tiles.num_warps, **pdl_args(x.device),
             )  # fmt: skip
         else:
             _quant_gemv_pairs_kernel[grid](
                 x[0].view(torch.int32), words, high, qw.scales, target, n, words.stride(0), high.stride(0),
                 qw.scales.stride(0), BITS=bits, UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n,
-                NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, num_warps=tiles.num_warps,
+                NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, num_warps=tiles.num_warps, **pdl_args(x.device),
             )  # fmt: skip
     else:
         _quant_gemv_packed_kernel[grid](

@@ -282,7 +282,7 @@ def _gemv(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor
         _quant_gemv_group_kernel[grid](
             x, qw.codes, high, qw.scales, target, n, rows, k, x.stride(0), qw.codes.stride(0), high.stride(0),
             qw.scales.stride(0), BITS=spec.bits, GROUP=spec.group_size, GROUPS_SPLIT=groups // tiles.split_k,
-            GROUPS_STEP=per_step, **common,
+            GROUPS_STEP=per_step, **common, **pdl_args(x.device),
         )  # fmt: skip
     elif tiles.mode in ("rows", "ring"):
         assert one_row_ok(x, qw), f"{tiles}: one bf16 row on a GPU with Gluon, K a whole number of steps"
@@ -313,13 +313,13 @@ def _gemv(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor
             _quant_gemv_fp8_rows_kernel[grid](
                 x[0].view(torch.int32), words, qw.scales, target, n, words.stride(0),
                 STEPS_SPLIT=steps // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,
-                num_warps=tiles.num_warps,
+                num_warps=tiles.num_warps, **pdl_args(x.device),
             )  # fmt: skip
         else:
             _quant_gemv_nvfp4_rows_kernel[grid](
                 x[0].view(torch.int32), words, qw.scales, target, n, words.stride(0), qw.scales.stride(0),
                 16384.0 / qw.divisor, STEPS_SPLIT=steps // tiles.split_k, BLOCK_N=tiles.block_n,
-                NUM_WARPS=tiles.num_warps, num_warps=tiles.num_warps,
+                NUM_WARPS=tiles.num_warps, num_warps=tiles.num_warps, **pdl_args(x.device),
             )  # fmt: skip
     elif qw.format == NVFP4:
         assert k % (tiles.split_k * tiles.block_k) == 0, f"{tiles}: K={k} is no whole number of steps"

@@ -34,6 +34,7 @@ import torch
 from kernels import _dispatch
 from kernels._dispatch import HAS_TRITON, use_triton
 from kernels.moe import moe_experts_ref
+from kernels.pdl import pdl_args
 from kernels.quant.formats import GROUP_FORMATS
 from kernels.quant.weight import QuantWeight, dequantize
 
@@ -205,14 +206,14 @@ def quant_moe_experts(
         gate_up.codes.stride(0), gu_high.stride(0), gate_up.scales.stride(0), HIDDEN=hidden, INTER=inter,
         TOP_K=top_k, BITS=gu_spec.bits, GROUP=gu_spec.group_size, GROUPS=gate_up.k_pad // gu_spec.group_size,
         BLOCK_N=tiles.block_n, NUM_STAGES=tiles.num_stages, SHARED_GATE=term.mode == 2,
-        num_warps=tiles.num_warps,
+        num_warps=tiles.num_warps, **pdl_args(x.device),
     )  # fmt: skip
     dn_high = down.high if down.high is not None else down.codes
     _quant_moe_down_kernel[(num_tokens, triton.cdiv(hidden, tiles.block_h))](
         act, down.codes, dn_high, down.scales, expert_ids, out, term.shared, term.gate, down.codes.stride(0),
         dn_high.stride(0), down.scales.stride(0), term.shared.stride(0), HIDDEN=hidden, INTER=inter, TOP_K=top_k,
         BITS=dn_spec.bits, GROUP=dn_spec.group_size, GROUPS=down.k_pad // dn_spec.group_size,
-        BLOCK_H=tiles.block_h, SHARED=term.mode, num_warps=tiles.num_warps,
+        BLOCK_H=tiles.block_h, SHARED=term.mode, num_warps=tiles.num_warps, **pdl_args(x.device),
     )  # fmt: skip
     return out
 
@@ -274,7 +275,7 @@ def _launch_v2(
         gate_up.codes.stride(0), gu_high.stride(0), gate_up.scales.stride(0), HIDDEN=hidden, INTER=inter,
         ACT_STRIDE=act_stride, TOP_K=top_k, BITS=gu_spec.bits, GROUP=gu_spec.group_size, K_PAD=gate_up.k_pad,
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k_gate_up, X_PAIRS=x_pairs, SHARED_GATE=term.mode == 2,
-        num_warps=tiles.warps_gate_up,
+        num_warps=tiles.warps_gate_up, **pdl_args(x.device),
     )  # fmt: skip
     dn_high = down.high if down.high is not None else down.codes
     _quant_moe_down_v2_kernel[(num_tokens, triton.cdiv(hidden, tiles.block_h))](
@@ -282,5 +283,5 @@ def _launch_v2(
         dn_high.stride(0), down.scales.stride(0), term.shared.stride(0), HIDDEN=hidden, INTER=inter,
         ACT_STRIDE=act_stride, TOP_K=top_k, BLOCK_TOPK=triton.next_power_of_2(top_k), BITS=dn_spec.bits,
         GROUP=dn_spec.group_size, K_PAD=down.k_pad, BLOCK_H=tiles.block_h, BLOCK_K=tiles.block_k_down,
-        SHARED=term.mode, num_warps=tiles.warps_down,
+        SHARED=term.mode, num_warps=tiles.warps_down, **pdl_args(x.device),
     )  # fmt: skip

@@ -32,6 +32,7 @@ if HAS_TRITON:
     import triton.language as tl
 
     from kernels.moe import _moe_shared_weight
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
 
     @triton.jit
     def _offset_value(u, SIGN: tl.constexpr):
@@ -111,12 +112,15 @@ if HAS_TRITON:
         GROUPS_STEP: tl.constexpr,
         BLOCK_N: tl.constexpr,
         NUM_STAGES: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (cdiv(N, BLOCK_N), SPLIT_K): out^T [BLOCK_N, 16] for the weight rows of program_id(0) and the
         # GROUPS_SPLIT groups of split program_id(1) (see the module docstring). GROUPS_SPLIT is a multiple of
         # GROUPS_STEP. out: [T, N] in x's dtype (one split) or fp32 partials [SPLIT_K, T, N].
         BLOCK_T: tl.constexpr = 16
         HALF: tl.constexpr = GROUP // 2
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         dtype = x_ptr.dtype.element_ty
         tile = tl.program_id(0)
         split = tl.program_id(1)
@@ -269,11 +273,15 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         NUM_STAGES: tl.constexpr,
         SHARED_GATE: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T * TOP_K, cdiv(INTER, BLOCK_N)): act[pair, r] = w * silu(gate_r . x) * (up_r . x) for BLOCK_N
         # rows r of the pair's expert e, whose gate row is row e * 2 * INTER + r of the stacked [E * 2I, H]
         # weight and its up row e * 2 * INTER + INTER + r. GROUPS: K_pad / GROUP of that weight. SHARED_GATE:
         # the token's first program also stores the shared expert's gate (``_quant_moe_shared_gate``).
+        # PDL: the rows hang on the routed expert ids (a predecessor's), so nothing of the weight is read early
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         pair = tl.program_id(0)
         token = pair // TOP_K
         expert = tl.load(ids_ptr + pair).to(tl.int64)
@@ -317,11 +325,14 @@ if HAS_TRITON:
         GROUPS: tl.constexpr,
         BLOCK_H: tl.constexpr,
         SHARED: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T, cdiv(HIDDEN, BLOCK_H)): out[t, h] = sum over k = 0 .. TOP_K - 1 (in that order) of
         # down_{e_k}[h] . act[t, k] for BLOCK_H output rows h, then (SHARED > 0) the shared expert's term
         # (``_quant_moe_shared_term``), one rounding; expert e's down row h is row e * HIDDEN + h of the stacked
         # [E * H, I] weight. GROUPS: K_pad / GROUP of that weight.
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         token = tl.program_id(0)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         h_c = tl.minimum(h, HIDDEN - 1).to(tl.int64)

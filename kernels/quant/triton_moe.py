@@ -44,6 +44,7 @@ if HAS_TRITON:
         _quant_moe_shared_term,
         _w8_values,
     )
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
 
     @triton.jit
     def _bf16_pairs(w):
@@ -82,6 +83,7 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         X_PAIRS: tl.constexpr,
         SHARED_GATE: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T * TOP_K, cdiv(INTER, BLOCK_N)): act[pair, r] = w * silu(gate_r . x) * (up_r . x) for BLOCK_N
         # rows r of the pair's expert e (gate row e * 2 * INTER + r of the stacked [E * 2I, H] weight, up row
@@ -93,6 +95,9 @@ if HAS_TRITON:
         PAIRS: tl.constexpr = BLOCK_K // 2
         HIGH: tl.constexpr = PAIRS * (BITS - 4) // 4  # high bytes a row a chunk (Q5, Q6)
         GROUPS: tl.constexpr = BLOCK_K // GROUP
+        # PDL: the rows hang on the routed expert ids (a predecessor's), so nothing of the weight is read early
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         pair = tl.program_id(0)
         token = pair // TOP_K
         expert = tl.load(ids_ptr + pair).to(tl.int64)
@@ -182,6 +187,7 @@ if HAS_TRITON:
         BLOCK_H: tl.constexpr,
         BLOCK_K: tl.constexpr,
         SHARED: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T, cdiv(HIDDEN, BLOCK_H)): out[t, h] = sum over the token's TOP_K experts e_k of down_{e_k}[h] .
         # act[t, k] for BLOCK_H rows h (expert e's row h: row e * HIDDEN + h of the stacked [E * H, I] weight).
@@ -195,6 +201,8 @@ if HAS_TRITON:
         HIGH: tl.constexpr = PAIRS * (BITS - 4) // 4  # high bytes an expert a chunk (Q5, Q6)
         GROUPS: tl.constexpr = BLOCK_K // GROUP
         ROWS: tl.constexpr = BLOCK_H * BLOCK_TOPK
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         token = tl.program_id(0)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         h_c = tl.minimum(h, HIDDEN - 1).to(tl.int64)[:, None]
