@@ -38,13 +38,13 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
     from kernels.quant.triton_group import (
         _nibble_values,
         _quant_moe_shared_gate,
         _quant_moe_shared_term,
         _w8_values,
     )
-    from kernels.pdl import pdl_launch_dependents, pdl_wait
 
     @triton.jit
     def _bf16_pairs(w):
