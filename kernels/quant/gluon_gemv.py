@@ -204,16 +204,16 @@ if HAS_GLUON:
         return r2 * stride + (rr // BLOCK_N * 16)[:, None] + i[None, :]
 
     @gluon.jit
-    def _ring_group_src(codes_ptr, high_ptr, scales_ptr, N, codes_stride, high_stride, scales_stride, i,
-                        STEP: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, L: gl.constexpr):  # fmt: skip
-        # _ring_issue's src for the groupwise formats: the code words, the high plane and the scale words (a
+    def _ring_group_offs(N, codes_stride, high_stride, scales_stride, i, STEP: gl.constexpr, BLOCK_N: gl.constexpr,
+                         NUM_WARPS: gl.constexpr, L: gl.constexpr):  # fmt: skip
+        # _ring_start's offsets for the groupwise formats: the code words, the high plane and the scale words (a
         # unit's two fp16 scales; a thread one word of slot row R)
         LS: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
         rs = gl.arange(0, STEP * BLOCK_N, layout=LS)
         sc_offs = gl.minimum(gl.program_id(0) * BLOCK_N + rs % BLOCK_N, N - 1).to(gl.int64) * scales_stride
         return (
-            codes_ptr, high_ptr, scales_ptr, _ring_plane_offs(N, codes_stride, i, STEP, BLOCK_N, L),
-            _ring_plane_offs(N, high_stride, i, STEP, BLOCK_N, L), sc_offs + rs // BLOCK_N,
+            _ring_plane_offs(N, codes_stride, i, STEP, BLOCK_N, L), _ring_plane_offs(N, high_stride, i, STEP, BLOCK_N, L),
+            sc_offs + rs // BLOCK_N,
         )  # fmt: skip
 
     @gluon.jit
@@ -330,12 +330,13 @@ if HAS_GLUON:
         return _ring_stage(acc, ring[k], xw_ptr, u0 + t * STEP, i, consts, STEP, KIND, BLOCK_N, L, ASM)
 
     @gluon.jit
-    def _ring_run(acc, src, xw_ptr, u0, i, consts, ITERS: gl.constexpr, STAGES: gl.constexpr, STEP: gl.constexpr,
-                  KIND: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr, ASM: gl.constexpr):  # fmt: skip
-        # a program's ITERS stages of STEP units from unit u0 through a ring of STAGES slots (2..4): the first
-        # STAGES - 1 issued up front, then _ring_step a stage; the loop is unrolled by STAGES so each slot is a
-        # static index
+    def _ring_start(codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs, u0, ITERS: gl.constexpr,
+                    STAGES: gl.constexpr, STEP: gl.constexpr, KIND: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+        # a ring of STAGES slots (2..4) and its first STAGES - 1 stages of STEP units from unit u0 issued; reads
+        # WEIGHT planes alone (codes, high bits, scales: under PDL it runs before the wait). Returns (ring, src)
+        # for _ring_loop.
         gl.static_assert(STAGES >= 2 and STAGES <= 4, "ring slots: 2..4")
+        src = (codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs)
         s0 = _ring_slot(BLOCK_N, STEP, KIND)
         s1 = _ring_slot(BLOCK_N, STEP, KIND)
         s2 = s0
@@ -350,6 +351,14 @@ if HAS_GLUON:
                 _ring_issue(ring[k], src, u0 + k * STEP, KIND)
             else:
                 async_copy.commit_group()  # (an empty group: the count _ring_step waits for stays STAGES - 2)
+        return ring, src
+
+    @gluon.jit
+    def _ring_loop(acc, ring, src, xw_ptr, u0, i, consts, ITERS: gl.constexpr, STAGES: gl.constexpr,
+                   STEP: gl.constexpr, KIND: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr,
+                   ASM: gl.constexpr):  # fmt: skip
+        # the program's ITERS stages after _ring_start: _ring_step a stage, the loop unrolled by STAGES so each
+        # slot is a static index
         if ITERS > STAGES:
             for t0 in range(0, ITERS, STAGES):
                 for k in gl.static_range(STAGES):
@@ -382,19 +391,25 @@ if HAS_GLUON:
         NUM_WARPS: gl.constexpr,
         STEP: gl.constexpr,  # units a stage
         STAGES: gl.constexpr,  # ring slots, 2..4: STAGES - 1 stages in flight while one is computed
+        PDL: gl.constexpr,
     ):
         # _quant_gemv_pairs_kernel's arithmetic (the same layout L, _pairs_unit), its weight bytes streamed
         # through a ring of STAGES shared-memory slots by cp.async instead of a register prefetch: the bytes in
         # flight no longer cost registers (the pairs kernel: 127 registers, 25% occupancy, DRAM 50% on the H200).
         # Stage t: wait for its copy group, one barrier (its bytes visible to every thread; the slot refilled
-        # next, stage t - 1's, read by every thread), issue stage t + STAGES - 1, compute stage t (_ring_run).
+        # next, stage t - 1's, read by every thread), issue stage t + STAGES - 1, compute stage t (_ring_loop).
         # scales_ptr: the fp16 scales as int32 words [N, K_pad / 128] (a unit's two group scales, low half first;
         # scales_stride in words); the rest as the pairs kernel's.
         L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
         OFFSET: gl.constexpr = 1 << (BITS - 1)
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
-        src = _ring_group_src(codes_ptr, high_ptr, scales_ptr, N, codes_stride, high_stride, scales_stride, i, STEP,
-                              BLOCK_N, NUM_WARPS, L)  # fmt: skip
+        code_offs, high_offs, sc_offs = _ring_group_offs(N, codes_stride, high_stride, scales_stride, i, STEP, BLOCK_N,
+                                                         NUM_WARPS, L)  # fmt: skip
+        u0 = gl.program_id(1) * UNITS_SPLIT
+        ring, src = _ring_start(codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs, u0, UNITS_SPLIT // STEP,
+                                STAGES, STEP, BITS, BLOCK_N)  # fmt: skip
+        pdl_wait(PDL)  # kernels/pdl.py: the first stages' WEIGHT planes above, x and the output only below
+        pdl_launch_dependents(PDL)
         consts = (
             gl.full([BLOCK_N, 16], 0x43004300, gl.int32, layout=L),  # 128 in bf16, twice
             gl.full([BLOCK_N, 16], 0x3F803F80, gl.int32, layout=L),  # 1.0 in bf16, twice
@@ -403,8 +418,8 @@ if HAS_GLUON:
             ),  # -(128 + OFFSET)
         )
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
-        acc = _ring_run(acc, src, xw_ptr, gl.program_id(1) * UNITS_SPLIT, i, consts, UNITS_SPLIT // STEP, STAGES,
-                        STEP, BITS, BLOCK_N, L, "")  # fmt: skip
+        acc = _ring_loop(acc, ring, src, xw_ptr, u0, i, consts, UNITS_SPLIT // STEP, STAGES, STEP, BITS, BLOCK_N, L,
+                         "")  # fmt: skip
         _store_rows(out_ptr, acc, 1.0, rows, N)
 
     @gluon.jit(do_not_specialize=["N"])
@@ -422,9 +437,10 @@ if HAS_GLUON:
         NUM_WARPS: gl.constexpr,
         STEP: gl.constexpr,  # 128-lane steps a stage
         STAGES: gl.constexpr,  # ring slots, 2..4
+        PDL: gl.constexpr,
     ):
         # _quant_gemv_nvfp4_rows_kernel's arithmetic (_nvfp4_unit), its code words and block scales streamed
-        # through a ring of STAGES shared-memory slots by cp.async (_ring_run; see _quant_gemv_ring_kernel). A
+        # through a ring of STAGES shared-memory slots by cp.async (_ring_start / _ring_loop; see _quant_gemv_ring_kernel). A
         # row's 8 scales of a step are two 4-byte runs of the swizzled tiles, 512 bytes apart (blocks 0-3, 4-7).
         L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
         LB: gl.constexpr = gl.BlockedLayout(
@@ -439,10 +455,16 @@ if HAS_GLUON:
         sc_offs = (row // 128 * tile_stride + (inner % 32) * 16 + (inner // 32) * 4 + rb // BLOCK_N * 1024)[
             :, None
         ] + ((j // 4) * 512 + j % 4)[None, :]
-        src = (codes_ptr, codes_ptr, scales_ptr, code_offs, code_offs, sc_offs)
+        u0 = gl.program_id(1) * STEPS_SPLIT
+        ring, src = _ring_start(codes_ptr, codes_ptr, scales_ptr, code_offs, code_offs, sc_offs, u0, STEPS_SPLIT // STEP,
+                                STAGES, STEP, 0, BLOCK_N)  # fmt: skip
+        pdl_wait(
+            PDL
+        )  # kernels/pdl.py: the first stages' WEIGHT words and scales above, x and the output only below
+        pdl_launch_dependents(PDL)
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
-        acc = _ring_run(acc, src, xw_ptr, gl.program_id(1) * STEPS_SPLIT, i, 0, STEPS_SPLIT // STEP, STAGES, STEP, 0,
-                        BLOCK_N, L, "")  # fmt: skip
+        acc = _ring_loop(acc, ring, src, xw_ptr, u0, i, 0, STEPS_SPLIT // STEP, STAGES, STEP, 0, BLOCK_N, L,
+                         "")  # fmt: skip
         _store_rows(out_ptr, acc, out_scale, rows, N)
 
     @gluon.jit(do_not_specialize=["N"])
@@ -465,15 +487,21 @@ if HAS_GLUON:
         STEP: gl.constexpr,  # units a stage
         STAGES: gl.constexpr,  # ring slots, 2..4
         ASM: gl.constexpr,  # MMA_GROUP_ASM[BITS]
+        PDL: gl.constexpr,
     ):
         # _quant_gemv_mma_kernel's arithmetic (_mma_unit on the tensor cores, 1..8 rows of x, a row's output the
         # same bits whatever T), its weight bytes streamed through a ring of STAGES shared-memory slots by
-        # cp.async (_ring_run; see _quant_gemv_ring_kernel; scales_ptr as int32 words there)
+        # cp.async (_ring_start / _ring_loop; see _quant_gemv_ring_kernel; scales_ptr as int32 words there)
         L: gl.constexpr = gl.BlockedLayout([2, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
         split = gl.program_id(1)
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
-        src = _ring_group_src(codes_ptr, high_ptr, scales_ptr, N, codes_stride, high_stride, scales_stride, i, STEP,
-                              BLOCK_N, NUM_WARPS, L)  # fmt: skip
+        code_offs, high_offs, sc_offs = _ring_group_offs(N, codes_stride, high_stride, scales_stride, i, STEP, BLOCK_N,
+                                                         NUM_WARPS, L)  # fmt: skip
+        u0 = split * UNITS_SPLIT
+        ring, src = _ring_start(codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs, u0, UNITS_SPLIT // STEP,
+                                STAGES, STEP, BITS, BLOCK_N)  # fmt: skip
+        pdl_wait(PDL)  # kernels/pdl.py: the first stages' WEIGHT planes above, x and the output only below
+        pdl_launch_dependents(PDL)
         x_row = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, L)) % 16) // 2  # the quad's row of x
         x_ptrs = xw_ptr + (gl.minimum(x_row, T - 1) * xw_stride)[:, None] + i[None, :]
         x_mask = (x_row < T)[:, None] & (i >= 0)[None, :]
@@ -483,8 +511,8 @@ if HAS_GLUON:
             x_mask,
         )  # (128 in bf16, twice)
         acc = gl.zeros([BLOCK_N, 16], gl.int32, layout=L)  # fp32 bits (0.0)
-        acc = _ring_run(acc, src, xw_ptr, split * UNITS_SPLIT, i, consts, UNITS_SPLIT // STEP, STAGES, STEP, BITS,
-                        BLOCK_N, L, ASM)  # fmt: skip
+        acc = _ring_loop(acc, ring, src, xw_ptr, u0, i, consts, UNITS_SPLIT // STEP, STAGES, STEP, BITS, BLOCK_N, L,
+                         ASM)  # fmt: skip
         _mma_store(out_ptr, acc, rows, i, N, split, T)
 
     @gluon.jit(do_not_specialize=["N"])
@@ -500,17 +528,24 @@ if HAS_GLUON:
         NUM_WARPS: gl.constexpr,
         STEP: gl.constexpr,  # 64-lane steps a stage
         STAGES: gl.constexpr,  # ring slots, 2..4
+        PDL: gl.constexpr,
     ):
         # _quant_gemv_fp8_rows_kernel's arithmetic (_fp8_step), its code words streamed through a ring of STAGES
-        # shared-memory slots by cp.async (_ring_run; see _quant_gemv_ring_kernel); the row's bf16 scale
+        # shared-memory slots by cp.async (_ring_start / _ring_loop; see _quant_gemv_ring_kernel); the row's bf16 scale
         # multiplies its sum once
         L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
         code_offs = _ring_plane_offs(N, codes_stride, i, STEP, BLOCK_N, L)
-        src = (codes_ptr, codes_ptr, codes_ptr, code_offs, code_offs, code_offs)
+        u0 = gl.program_id(1) * STEPS_SPLIT
+        ring, src = _ring_start(codes_ptr, codes_ptr, codes_ptr, code_offs, code_offs, code_offs, u0, STEPS_SPLIT // STEP,
+                                STAGES, STEP, 1, BLOCK_N)  # fmt: skip
+        pdl_wait(
+            PDL
+        )  # kernels/pdl.py: the first stages' WEIGHT words above, x, the row scales and the output below
+        pdl_launch_dependents(PDL)
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
-        acc = _ring_run(acc, src, xw_ptr, gl.program_id(1) * STEPS_SPLIT, i, 0, STEPS_SPLIT // STEP, STAGES, STEP, 1,
-                        BLOCK_N, L, "")  # fmt: skip
+        acc = _ring_loop(acc, ring, src, xw_ptr, u0, i, 0, STEPS_SPLIT // STEP, STAGES, STEP, 1, BLOCK_N, L,
+                         "")  # fmt: skip
         _store_rows(out_ptr, acc, gl.load(scales_ptr + rows_c).to(gl.float32), rows, N)
 
     @gluon.jit

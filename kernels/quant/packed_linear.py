@@ -331,7 +331,7 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
                 x[0].view(torch.int32), words, high, qw.scales.view(torch.int32), target, n, words.stride(0),
                 high.stride(0), qw.scales.stride(0) // 2, BITS=bits, UNITS_SPLIT=units // tiles.split_k,
                 BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, STAGES=tiles.num_stages,
-                num_warps=tiles.num_warps,
+                num_warps=tiles.num_warps, **pdl_args(x.device),
             )  # fmt: skip
         elif gluon == "mma_ring":
             xw = x.view(torch.int32) if rows > 1 else x[0].view(torch.int32)[None, :]
@@ -339,7 +339,7 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
                 xw, words, high, qw.scales.view(torch.int32), target, n, xw.stride(0), words.stride(0),
                 high.stride(0), qw.scales.stride(0) // 2, T=rows, BITS=bits, UNITS_SPLIT=units // tiles.split_k,
                 BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, STAGES=tiles.num_stages,
-                ASM=MMA_GROUP_ASM[bits], num_warps=tiles.num_warps,
+                ASM=MMA_GROUP_ASM[bits], num_warps=tiles.num_warps, **pdl_args(x.device),
             )  # fmt: skip
         elif gluon == "mma":
             xw = x.view(torch.int32) if rows > 1 else x[0].view(torch.int32)[None, :]

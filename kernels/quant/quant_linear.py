@@ -302,12 +302,19 @@ def _gemv(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor
             )  # fmt: skip
             if qw.format == FP8:
                 _quant_gemv_fp8_ring_kernel[grid](
-                    x[0].view(torch.int32), words, qw.scales, target, n, words.stride(0), **ring
+                    x[0].view(torch.int32),
+                    words,
+                    qw.scales,
+                    target,
+                    n,
+                    words.stride(0),
+                    **ring,
+                    **pdl_args(x.device),
                 )
             else:
                 _quant_gemv_nvfp4_ring_kernel[grid](
                     x[0].view(torch.int32), words, qw.scales, target, n, words.stride(0), qw.scales.stride(0),
-                    16384.0 / qw.divisor, **ring,
+                    16384.0 / qw.divisor, **ring, **pdl_args(x.device),
                 )  # fmt: skip
         elif qw.format == FP8:
             _quant_gemv_fp8_rows_kernel[grid](

@@ -32,6 +32,11 @@ WEIGHT_LOADS_BEFORE_WAIT = {
     "_quant_gemv_w8_pairs_kernel": {"_weight_step_load"},
     "_quant_gemv_fp8_rows_kernel": {"_weight_step_load"},
     "_quant_gemv_nvfp4_rows_kernel": {"_weight_step_load"},
+    # the cp.async ring GEMVs: _ring_start issues their first STAGES - 1 stages of weight planes
+    "_quant_gemv_ring_kernel": {"_ring_start"},
+    "_quant_gemv_mma_ring_kernel": {"_ring_start"},
+    "_quant_gemv_nvfp4_ring_kernel": {"_ring_start"},
+    "_quant_gemv_fp8_ring_kernel": {"_ring_start"},
 }
 WEIGHT_POINTERS = {"codes_ptr", "high_ptr", "scales_ptr"}
 MEMORY_CALLS = {"load", "store", "atomic_add", "atomic_cas", "atomic_xchg", "atomic_max", "atomic_min"}
@@ -401,5 +406,34 @@ def test_quant_gemv_with_pdl_is_bitwise_without(
     )
     x = torch.randn(rows, k, device=device).bfloat16()
     tiles = packed_tiles(fmt, n, k, "pairs_n64s2") if fmt == W8 else None
+    off, on = _twice(monkeypatch, lambda: quant_linear(x, qw, route="gemv", tiles=tiles))
+    assert torch.equal(off, on)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("interpreter_fixes")
+@pytest.mark.parametrize(
+    ("fmt", "rows", "variant"),
+    [("Q4G64_F16S", 1, "ring_n64s2"), ("Q6G64_F16S", 1, "ring_n64s1"), ("Q5G64_F16S", 4, "mmaring_n64s2"),
+     ("FP8_E4M3FN_ROW_BF16S", 1, "ring"), ("NVFP4", 1, "ring")],
+)  # fmt: skip
+def test_ring_gemv_with_pdl_is_bitwise_without(
+    monkeypatch: pytest.MonkeyPatch, device: str, fmt: str, rows: int, variant: str
+) -> None:
+    # on a GPU the cp.async ring GEMVs (kernels/quant/gluon_gemv.py: _ring_start issues the first stages' weight
+    # planes before the wait): groupwise one row / 4 rows on the GEMV layout, FP8 rows / NVFP4 one row
+    # (one_row_tiles "ring"); K = 2048 splits, so the reduce runs too. Under the interpreter: the Triton GEMVs.
+    from kernels.quant import GROUP_FORMATS, encode, quant_linear, view_planes
+    from kernels.quant.packed_linear import packed_tiles
+    from kernels.quant.quant_linear import one_row_ok, one_row_tiles
+
+    n, k = 256, 2048
+    grouped = fmt in GROUP_FORMATS
+    qw = view_planes(fmt, encode(fmt, torch.randn(n, k) * k**-0.5).to(device), (n, k), repack=grouped)
+    x = torch.randn(rows, k, device=device).bfloat16()
+    if grouped:
+        tiles = packed_tiles(fmt, n, k, variant)
+    else:
+        tiles = one_row_tiles(fmt, n, k, "ring") if one_row_ok(x, qw) else None
     off, on = _twice(monkeypatch, lambda: quant_linear(x, qw, route="gemv", tiles=tiles))
     assert torch.equal(off, on)
