@@ -194,6 +194,20 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 ("27B Q4 34816x5120 T=8 split 2, mmaring_n32w2s2", 8, 4, 40, 20, 32, 2, 4, 2),
             )
         ],
+        # W8's one-row GEMV through the cp.async ring (packed_linear "ring_*" tiles for W8)
+        "_quant_gemv_w8_ring_kernel": [
+            variant(
+                label,
+                {"x_ptr": "bf16", "codes_ptr": "i32", "scales_ptr": "i32", "out_ptr": out},
+                dict(UNITS_SPLIT=units_split, BLOCK_N=block_n, NUM_WARPS=4, STEP=step, STAGES=stages),
+                aligned=("codes_stride",),
+            )  # fmt: skip
+            for label, units_split, out, block_n, step, stages in (
+                ("35B-A3B W8 GDN in_proj K=2048, ring_n32s2", 16, "bf16", 32, 2, 4),
+                ("35B-A3B W8 o_proj 2048x4096 split 4, ring_n32s2", 8, "fp32", 32, 2, 4),
+                ("W8 one pass, ring_n64s1", 2, "fp32", 64, 1, 4),
+            )
+        ],
         # the tensor-core one-row GEMV on the same loads (packed_linear "mma" tiles: 64 or 128 rows, 4 warps)
         "_quant_gemv_mma_kernel": [
             variant(

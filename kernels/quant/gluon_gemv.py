@@ -196,12 +196,15 @@ if HAS_GLUON:
         _store_rows(out_ptr, acc, 1.0, rows, N)
 
     @gluon.jit
-    def _ring_plane_offs(N, stride, i, STEP: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr):
-        # a plane's copy offsets [STEP * BLOCK_N, 16] (16 elements a row and unit; layout L, a thread the elements
-        # it reads back), relative to the row's unit 0: slot row R is row R % BLOCK_N (clamped) of unit R // BLOCK_N
+    def _ring_plane_offs(
+        N, stride, i, STEP: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr, COLS: gl.constexpr = 16
+    ):
+        # a plane's copy offsets [STEP * BLOCK_N, COLS] (COLS elements a row and unit: 16, W8's 32 words; layout L, a
+        # thread the elements it reads back), relative to the row's unit 0: slot row R is row R % BLOCK_N (clamped)
+        # of unit R // BLOCK_N
         rr = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, L))
         r2 = gl.minimum(gl.program_id(0) * BLOCK_N + rr % BLOCK_N, N - 1).to(gl.int64)[:, None]
-        return r2 * stride + (rr // BLOCK_N * 16)[:, None] + i[None, :]
+        return r2 * stride + (rr // BLOCK_N * COLS)[:, None] + i[None, :]
 
     @gluon.jit
     def _ring_group_offs(N, codes_stride, high_stride, scales_stride, i, STEP: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -227,14 +230,15 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ring_slot(BLOCK_N: gl.constexpr, STEP: gl.constexpr, KIND: gl.constexpr):
-        # one ring slot of STEP units (KIND: the groupwise BITS 4/5/6, 0 NVFP4, 1 FP8 rows): code words [STEP * BLOCK_N,
+        # one ring slot of STEP units (KIND: the groupwise BITS 4/5/6/8, 0 NVFP4, 1 FP8 rows): code words [STEP * BLOCK_N,
         # 16] (unit-major: a unit's rows at a 64-byte pitch, so a quarter warp's two rows of 16-byte reads fill 128
         # consecutive bytes, no bank conflicts), Q5 / Q6's high bytes / halves (the code words again otherwise),
         # the scales (groupwise: a word a row, its two fp16 group scales [STEP * BLOCK_N]; NVFP4: the 8 E4M3 block
-        # scale bytes of a row [STEP * BLOCK_N, 8]). Allocations of their own: Triton's barrier analysis tells
+        # scale bytes of a row [STEP * BLOCK_N, 8]; W8: 32 code words and 2 scale words (4 fp16) a row and unit).
+        # Allocations of their own: Triton's barrier analysis tells
         # buffers apart, not parts of one, so a slot being read and another being filled need no barrier between.
         FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        codes = gl.allocate_shared_memory(gl.int32, [STEP * BLOCK_N, 16], FLAT)
+        codes = gl.allocate_shared_memory(gl.int32, [STEP * BLOCK_N, 32 if KIND == 8 else 16], FLAT)
         high = codes
         if KIND == 5:
             high = gl.allocate_shared_memory(gl.uint8, [STEP * BLOCK_N, 16], FLAT)
@@ -244,6 +248,8 @@ if HAS_GLUON:
             scales = gl.allocate_shared_memory(gl.uint8, [STEP * BLOCK_N, 8], FLAT)
         elif KIND == 1:
             scales = codes  # (FP8 rows: the row scale is read once, at the end)
+        elif KIND == 8:
+            scales = gl.allocate_shared_memory(gl.int32, [STEP * BLOCK_N, 2], FLAT)
         else:
             scales = gl.allocate_shared_memory(
                 gl.int32, [STEP * BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -258,12 +264,16 @@ if HAS_GLUON:
         # (groupwise) or 4 bytes (NVFP4: two copies, the 512-byte scale columns of blocks 0-3 and 4-7) a thread
         codes, high, scales = slot
         codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs = src
-        async_copy.async_copy_global_to_shared(codes, codes_ptr + code_offs + unit0 * 16)
+        async_copy.async_copy_global_to_shared(
+            codes, codes_ptr + code_offs + unit0 * (32 if KIND == 8 else 16)
+        )
         if KIND == 5 or KIND == 6:
             async_copy.async_copy_global_to_shared(high, high_ptr + high_offs + unit0 * 16)
         if KIND == 0:
             async_copy.async_copy_global_to_shared(scales, scales_ptr + sc_offs + unit0 * 1024)
-        if KIND >= 4:
+        if KIND == 8:
+            async_copy.async_copy_global_to_shared(scales, scales_ptr + sc_offs + unit0 * 2)
+        elif KIND >= 4:
             async_copy.async_copy_global_to_shared(scales, scales_ptr + sc_offs + unit0)
         async_copy.commit_group()
 
@@ -294,6 +304,19 @@ if HAS_GLUON:
                 acc = _nvfp4_unit(acc, w, sc, xw_ptr, unit0 + u, i, BLOCK_N, L)
             elif KIND == 1:
                 acc = _fp8_step(acc, w, xw_ptr, unit0 + u, i)
+            elif (
+                KIND == 8
+            ):  # W8: _quant_gemv_w8_pairs_kernel's unit, its 4 group scales from the slot's 2 words
+                words = scales.slice(u * BLOCK_N, BLOCK_N)
+                for j in gl.static_range(4):
+                    sw = words.slice(j // 2, 1, dim=1).load(L)  # [BLOCK_N, 1]
+                    sj = (
+                        ((sw >> (16 * (j % 2))) & 0xFFFF)
+                        .to(gl.int16)
+                        .to(gl.float16, bitcast=True)
+                        .to(gl.float32)
+                    )
+                    acc = _w8_group(acc, w, sj, xw_ptr, unit0 + u, i, j, consts)
             else:
                 g = w
                 if KIND == 5:  # as _pairs_load: byte i spread to bits 0..7 and 12..19
@@ -548,6 +571,49 @@ if HAS_GLUON:
                          "")  # fmt: skip
         _store_rows(out_ptr, acc, gl.load(scales_ptr + rows_c).to(gl.float32), rows, N)
 
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_w8_ring_kernel(
+        x_ptr,
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        codes_stride,
+        scales_stride,
+        UNITS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+        STEP: gl.constexpr,  # units a stage
+        STAGES: gl.constexpr,  # ring slots, 2..4
+        PDL: gl.constexpr,
+    ):
+        # _quant_gemv_w8_pairs_kernel's arithmetic (_w8_group), its code words (32 a row and unit) and scale words
+        # (int32 [N, K_pad / 64]: a unit's 4 fp16 group scales in 2 words; scales_stride in words) streamed through
+        # a ring of STAGES shared-memory slots by cp.async (_ring_start / _ring_loop; see _quant_gemv_ring_kernel)
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NUM_WARPS, 1], [1, 0])
+        LW: gl.constexpr = gl.BlockedLayout(
+            [1, 1], [16, 2], [NUM_WARPS, 1], [1, 0]
+        )  # a thread one scale word
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 32, L)
+        code_offs = _ring_plane_offs(N, codes_stride, i, STEP, BLOCK_N, L, 32)
+        rw = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, LW))
+        sc_rows = gl.minimum(gl.program_id(0) * BLOCK_N + rw % BLOCK_N, N - 1).to(gl.int64) * scales_stride
+        sc_offs = (sc_rows + rw // BLOCK_N * 2)[:, None] + gl.arange(0, 2, layout=gl.SliceLayout(0, LW))[
+            None, :
+        ]
+        u0 = gl.program_id(1) * UNITS_SPLIT
+        ring, src = _ring_start(codes_ptr, codes_ptr, scales_ptr, code_offs, code_offs, sc_offs, u0, UNITS_SPLIT // STEP,
+                                STAGES, STEP, 8, BLOCK_N)  # fmt: skip
+        pdl_wait(
+            PDL
+        )  # kernels/pdl.py: the first stages' WEIGHT words and scales above, x and the output only below
+        pdl_launch_dependents(PDL)
+        magic = gl.full([BLOCK_N, 32], 0x4B000000, gl.int32, layout=L)
+        acc = gl.zeros([BLOCK_N, 32], gl.float32, layout=L)
+        acc = _ring_loop(acc, ring, src, x_ptr, u0, i, magic, UNITS_SPLIT // STEP, STAGES, STEP, 8, BLOCK_N, L,
+                         "")  # fmt: skip
+        _store_rows(out_ptr, acc, 1.0, rows, N)
+
     @gluon.jit
     def _mma_unit(acc, w, g, s0, s1, x_ptrs, x_mask, unit, magic, BITS: gl.constexpr, ASM: gl.constexpr):
         # acc [BLOCK_N, 16] (int32 bits of fp32) += one unit's products on the tensor cores: per group (pair
@@ -762,6 +828,16 @@ if HAS_GLUON:
             sc = sc_n
         _store_rows(out_ptr, acc, out_scale, rows, N)
 
+    @gluon.jit
+    def _w8_group(acc, w, s, x_ptr, unit, i, j: gl.constexpr, magic):
+        # acc [BLOCK_N, 32] += group j of a W8 unit: byte j of each word as the float32 2^23 + u (one mask-and-or),
+        # one fma with x and -(2^23 + 128) x (exact: 24 significant bits) gives code * x rounded once, a second adds
+        # it times the group's scale s [BLOCK_N, 1]
+        f = _pairs_and_or(w >> (8 * j), 0xFF, magic).to(gl.float32, bitcast=True)
+        x = gl.load(x_ptr + unit * 128 + 32 * j + i).to(gl.float32)[None, :]
+        t = gl.fma(f, x, x * -8388736.0)  # (2^23 + u) x - (2^23 + 128) x = code x, rounded once
+        return gl.fma(t, s, acc)
+
     @gluon.jit(do_not_specialize=["N"])
     def _quant_gemv_w8_pairs_kernel(
         x_ptr,
@@ -796,10 +872,8 @@ if HAS_GLUON:
         for unit in range(u0, u0 + UNITS_SPLIT):
             w_n = _weight_step_load(codes_ptr, w_offs, gl.minimum(unit + 1, last), 32)
             for j in gl.static_range(4):
-                f = _pairs_and_or(w >> (8 * j), 0xFF, magic).to(gl.float32, bitcast=True)
-                x = gl.load(x_ptr + unit * 128 + 32 * j + i).to(gl.float32)[None, :]
-                t = gl.fma(f, x, x * -8388736.0)  # (2^23 + u) x - (2^23 + 128) x = code x, rounded once
-                s = gl.load(s_ptrs + unit * 4 + j).to(gl.float32)
-                acc = gl.fma(t, s[:, None], acc)
+                acc = _w8_group(
+                    acc, w, gl.load(s_ptrs + unit * 4 + j).to(gl.float32)[:, None], x_ptr, unit, i, j, magic
+                )
             w = w_n
         _store_rows(out_ptr, acc, 1.0, rows, N)

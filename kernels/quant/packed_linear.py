@@ -37,6 +37,7 @@ if HAS_TRITON:
             _quant_gemv_pairs_kernel,
             _quant_gemv_ring_kernel,
             _quant_gemv_w8_pairs_kernel,
+            _quant_gemv_w8_ring_kernel,
         )
 
 # the Triton kernel's MODE: tensor cores (T <= 8), CUDA cores (T = 1 only). The "pairs" tiles (T = 1, bf16 x,
@@ -103,6 +104,7 @@ GEMV_VARIANTS: dict[str, GemvVariant] = {
     "ring_n64s1": GemvVariant(64, 1, 4, 0, "ring", 4),
     "ring_n32w2s2": GemvVariant(32, 2, 2, 0, "ring", 4),
     "ring_n128s1": GemvVariant(128, 1, 4, 0, "ring", 4),
+    "ring_n32s2": GemvVariant(32, 2, 4, 0, "ring", 4),  # (W8's: 2 rows a thread)
     # the tensor-core kernel's arithmetic (1..8 rows of x) through the same ring (_quant_gemv_mma_ring_kernel)
     "mmaring_n64s2": GemvVariant(64, 2, 4, 0, "mma_ring", 4),
     "mmaring_n128s1": GemvVariant(128, 1, 4, 0, "mma_ring", 4),
@@ -165,6 +167,8 @@ RING_RESIDENT = {
     ("ring", 6, 64, 4, 1, 4): 6,  # ring_n64s1: 80 registers, 25 KiB
     ("ring", 4, 32, 2, 2, 4): 10,  # ring_n32w2s2: 96 registers x 64 threads, 17 KiB
     ("ring", 4, 128, 4, 1, 4): 6,  # ring_n128s1: 80 registers, 34 KiB
+    ("ring", 8, 32, 4, 2, 4): 6,  # W8 ring_n32s2: 80 registers, 34 KiB (32 words a row and unit)
+    ("ring", 8, 64, 4, 1, 4): 7,  # W8 ring_n64s1: 72 registers, 17 KiB
     ("mma_ring", 4, 64, 4, 2, 4): 6,  # mmaring_n64s2: 72 registers, 34 KiB
     ("mma_ring", 5, 64, 4, 2, 4): 5,  # 80 registers, 42 KiB
     ("mma_ring", 6, 128, 4, 1, 4): 3,  # mmaring_n128s1: 148 registers
@@ -237,8 +241,8 @@ def packed_tiles(
     else:
         split = _wave_split(units, step, tiles_n, sms * resident)
     step = (
-        1 if GROUP_FORMATS[fmt].bits == 8 and v.mode in PAIR_MODES else step
-    )  # W8's kernel: one unit a step
+        1 if GROUP_FORMATS[fmt].bits == 8 and v.mode in PAIR_MODES and v.mode != "ring" else step
+    )  # W8's pairs / mma tiles: its Gluon kernel walks one unit a step (its ring kernel takes step_units)
     return PackedTiles(block_n, step, v.num_warps, split, v.mode, v.num_stages)
 
 
@@ -275,7 +279,9 @@ def _gluon_mode(tiles: PackedTiles, x: torch.Tensor, qw: QuantWeight) -> str | N
     if tiles.mode not in PAIR_MODES or not HAS_GLUON or INTERPRET:
         return None
     if bits == 8:
-        return "w8" if pairs_ok(x, qw) else None
+        if not pairs_ok(x, qw):
+            return None
+        return "w8_ring" if tiles.mode == "ring" and ring_ok(qw) else "w8"
     if tiles.mode == "mma":
         return "mma" if pairs_ok(x, qw, 8) else None
     if tiles.mode == "mma_ring":
@@ -317,7 +323,13 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
     words, high = _planes(qw)
     bits = GROUP_FORMATS[qw.format].bits
     grid = (triton.cdiv(n, tiles.block_n), tiles.split_k)
-    if gluon == "w8":
+    if gluon == "w8_ring":
+        _quant_gemv_w8_ring_kernel[grid](
+            x[0], words, qw.scales.view(torch.int32), target, n, words.stride(0), qw.scales.stride(0) // 2,
+            UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,
+            STEP=tiles.step_units, STAGES=tiles.num_stages, num_warps=tiles.num_warps, **pdl_args(x.device),
+        )  # fmt: skip
+    elif gluon == "w8":
         _quant_gemv_w8_pairs_kernel[grid](
             x[0], words, qw.scales, target, n, words.stride(0), qw.scales.stride(0),
             UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,

@@ -71,6 +71,7 @@ KNOWN_KERNELS = {
     "_quant_gemv_mma_ring_kernel",
     "_quant_gemv_nvfp4_ring_kernel",
     "_quant_gemv_fp8_ring_kernel",
+    "_quant_gemv_w8_ring_kernel",
 }
 # the PDL kernels that load their first step of WEIGHT planes before griddepcontrol.wait (kernels/pdl.py; the source
 # side: tests/kernels/test_pdl.py's WEIGHT_LOADS_BEFORE_WAIT), and the arguments those loads may read
@@ -78,6 +79,7 @@ WEIGHTS_FIRST = {
     "_quant_gemv_packed_kernel", "_quant_gemv_pairs_kernel", "_quant_gemv_mma_kernel", "_quant_gemv_w8_pairs_kernel",
     "_quant_gemv_fp8_rows_kernel", "_quant_gemv_nvfp4_rows_kernel", "_quant_gemv_ring_kernel",
     "_quant_gemv_mma_ring_kernel", "_quant_gemv_nvfp4_ring_kernel", "_quant_gemv_fp8_ring_kernel",
+    "_quant_gemv_w8_ring_kernel",
 }  # fmt: skip
 WEIGHT_POINTERS = {"codes_ptr", "high_ptr", "scales_ptr"}
 

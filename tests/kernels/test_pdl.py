@@ -37,6 +37,7 @@ WEIGHT_LOADS_BEFORE_WAIT = {
     "_quant_gemv_mma_ring_kernel": {"_ring_start"},
     "_quant_gemv_nvfp4_ring_kernel": {"_ring_start"},
     "_quant_gemv_fp8_ring_kernel": {"_ring_start"},
+    "_quant_gemv_w8_ring_kernel": {"_ring_start"},
 }
 WEIGHT_POINTERS = {"codes_ptr", "high_ptr", "scales_ptr"}
 MEMORY_CALLS = {"load", "store", "atomic_add", "atomic_cas", "atomic_xchg", "atomic_max", "atomic_min"}
@@ -415,7 +416,8 @@ def test_quant_gemv_with_pdl_is_bitwise_without(
 @pytest.mark.parametrize(
     ("fmt", "rows", "variant"),
     [("Q4G64_F16S", 1, "ring_n64s2"), ("Q6G64_F16S", 1, "ring_n64s1"), ("Q5G64_F16S", 4, "mmaring_n64s2"),
-     ("FP8_E4M3FN_ROW_BF16S", 1, "ring"), ("NVFP4", 1, "ring")],
+     ("W8G32_F16S", 1, "ring_n32s2"), ("FP8_E4M3FN_ROW_BF16S", 1, "ring"),
+     ("NVFP4", 1, "ring")],
 )  # fmt: skip
 def test_ring_gemv_with_pdl_is_bitwise_without(
     monkeypatch: pytest.MonkeyPatch, device: str, fmt: str, rows: int, variant: str

@@ -88,13 +88,13 @@ def test_pairs_mode(fmt, device, assert_close):
     )
 
 
-@pytest.mark.parametrize("fmt", [Q4, Q5, Q6])
+@pytest.mark.parametrize("fmt", [Q4, Q5, Q6, W8])
 def test_ring_mode(fmt, device, assert_close):
-    """The "ring" tiles (on a GPU the cp.async ring kernel, _quant_gemv_ring_kernel; the interpreter runs the Triton
-    CUDA-core mode): fewer stages than slots (one unit, empty copy groups), exactly as many, several passes of
-    the ring with a last partial pass, split K, one and two units a slot, N below a tile and odd (the clamped
-    rows), a row view of a fused parent, x a column slice; on the GPU each is bitwise the pairs kernel (the same
-    arithmetic in the same order)."""
+    """The "ring" tiles (on a GPU the cp.async ring kernels, _quant_gemv_ring_kernel and W8's
+    _quant_gemv_w8_ring_kernel; the interpreter runs the Triton CUDA-core mode): fewer stages than slots (one unit,
+    empty copy groups), exactly as many, several passes of the ring with a last partial pass, split K, one and two
+    units a slot, N below a tile and odd (the clamped rows), a row view of a fused parent, x a column slice; on the
+    GPU each is bitwise the pairs kernel (W8: its Gluon pairs kernel; the same arithmetic in the same order)."""
     from kernels.quant.gluon_gemv import HAS_GLUON
 
     assert HAS_GLUON or device == "cpu", "the GPU's Triton has no Gluon: the ring tiles would not run it"
@@ -106,6 +106,7 @@ def test_ring_mode(fmt, device, assert_close):
         (20, 2048, "ring_n64s2st3"),
         (300, 1024, "ring_n32w2s2"),
         (200, 1280, "ring_n128s1"),
+        (300, 2048, "ring_n32s2"),
     ):
         qw = _weight(fmt, n, k, device)
         x = torch.randn(1, k + 8, device=device).bfloat16()[:, 4 : 4 + k]

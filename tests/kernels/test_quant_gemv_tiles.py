@@ -21,12 +21,7 @@ def test_splits_are_whole_steps(fmt, n, k, variant):
     units = k // 128
     assert units % (tiles.split_k * tiles.step_units) == 0, tiles
     assert tiles.block_n >= 16 and tiles.mode in ("dot", "fma", "pairs", "mma", "ring", "mma_ring")
-    if fmt == W8 and tiles.mode in (
-        "pairs",
-        "mma",
-        "ring",
-        "mma_ring",
-    ):  # W8's Gluon kernel walks one unit a step
+    if fmt == W8 and tiles.mode in ("pairs", "mma", "mma_ring"):  # W8's pairs kernel walks one unit a step
         assert tiles.step_units == 1
     if tiles.mode in ("mma", "mma_ring"):  # the MMA kernels' layout: 16 rows a warp
         assert tiles.block_n % (16 * tiles.num_warps) == 0
