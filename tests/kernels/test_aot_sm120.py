@@ -62,6 +62,7 @@ KNOWN_KERNELS = {
     "_quant_dequant_packed_kernel",
     "_apply_token_bitmask_kernel",
     "_qk_norm_rope_store_kernel",
+    "_copy_state_slots_kernel",
 }
 
 
