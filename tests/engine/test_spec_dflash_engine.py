@@ -11,13 +11,12 @@ random draw of the target), loaded once for the module.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from pathlib import Path
 
 import pytest
 import torch
-from engine_harness import _root, one_thread, prompt, run, tiny_artifact, tiny_loaded
+from engine_harness import _root, agreeing_drafts, one_thread, prompt, run, tiny_artifact, tiny_loaded
 
 from engine.artifact.container import read_artifact, write_artifact
 from engine.config import EngineConfig
@@ -119,19 +118,7 @@ def test_drafts_that_always_agree_commit_k_plus_one_per_round():
     engine = core(k, max_concurrency=3)
     spec = engine.runner.spec
     assert spec is not None
-    real = spec.run
-
-    def oracle(rows, history, plain_sample):
-        out = real(rows, history, plain_sample)
-        drafts = list(out.drafts)
-        for i, row in enumerate(rows):
-            if drafts[i]:
-                n = len(history[row.request_id])
-                truth = want[row.request_id][n : n + len(drafts[i])]
-                drafts[i] = tuple(truth) + (7,) * (len(drafts[i]) - len(truth))
-        return dataclasses.replace(out, drafts=tuple(drafts))
-
-    spec.run = oracle  # type: ignore[method-assign]
+    agreeing_drafts(spec, want)
     got = run(engine, [prompt(n, s) for s, n in enumerate(LENGTHS)], params)[0]
     assert got == list(want.values())
     stats = engine.scheduler.spec_stats

@@ -10,13 +10,12 @@ rollback error); float32 keeps the comparison about the algorithm. Run on the de
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
 import pytest
 import torch
-from engine_harness import prompt, run, tiny_artifact
+from engine_harness import agreeing_drafts, prompt, run, tiny_artifact
 
 from engine.config import EngineConfig
 from engine.core import EngineCore, LoadedArtifact, load_artifact
@@ -86,20 +85,9 @@ def test_always_agreeing_drafts_on_the_gpu(copy, monkeypatch):
     engine = core("dense", max_concurrency=4, spec="mtp", draft_tokens=3)
     spec = engine.runner.spec
     assert spec is not None
-    real = spec.run
-    truth = {f"r{i}": w for i, w in enumerate(want)}
-
-    def run_step(rows, history, plain_sample):  # the drafts of every round (the one-wait round's too)
-        out = real(rows, history, plain_sample)
-        drafts = list(out.drafts)
-        for i, row in enumerate(rows):
-            if drafts[i]:
-                n = len(history[row.request_id])
-                t = truth[row.request_id][n : n + len(drafts[i])]
-                drafts[i] = tuple(t) + (7,) * (len(drafts[i]) - len(t))
-        return dataclasses.replace(out, drafts=tuple(drafts))
-
-    spec.run = run_step  # type: ignore[method-assign]
+    agreeing_drafts(
+        spec, {f"r{i}": w for i, w in enumerate(want)}
+    )  # every round's drafts, the one-wait rounds' too
     assert run(engine, prompts, GREEDY)[0] == want
     stats = engine.scheduler.spec_stats
     assert stats.accepted == stats.drafted > 0
