@@ -92,6 +92,15 @@ def quant_moe_mode() -> str:
     return _dispatch.QUANT_MOE_MODE
 
 
+def quant_moe_shared_mode() -> str:
+    """`NINFER_QUANT_MOE_SHARED`: `fused` (the default: a quantized MoE layer's decode adds the shared expert, gated,
+    inside its expert kernels) or `separate` (the gate, product and add as launches of their own).
+    Read once when `kernels` is imported (`kernels._dispatch.QUANT_MOE_SHARED`)."""
+    from kernels import _dispatch
+
+    return _dispatch.QUANT_MOE_SHARED
+
+
 def int8_attention_mode() -> str:
     """`NINFER_INT8_ATTENTION`: `grouped` (the default) or `keys_major`: which build of the grouped INT8 decode
     attention (int8 KV, 16-bit queries) runs; `keys_major` puts the keys on the MMAs' rows (half the MMAs, 128
@@ -108,6 +117,15 @@ def pdl_mode() -> str:
     from kernels import _dispatch
 
     return _dispatch.PDL_MODE
+
+
+def fp_one_row_mode() -> str:
+    """`NINFER_FP_ONE_ROW`: `rows` (the default) or `ring`: the one-row decode GEMV of NVFP4 and FP8 rows prefetches
+    the next step's words in registers (`rows`) or streams the weight bytes through a cp.async ring of shared-memory
+    slots (`ring`). Read once when `kernels` is imported (`kernels._dispatch.FP_ONE_ROW`)."""
+    from kernels import _dispatch
+
+    return _dispatch.FP_ONE_ROW
 
 
 def rollback_copy_mode() -> str:

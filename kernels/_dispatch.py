@@ -15,6 +15,12 @@ for every linear of at most 8 rows wherever the kernels run Triton).
 variants for the groupwise-int decode GEMV of one row, of 2..8 rows, of one W8 row (for measuring a variant end to
 end; unset: the measured tables; an unknown name is refused when that module is imported).
 
+``NINFER_FP_ONE_ROW`` picks the one-row decode GEMV of NVFP4 and FP8 rows (``kernels.quant.quant_linear``): ``rows``
+(the default: ``gluon_gemv``'s ``_quant_gemv_nvfp4_rows_kernel`` / ``_quant_gemv_fp8_rows_kernel``, the next step's
+words prefetched in registers) or ``ring`` (the same arithmetic, the weight bytes streamed through a cp.async ring of
+shared-memory slots, ``_quant_gemv_nvfp4_ring_kernel`` / ``_quant_gemv_fp8_ring_kernel``). Waits for an H200
+measurement before it becomes the default.
+
 ``NINFER_ATTN_FUSE`` picks how gated attention runs where the kernels run Triton: ``off`` (the default: the q and k
 norms, the RoPE and the K/V store are four launches, the output gate one more after the decode reduce) or ``on``
 (``kernels.attention.fuse.qk_norm_rope_store``: norms, RoPE and a float cache's store in one launch; decode's
@@ -41,6 +47,12 @@ sums them in the same order: no reduce launch, bitwise the same outputs).
 (``kernels.quant.triton_moe``: ~8x the programs a token, whole-chunk tiles whose loads are all issued before the
 arithmetic); both batch invariant, neither bitwise the other (they sum in different orders). ``v2`` waits for an
 H200 measurement (``bench/kernels/quant.py --moe-only``) before it becomes the default.
+
+``NINFER_QUANT_MOE_SHARED`` picks where a quantized MoE layer's decode (``engine/model/quant_experts.py``) adds the
+shared expert: ``fused`` (the default: its sigmoid gate computed by the gate_up kernel, its gated output added by
+the down kernel before the one rounding, ``quant_moe_experts(..., shared, shared_gate)``: no launch of its own) or
+``separate`` (session 11's: the gate GEMV, sigmoid and product by the block, the add by one more launch; the A/B
+for the H200 measurement, and a way back).
 
 ``NINFER_INT8_ATTENTION`` picks the build of the grouped INT8 decode attention (int8 KV with 16-bit queries,
 ``kernels.attention.decode_int8``): ``grouped`` (the default: query heads as the MMAs' rows, [heads, keys] scores) or
@@ -118,9 +130,19 @@ def parse_quant_moe_mode(value: str) -> str:
     return _parse("NINFER_QUANT_MOE", value, ("v1", "v2"))
 
 
+def parse_quant_moe_shared_mode(value: str) -> str:
+    """``NINFER_QUANT_MOE_SHARED``'s value, normalised: ``fused`` or ``separate``; ValueError for anything else."""
+    return _parse("NINFER_QUANT_MOE_SHARED", value, ("fused", "separate"))
+
+
 def parse_int8_attention_mode(value: str) -> str:
     """``NINFER_INT8_ATTENTION``'s value, normalised: ``grouped`` or ``keys_major``; ValueError for anything else."""
     return _parse("NINFER_INT8_ATTENTION", value, ("grouped", "keys_major"))
+
+
+def parse_fp_one_row_mode(value: str) -> str:
+    """``NINFER_FP_ONE_ROW``'s value, normalised: ``rows`` or ``ring``; ValueError for anything else."""
+    return _parse("NINFER_FP_ONE_ROW", value, ("rows", "ring"))
 
 
 def parse_pdl_mode(value: str) -> str:
@@ -150,8 +172,10 @@ QUANT_GEMV_MODE = parse_quant_gemv_mode(os.environ.get("NINFER_QUANT_GEMV", "pac
 MOE_ROUTER_MODE = parse_moe_router_mode(os.environ.get("NINFER_MOE_ROUTER", "split"))
 SPLITK_REDUCE = parse_splitk_reduce_mode(os.environ.get("NINFER_SPLITK_REDUCE", "launch"))
 QUANT_MOE_MODE = parse_quant_moe_mode(os.environ.get("NINFER_QUANT_MOE", "v1"))
+QUANT_MOE_SHARED = parse_quant_moe_shared_mode(os.environ.get("NINFER_QUANT_MOE_SHARED", "fused"))
 INT8_ATTENTION = parse_int8_attention_mode(os.environ.get("NINFER_INT8_ATTENTION", "grouped"))
 PDL_MODE = parse_pdl_mode(os.environ.get("NINFER_PDL", "off"))
+FP_ONE_ROW = parse_fp_one_row_mode(os.environ.get("NINFER_FP_ONE_ROW", "rows"))
 ROLLBACK_COPY = parse_rollback_copy_mode(os.environ.get("NINFER_ROLLBACK_COPY", "gather"))
 
 

@@ -13,7 +13,7 @@ GPU of compute capability 9.0 or more and Triton's interpreter is off; ``PDL=Fal
 before this switch: every ``pdl_*`` helper compiles to nothing) everywhere else. NOTE: Triton's interpreter cannot
 run inline PTX, so under ``TRITON_INTERPRET=1`` PDL is always off and ``launch_pdl`` is never passed.
 
-THE CORRECTNESS RULE (tests/kernels/test_pdl.py checks the first half from the source): EVERY kernel whose
+THE CORRECTNESS RULE (tests/kernels/test_pdl.py checks it from the source, test_aot_sm120.py in the PTX): EVERY kernel whose
 launcher passes ``pdl_args`` takes a ``PDL: tl.constexpr`` and calls ``pdl_wait(PDL)`` before it reads anything an
 earlier kernel may have written (activations, KV pages, GDN and conv state, page tables, positions and slot
 mappings the runner uploads, counters) and before it writes anything (an earlier kernel may still be reading
@@ -33,9 +33,17 @@ while this kernel runs.
 Converted: the bf16 GEMV and its split-K reduce (``kernels.linear``; the reduce also after the quantized GEMVs), the
 norms, RoPE, the K/V store, SiLU-mul and the sigmoid gate, GDN and conv decode, MoE routing, experts and combine, the
 fused router, the quantized few-row GEMV (``kernels.quant.triton_gemv``: its first unit of weight planes is loaded
-before the wait) and the NVFP4 / FP8 Triton GEMVs. Not yet (plain launches, which is safe): decode attention and its
-reduce (``kernels.attention.decode`` / ``decode_int8`` / ``fuse``), ``kernels.quant.triton_group`` and the quantized
-MoE experts, the Gluon GEMVs, prefill-only kernels, cuBLAS and torch ops.
+before the wait), the NVFP4 / FP8 Triton GEMVs; and (session 12) the decode attention, bf16 and the int8 grouped and
+keys-major kernels, and its reduce (``kernels.attention.decode`` / ``decode_int8``), the fused attention prologue
+(``kernels.attention.fuse``), the quantized MoE experts v1 and v2 and the stored-layout group GEMV
+(``kernels.quant.triton_group`` / ``triton_moe``: their rows hang on the routed expert ids, so they wait first), and the
+Gluon GEMVs (``kernels.quant.gluon_gemv``: pairs, mma, W8 pairs, FP8 rows, NVFP4 rows), which load their split's first
+step of weight planes (codes, high bits, scales) before the wait. A Gluon kernel calls the same ``pdl_wait`` /
+``pdl_launch_dependents`` (a ``triton.jit`` helper called from a ``gluon.jit`` kernel is generated in Gluon) and
+launches with the same ``launch_pdl`` option (``GluonJITFunction`` is a ``JITFunction``: the option reaches
+``CUDAOptions.launch_pdl`` and the driver's launch attribute). tests/kernels/test_aot_sm120.py traces, in each PDL
+build's PTX, the address of every load before the wait back to the kernel's arguments: weight planes only. Not yet
+(plain launches, which is safe): prefill-only kernels, the dequantize kernels, cuBLAS and torch ops.
 """
 
 from __future__ import annotations

@@ -194,13 +194,18 @@ def _torch_free_module(path: Path, out_dir: Path) -> ModuleType:
     kernel package (kernels/attention/decode.py) brings its siblings' jit functions too: its kernels call the
     helpers they share (kernels/attention/int8.py's ``_dequantize_tile``); so does every top-level kernels
     module it imports from (kernels/moe_router.py calls kernels/linear.py's ``gemv_split_tile``). The module's
-    own functions come last, so they win a clash of names."""
+    own functions come last, so they win a clash of names. The siblings' imports come too (kernels/quant/
+    triton_moe.py calls triton_group.py's helpers, which call kernels/moe.py's ``_moe_shared_weight``)."""
     siblings = [] if path.parent.name == KERNELS_DIR.name else sorted(set(path.parent.glob("*.py")) - {path})
     chunks = [
         "import triton\nimport triton.language as tl\n"
         "from triton.experimental import gluon\nfrom triton.experimental.gluon import language as gl\n"
+        "from triton.experimental.gluon.language.nvidia.ampere import async_copy\n"
     ]
-    for file in (*_imported_kernel_modules(path), *siblings, path):
+    imported: list[Path] = []
+    for file in (path, *siblings):
+        imported += [m for m in _imported_kernel_modules(file) if m not in imported and m not in siblings]
+    for file in (*imported, *siblings, path):
         source = file.read_text()
         lines = source.splitlines()
         for fn in _jit_functions(ast.parse(source)):
@@ -257,6 +262,65 @@ def memory_ops_before_wait(ptx: str) -> int | None:
     return None if at < 0 else len(_GLOBAL_MEMORY_OP.findall(ptx[:at]))
 
 
+_PARAM = re.compile(r"\[\s*\w+_param_(\d+)\s*\]")
+_REGISTER = re.compile(r"%\w+")
+_PREDICATE = re.compile(r"^@!?%\w+\s+")
+
+
+def _operands(text: str) -> list[str]:
+    """A PTX statement's operands, split at the commas outside braces and brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "{[" or -(ch in "}]")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [*parts, text[start:].strip()] if text.strip() else parts
+
+
+def reads_before_wait(ptx: str, params: list[str]) -> dict[str, Any] | None:
+    """What the PTX does to global memory before its first ``griddepcontrol.wait``: ``loads_from``, the kernel
+    arguments (``params``: the non-constexpr arguments in order, the PTX's ``_param_<i>``) that the addresses of its
+    global loads and async copies derive from (a register's sources followed through every instruction, from the
+    ``ld.param`` that read them), the ``_ptr`` ones sorted; ``writes``, its stores and atomics. None when there is
+    no wait. A kernel that loads its first WEIGHT tiles before the wait (kernels/pdl.py) must show only weight
+    pointers there and no write; L2 prefetches are not loads."""
+    at = ptx.find("griddepcontrol.wait")
+    if at < 0:
+        return None
+    sources: dict[str, set[int]] = {}  # register -> the params it derives from
+    loads: set[int] = set()
+    writes = 0
+    for line in ptx[:at].splitlines():
+        for statement in line.split("//")[0].split(";"):
+            statement = _PREDICATE.sub("", statement.strip().lstrip("{").rstrip("}").strip())
+            if not statement or statement.startswith((".", "$")):
+                continue
+            opcode, _, rest = statement.partition(" ")
+            ops = _operands(rest)
+            if opcode.startswith(("st.", "atom.", "red.")):
+                writes += 1
+                continue
+            if not ops or opcode.startswith("prefetch"):
+                continue
+            if opcode.startswith("ld.param"):
+                found = _PARAM.search(rest)
+                derived = {int(found.group(1))} if found else set()
+            else:
+                derived = set().union(
+                    *(sources.get(r, set()) for op in ops[1:] for r in _REGISTER.findall(op))
+                )
+            if opcode.startswith(("ld.global", "cp.async")):
+                address = [op for op in ops if op.startswith("[")]
+                loads |= set().union(
+                    *(sources.get(r, set()) for op in address for r in _REGISTER.findall(op))
+                )
+            for register in _REGISTER.findall(ops[0]):
+                sources[register] = derived
+    names = [params[i] for i in sorted(loads) if i < len(params)]
+    return {"loads_from": sorted(n for n in names if n.endswith("_ptr")), "writes": writes}
+
+
 def compile_all(
     targets: tuple[str, ...] = DEFAULT_TARGETS, kernels_dir: Path = KERNELS_DIR, only: str | None = None
 ) -> dict[str, Any]:
@@ -307,7 +371,9 @@ def compile_all(
                             options=compile_options(variant),
                         )
                     except Exception as exc:  # noqa: BLE001  (recorded per row; the caller fails on it)
-                        row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[-4000:])
+                        row.update(
+                            ok=False, error=f"{type(exc).__name__}: {exc} <- {exc.__cause__!r}"[-4000:]
+                        )
                         rows.append(row)
                         continue
                     cubin = compiled.asm.get("cubin", b"")
@@ -320,6 +386,7 @@ def compile_all(
                         ptx_target=_ptx_target(ptx),
                         griddepcontrol_wait=ptx.count("griddepcontrol.wait"),
                         memory_ops_before_wait=memory_ops_before_wait(ptx),
+                        before_wait=reads_before_wait(ptx, [a for a in kernel.args if sig[a] != "constexpr"]),
                         triton_shared_bytes=meta.shared,
                         **(_resource_usage(cuobjdump, cubin, work) if cubin else {}),
                     )

@@ -26,19 +26,16 @@ def _mma_group_asm(bits: int) -> str:
 
 
 _GROUP_PTRS = {"x_ptr": "bf16", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16"}
-# quant_moe_experts' two kernels (v1 and v2 alike): bf16 x and output, fp32 routing weights and act, int64 ids
+# quant_moe_experts' two kernels (v1 and v2 alike): bf16 x and output, fp32 routing weights and act, int64 ids; the
+# shared expert's bf16 output and gate score, its fp32 gate (the model's decode: SHARED_GATE / SHARED=2)
 _MOE_GATE_UP_PTRS = {
     "x_ptr": "bf16", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16", "ids_ptr": "i64",
-    "weights_ptr": "fp32", "act_ptr": "fp32",
+    "weights_ptr": "fp32", "act_ptr": "fp32", "score_ptr": "bf16", "gate_ptr": "fp32",
 }  # fmt: skip
 _MOE_DOWN_PTRS = {
-    "act_ptr": "fp32",
-    "codes_ptr": "u8",
-    "high_ptr": "u8",
-    "scales_ptr": "fp16",
-    "ids_ptr": "i64",
-    "out_ptr": "bf16",
-}
+    "act_ptr": "fp32", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16", "ids_ptr": "i64",
+    "out_ptr": "bf16", "shared_ptr": "bf16", "gate_ptr": "fp32",
+}  # fmt: skip
 _GROUP_ALIGNED = ("x_stride", "codes_stride", "high_stride", "scales_stride")
 # (label, format bits, group, K, split): one shape per code path (each BITS; split and unsplit), to keep the
 # compile short, with gemv_tiles' split (K is split until the grid has MIN_PROGRAMS = 1024 programs): the
@@ -132,6 +129,71 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 ("27B Q6 head K=5120", 6, 40, 40, 32, 1),
             )
         ],
+        # the cp.async ring one-row GEMV (packed_linear "ring" tiles): the pairs kernel's arithmetic, its weight bytes
+        # through STAGES shared-memory slots; scales as int32 words (a unit's two fp16 scales)
+        "_quant_gemv_ring_kernel": [
+            variant(
+                label,
+                {
+                    "xw_ptr": "i32",
+                    "codes_ptr": "i32",
+                    "high_ptr": {5: "u8", 6: "i16"}.get(bits, "i32"),
+                    "scales_ptr": "i32",
+                    "out_ptr": "fp32" if units_split < units else "bf16",
+                },
+                dict(
+                    BITS=bits,
+                    UNITS_SPLIT=units_split,
+                    BLOCK_N=block_n,
+                    NUM_WARPS=warps,
+                    STEP=step,
+                    STAGES=stages,
+                ),
+                aligned=("codes_stride", "high_stride"),
+                num_warps=warps,
+            )  # fmt: skip
+            for label, bits, units, units_split, block_n, step, stages, warps in (
+                ("27B Q4 7168x5120 split 5, ring_n64s2", 4, 40, 8, 64, 2, 4, 4),
+                ("27B Q5 5120x17408 split 4, ring_n64s2", 5, 136, 34, 64, 2, 4, 4),
+                ("27B Q6 head K=5120, ring_n64s2", 6, 40, 40, 64, 2, 4, 4),
+                ("27B Q5 5120x6144 split 6, ring_n64s2st3", 5, 48, 8, 64, 2, 3, 4),
+                ("27B Q6 head K=5120, ring_n64s1", 6, 40, 40, 64, 1, 4, 4),
+                ("27B Q4 34816x5120 split 2, ring_n32w2s2", 4, 40, 20, 32, 2, 4, 2),
+                ("27B Q4 4096x5120 split 10, ring_n128s1", 4, 40, 4, 128, 1, 4, 4),
+                ("one unit a program (empty copy groups)", 4, 40, 1, 64, 1, 4, 4),
+            )
+        ],
+        # the tensor-core GEMV (1..8 rows of x) through the same cp.async ring (packed_linear "mmaring_*" tiles)
+        "_quant_gemv_mma_ring_kernel": [
+            variant(
+                label,
+                {
+                    "xw_ptr": "i32",
+                    "codes_ptr": "i32",
+                    "high_ptr": {5: "u8", 6: "i16"}.get(bits, "i32"),
+                    "scales_ptr": "i32",
+                    "out_ptr": "fp32" if units_split < units else "bf16",
+                },
+                dict(
+                    T=t,
+                    BITS=bits,
+                    UNITS_SPLIT=units_split,
+                    BLOCK_N=block_n,
+                    NUM_WARPS=warps,
+                    STEP=step,
+                    STAGES=stages,
+                    ASM=_mma_group_asm(bits),
+                ),
+                aligned=("xw_stride", "codes_stride", "high_stride"),
+                num_warps=warps,
+            )  # fmt: skip
+            for label, t, bits, units, units_split, block_n, step, stages, warps in (
+                ("27B Q4 7168x5120 T=8 split 5, mmaring_n64s2", 8, 4, 40, 8, 64, 2, 4, 4),
+                ("27B Q5 5120x17408 T=4 split 4, mmaring_n64s2", 4, 5, 136, 34, 64, 2, 4, 4),
+                ("27B Q6 head K=5120 T=4, mmaring_n128s1", 4, 6, 40, 40, 128, 1, 4, 4),
+                ("27B Q4 34816x5120 T=8 split 2, mmaring_n32w2s2", 8, 4, 40, 20, 32, 2, 4, 2),
+            )
+        ],
         # the tensor-core one-row GEMV on the same loads (packed_linear "mma" tiles: 64 or 128 rows, 4 warps)
         "_quant_gemv_mma_kernel": [
             variant(
@@ -194,6 +256,34 @@ def variants(variant: Any) -> dict[str, list[Any]]:
             for label, steps, out in (
                 ("27B NVFP4 34816x5120 split 2", 20, "fp32"),
                 ("NVFP4 K=5120", 40, "bf16"),
+            )
+        ],
+        # NVFP4's one-row GEMV through the cp.async ring (quant_linear "rows_ring" tiles)
+        "_quant_gemv_nvfp4_ring_kernel": [
+            variant(
+                label,
+                {"xw_ptr": "i32", "codes_ptr": "i32", "scales_ptr": "u8", "out_ptr": out},
+                dict(STEPS_SPLIT=steps, BLOCK_N=64, NUM_WARPS=4, STEP=step, STAGES=stages),
+                aligned=("codes_stride", "tile_stride"),
+                floats=("out_scale",),
+            )  # fmt: skip
+            for label, steps, out, step, stages in (
+                ("27B NVFP4 34816x5120 split 2, 2 steps x 4 slots", 20, "fp32", 2, 4),
+                ("NVFP4 K=5120, 1 step x 4 slots", 40, "bf16", 1, 4),
+                ("NVFP4 K=5120 split 10, one pass", 4, "fp32", 1, 4),
+            )
+        ],
+        # FP8 rows' one-row GEMV through the cp.async ring (quant_linear "rows_ring" tiles)
+        "_quant_gemv_fp8_ring_kernel": [
+            variant(
+                label,
+                {"xw_ptr": "i32", "codes_ptr": "i32", "scales_ptr": "bf16", "out_ptr": out},
+                dict(STEPS_SPLIT=steps, BLOCK_N=64, NUM_WARPS=4, STEP=step, STAGES=stages),
+                aligned=("codes_stride",),
+            )  # fmt: skip
+            for label, steps, out, step, stages in (
+                ("Qwen3.8 FP8 attention 7168x5120 split 4, 2 steps x 4 slots", 20, "fp32", 2, 4),
+                ("FP8 K=5120, 1 step x 4 slots", 80, "bf16", 1, 4),
             )
         ],
         "_quant_dequant_packed_kernel": [
@@ -277,7 +367,17 @@ def variants(variant: Any) -> dict[str, list[Any]]:
             variant(
                 "35B-A3B gate_up Q4",
                 _MOE_GATE_UP_PTRS,
-                dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=4, GROUP=64, GROUPS=32, BLOCK_N=32, NUM_STAGES=3),
+                dict(
+                    HIDDEN=2048,
+                    INTER=512,
+                    TOP_K=8,
+                    BITS=4,
+                    GROUP=64,
+                    GROUPS=32,
+                    BLOCK_N=32,
+                    NUM_STAGES=3,
+                    SHARED_GATE=True,
+                ),
                 aligned=("x_stride", "codes_stride", "high_stride", "scales_stride"),
             )  # fmt: skip
         ],
@@ -285,8 +385,8 @@ def variants(variant: Any) -> dict[str, list[Any]]:
             variant(
                 f"35B-A3B down Q{bits}",
                 _MOE_DOWN_PTRS,
-                dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=bits, GROUP=64, GROUPS=8, BLOCK_H=16),
-                aligned=("codes_stride", "high_stride"),
+                dict(HIDDEN=2048, INTER=512, TOP_K=8, BITS=bits, GROUP=64, GROUPS=8, BLOCK_H=16, SHARED=2),
+                aligned=("codes_stride", "high_stride", "shared_stride"),
             )  # fmt: skip
             for bits in (5,)
         ],
@@ -308,6 +408,7 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                     BLOCK_N=8,
                     BLOCK_K=512,
                     X_PAIRS=True,
+                    SHARED_GATE=True,
                 ),
                 aligned=("x_stride", "codes_stride", "high_stride", "scales_stride"),
             )
@@ -328,8 +429,9 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                     K_PAD=512,
                     BLOCK_H=8,
                     BLOCK_K=256,
+                    SHARED=2,
                 ),
-                aligned=("codes_stride", "high_stride"),
+                aligned=("codes_stride", "high_stride", "shared_stride"),
                 num_warps=8,
             )
             for bits in (5, 6)

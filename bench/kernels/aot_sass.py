@@ -77,7 +77,11 @@ def analyse(kernel_name: str, variant_filter: str, target: str, dump: Path | Non
                 for i, a in enumerate(kernel.args)
                 if a in variant.ptrs or a in variant.aligned
             }
-            src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+            if kernel.gluon:  # (Triton's explicit-layout dialect: its own source class, as aot_compile.py)
+                from triton.experimental.gluon._runtime import GluonASTSource as source
+            else:
+                source = triton.compiler.ASTSource
+            src = source(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
             backend, arch = target.split(":")
             compiled = triton.compile(
                 src, target=GPUTarget(backend, int(arch), 32), options=aot.compile_options(variant)

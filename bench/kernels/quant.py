@@ -76,6 +76,7 @@ from kernels.quant import (  # noqa: E402
     view_planes,
 )
 from kernels.quant.packed_linear import GEMV_VARIANTS, packed_tiles  # noqa: E402
+from kernels.quant.quant_linear import one_row_ok, one_row_tiles  # noqa: E402
 
 DEV = "cuda"
 BF16 = torch.bfloat16
@@ -247,7 +248,7 @@ def bench_decode(
                   f" | 80% target {target_us:7.2f} us", flush=True)  # fmt: skip
             for label in variants:
                 tiles = packed_tiles(fmt, n, k, label)
-                if tiles.mode not in ("dot", "mma") and tokens > 1:
+                if tiles.mode not in ("dot", "mma", "mma_ring") and tokens > 1:
                     continue  # the one-row modes
                 t_v = _per_call(lambda w: quant_linear(x, w, route="gemv", tiles=tiles), packed)
                 v = _pct(read, t_v)
@@ -256,6 +257,18 @@ def bench_decode(
                        "pct_of_4.8TBps": v["pct_of_4.8TBps"], "vs_new_default": round(t_new / t_v, 3),
                        **_err(quant_linear(x, packed[0], route="gemv", tiles=tiles), expected)})  # fmt: skip
                 print(f"      variant {label:<9} {t_v:8.2f} us {v['GBps']:7.1f} GB/s {v['pct_of_4.8TBps']:5.1f}%"
+                      f"  {list(tiles)}", flush=True)  # fmt: skip
+        if tokens == 1 and fmt in (NVFP4, FP8) and one_row_ok(x, weights[0]):
+            # the one-row Gluon GEMV both ways (NINFER_FP_ONE_ROW): the register prefetch and the cp.async ring
+            for mode in ("rows", "ring"):
+                tiles = one_row_tiles(fmt, n, k, mode)
+                t_m = _per_call(lambda w: quant_linear(x, w, route="gemv", tiles=tiles), weights)
+                m = _pct(read, t_m)
+                _emit({"op": f"quant GEMV {fmt} one-row {mode}", "shape": f"27B {name} T1 N{n} K{k}",
+                       "tiles": list(tiles), "kernel_us": round(t_m, 2), "GBps": m["GBps"],
+                       "pct_of_4.8TBps": m["pct_of_4.8TBps"], "target_us_80pct": round(target_us, 2),
+                       **_err(quant_linear(x, weights[0], route="gemv", tiles=tiles), expected)})  # fmt: skip
+                print(f"      one-row {mode:<5} {t_m:8.2f} us {m['GBps']:7.1f} GB/s {m['pct_of_4.8TBps']:5.1f}%"
                       f"  {list(tiles)}", flush=True)  # fmt: skip
         for label in sweep:
             tiles = gemv_tiles(fmt, n, k, **SWEEP[label])

@@ -4,9 +4,12 @@ MoE (HF ``Qwen3_5MoeSparseMoeBlock``): ``gate`` is the router ([E, H]); experts 
 (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I]); the output is the routed sum
 plus ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``. ``experts`` is a dense ``Experts`` or, for a
 groupwise-int artifact, ``engine.model.quant_experts.QuantExperts`` (the banks kept quantized); either is called
-``experts(x, weights, expert_ids, shared)`` and returns the routed sum plus ``shared``. The paths below are the
-dense ones (``routed_experts``); ``QuantExperts`` streams its banks for few tokens and, for more, dequantizes
-them into a shared scratch and takes these.
+``experts(x, weights, expert_ids, shared)`` and returns the routed sum plus ``shared``. Experts that take the
+shared gate (``takes_shared_gate``: ``QuantExperts``) are called ``experts(x, weights, expert_ids, shared_out,
+score)`` instead when the gate is dense (score: its weight [1, H]; shared_out ungated): they add
+``sigmoid(score . x) * shared_out`` themselves. The paths below are the dense ones (``routed_experts``);
+``QuantExperts`` streams its banks for few tokens (the gated shared term inside its down kernel) and, for more,
+dequantizes them into a shared scratch and takes these.
 
 Routing is ``kernels.moe_router.moe_router`` (a dense router weight): under ``NINFER_MOE_ROUTER=fused``, for 1..8
 tokens on CUDA, the router GEMV and the softmax top-k in one Triton launch; otherwise the router linear then
@@ -23,8 +26,12 @@ tokens on CUDA, the router GEMV and the softmax top-k in one Triton launch; othe
   dtype, ``kernels.activation.silu_mul`` between them, and ``kernels.moe.moe_combine`` summing each
   token's rows with the shared expert (its own MLP, computed first);
 * CPU, ``T * top_k <= GATHER_MAX_ROWS``: gather the chosen experts' weights and run two batched matmuls
-  (each row's math independent of the batch); CPU, more: ``moe_experts_ref``; the shared expert as its
-  own MLP, in the model dtype.
+  (each row's math independent of the batch); CPU, more: ``moe_experts_ref``'s arithmetic in two passes
+  (``_experts_by_expert``: every act, then the down projections); the shared expert as its own MLP, in the
+  model dtype.
+
+On the many-token paths the down bank may be deferred (``routed_experts``'s ``down`` a function, called after
+the last read of gate_up): ``QuantExperts`` dequantizes both banks into one scratch region, one after the other.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from engine.model.config import ModelConfig
 from engine.model.fusion import concat_linears
 from engine.model.linear import DenseMethod, Linear, bound_inputs
 from kernels.activation import silu_mul
-from kernels.moe import SharedExpert, moe_combine, moe_experts, moe_experts_ref, moe_route
+from kernels.moe import SharedExpert, moe_combine, moe_experts, moe_route
 from kernels.moe_router import moe_router
 
 FUSED_MAX_TOKENS = 64  # CUDA: T at or below this takes the fused Triton experts
@@ -144,9 +151,20 @@ class SparseMoeBlock(nn.Module):
             return moe_experts(
                 x, experts.gate_up_proj, experts.down_proj, weights, expert_ids, self.shared_weights()
             )
+        score = self.dense_shared_gate()
+        if score is not None and getattr(experts, "takes_shared_gate", False):
+            # quantized experts: the shared expert's output goes in ungated, its gate and the sum are theirs
+            # (at decode inside their down kernel: no gate GEMV, sigmoid, product or add launch)
+            gated: torch.Tensor = experts(x, weights, expert_ids, self.shared_expert.forward(x), score)
+            return gated
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert.forward(x)
         out: torch.Tensor = experts(x, weights, expert_ids, shared)
         return out
+
+    def dense_shared_gate(self) -> torch.Tensor | None:
+        """``shared_expert_gate``'s dense weight [1, H] (None when it is quantized)."""
+        gate = self.shared_expert_gate
+        return gate.weight if gate.weight is not None and isinstance(gate.method, DenseMethod) else None
 
     def shared_is_dense(self) -> bool:
         """True when the shared expert and its gate hold dense weights (what ``moe_experts`` fuses in)."""
@@ -164,25 +182,50 @@ class SparseMoeBlock(nn.Module):
         return SharedExpert(gate, up, down, score)
 
 
+Bank = torch.Tensor | Callable[[], torch.Tensor]  # a down bank, or what produces it once gate_up is read
+
+
 def routed_experts(
     x: torch.Tensor,
     gate_up: torch.Tensor,
-    down: torch.Tensor,
+    down: Bank,
     weights: torch.Tensor,
     expert_ids: torch.Tensor,
     shared: torch.Tensor,
 ) -> torch.Tensor:
     """The routed sum on dense banks (gate_up [E, 2I, H], down [E, H, I]) plus ``shared`` [T, H], by the paths of
-    the module docstring (the shared expert already computed: a quantized one runs as its own MLP)."""
-    if x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS:
+    the module docstring (the shared expert already computed: a quantized one runs as its own MLP).
+
+    ``down`` may be a function returning the bank, for more than ``FUSED_MAX_TOKENS`` tokens: it is called once,
+    after the last read of gate_up (``QuantExperts`` dequantizes down into the memory gate_up held)."""
+    if callable(down):
+        assert x.shape[0] > FUSED_MAX_TOKENS, "a deferred down bank needs the many-token paths"
+    elif x.is_cuda and x.shape[0] <= FUSED_MAX_TOKENS:
         return moe_experts(x, gate_up, down, weights, expert_ids) + shared
+    elif expert_ids.numel() <= GATHER_MAX_ROWS and not x.is_cuda:
+        return _experts_gathered(x, gate_up, down, weights, expert_ids) + shared
     if x.is_cuda:  # the shared output joins the routed sum inside moe_combine
         return _experts_grouped(x, gate_up, down, weights, expert_ids, shared)
-    if expert_ids.numel() <= GATHER_MAX_ROWS:
-        routed = _experts_gathered(x, gate_up, down, weights, expert_ids)
-    else:
-        routed = moe_experts_ref(x, gate_up, down, weights, expert_ids)
-    return routed + shared
+    return _experts_by_expert(x, gate_up, down, weights, expert_ids) + shared
+
+
+def _experts_by_expert(
+    x: torch.Tensor, gate_up: torch.Tensor, down: Bank, weights: torch.Tensor, expert_ids: torch.Tensor
+) -> torch.Tensor:
+    """``kernels.moe.moe_experts_ref``'s arithmetic (bitwise: the same products, summed in the same order) in two
+    passes, for many tokens on the CPU: every chosen expert's act first (the last read of gate_up), then ``down``
+    (called now when deferred) against them."""
+    acts = []
+    for expert in expert_ids.unique().tolist():
+        token_idx, k_idx = (expert_ids == expert).nonzero(as_tuple=True)
+        gate, up = (x[token_idx].float() @ gate_up[expert].float().t()).chunk(2, dim=-1)
+        acts.append((expert, token_idx, k_idx, F.silu(gate) * up))
+    down = down() if callable(down) else down
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for expert, token_idx, k_idx, act in acts:
+        ye = act @ down[expert].float().t()
+        out.index_add_(0, token_idx, ye * weights[token_idx, k_idx, None].float())
+    return out.to(x.dtype)
 
 
 def _experts_gathered(
@@ -254,7 +297,7 @@ def _expert_groups(expert_ids: torch.Tensor, num_experts: int) -> ExpertGroups:
 def _experts_grouped(
     x: torch.Tensor,
     gate_up: torch.Tensor,
-    down: torch.Tensor,
+    down: Bank,
     weights: torch.Tensor,
     expert_ids: torch.Tensor,
     shared: torch.Tensor | None = None,
@@ -268,7 +311,8 @@ def _experts_grouped(
     The input rows are one gather of x straight into the padded layout (write R x H, read x's rows, mostly
     L2 hits): a gather in pair order followed by a zero fill and an ``index_put``/``index_copy_`` into the
     padded buffer would write the rows twice more and read them once more. The output side never builds an
-    fp32 [T * top_k, H] tensor: ``moe_combine`` reads each token's top_k bf16 rows once.
+    fp32 [T * top_k, H] tensor: ``moe_combine`` reads each token's top_k bf16 rows once. A deferred ``down`` is
+    called between the two GEMMs (stream order: after the gate_up GEMM's reads).
     """
     groups = _expert_groups(expert_ids, gate_up.shape[0])
     grouped_mm: Callable[..., torch.Tensor] = (
@@ -277,6 +321,7 @@ def _experts_grouped(
     rows = x.index_select(0, groups.token_idx)  # [R, H]
     gate, up = grouped_mm(rows, gate_up.transpose(1, 2), offs=groups.offs).chunk(2, dim=-1)  # [R, I] each
     act = silu_mul(gate, up)
+    down = down() if callable(down) else down
     expert_out = grouped_mm(act, down.transpose(1, 2), offs=groups.offs)  # [R, H]
     return moe_combine(expert_out, groups.row_idx, weights, shared)
 

@@ -8,28 +8,38 @@ holds each as a ``QuantBank``: the payload (uint8, the artifact's bytes exactly,
 byte order: the MoE kernels read that layout, so the planes are never repacked). No dense copy of a bank exists.
 
 ``QuantExperts.forward(x, weights, expert_ids, shared)`` is the routed sum plus ``shared`` (the gated shared
-expert's output, computed by the block), the same contract as ``engine.model.mlp.Experts``:
+expert's output, computed by the block), the same contract as ``engine.model.mlp.Experts``; with a fifth argument
+``shared_gate`` (the dense weight [1, H] of the block's ``shared_expert_gate``: ``takes_shared_gate``), ``shared``
+is the ungated output and the term added is ``sigmoid(shared_gate . x) * shared``:
 
 * at most ``QUANT_MAX_TOKENS`` tokens (decode, MTP verify, small batches): ``kernels.quant.quant_moe_experts``
-  (two Triton kernels streaming the chosen experts' quantized rows on CUDA; the exact reference elsewhere). No
-  host sync, no scratch: CUDA-graph safe;
-* more tokens (prefill): both banks dequantized (one rounding to the model dtype: ``dequantize_to`` on CUDA,
-  the reference decode elsewhere) into the shared ``ExpertScratch``, then the dense expert path
-  (``engine.model.mlp.routed_experts``: grouped GEMMs on CUDA) on it. The layers run one after another, so one
-  buffer sized for the largest layer serves them all; it is allocated once at load (``ExpertScratch.allocate``),
-  so a step allocates nothing for it (CUDA-graph safe too) and the device memory it takes is counted with the
-  weights'. At the 35B-A3B (E 256, I 512, H 2048, bf16) it is 1.61 GB.
+  (two Triton kernels streaming the chosen experts' quantized rows on CUDA; the exact reference elsewhere), the
+  shared term inside them (the gate computed by the gate_up kernel, the term added in fp32 by the down kernel
+  before its one rounding: no launch of its own). No host sync, no scratch: CUDA-graph safe;
+* more tokens (prefill): the dense expert path (``engine.model.mlp.routed_experts``: grouped GEMMs on CUDA) on
+  the banks dequantized (one rounding to the model dtype: ``dequantize_to`` on CUDA, the reference decode
+  elsewhere) into the shared ``ExpertScratch`` one at a time, in the order the path reads them: gate_up first;
+  once the gate_up GEMM has run (its act computed), down into the same memory (``routed_experts`` asks for it
+  then). The layers run one after another, so one buffer sized for the largest bank of the largest layer (gate_up:
+  ``2 * E * I * H`` elements) serves them all; it is allocated once at load (``ExpertScratch.allocate``), so a
+  step allocates nothing for it (CUDA-graph safe too) and the device memory it takes is counted with the
+  weights'. At the 35B-A3B (E 256, I 512, H 2048, bf16) it is 1.07 GB (1.0 GiB; both banks side by side took
+  1.5 GiB).
 
 Must not touch: routing, the shared expert, the router (``SparseMoeBlock`` owns them).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from engine.model.mlp import Experts, routed_experts
+from kernels import _dispatch
 from kernels._dispatch import use_triton
+from kernels.linear import linear
 from kernels.quant import GROUP_FORMATS, QuantWeight, dequantize, quant_moe_experts, view_planes
 from kernels.quant.quant_linear import dequantize_to
 
@@ -60,9 +70,9 @@ class QuantBank(nn.Module):
 
 
 class ExpertScratch:
-    """The dense [E, 2I, H] gate_up and [E, H, I] down banks that prefill dequantizes one layer into, shared by
+    """The dense bank (gate_up [E, 2I, H], then down [E, H, I]) that prefill dequantizes one at a time, shared by
     every ``QuantExperts`` of a model: one flat buffer in the model dtype, allocated once (``allocate``) for the
-    largest layer. Not a module buffer: a module's ``.to()`` would give each layer its own copy."""
+    largest bank. Not a module buffer: a module's ``.to()`` would give each layer its own copy."""
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None
@@ -87,20 +97,14 @@ class ExpertScratch:
             self.buffer = torch.empty(numel, dtype=dtype, device=device)
         self.allocations += 1
 
-    def banks(
-        self, num_experts: int, inter: int, hidden: int, device: torch.device, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gate_up [E, 2I, H], down [E, H, I]) views of the buffer (allocated here only when the model was
-        moved or cast after loading)."""
-        gate_up = num_experts * 2 * inter * hidden
-        down = num_experts * hidden * inter
-        self.allocate(gate_up + down, device, dtype)
+    def bank(self, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """A view ``shape`` of the buffer's start (allocated here only when the model was moved or cast after
+        loading): every bank begins at element 0, so each one overwrites the previous."""
+        numel = math.prod(shape)
+        self.allocate(numel, device, dtype)
         buf = self.buffer
         assert buf is not None
-        return (
-            buf[:gate_up].view(num_experts, 2 * inter, hidden),
-            buf[gate_up : gate_up + down].view(num_experts, hidden, inter),
-        )
+        return buf[:numel].view(shape)
 
     @property
     def nbytes(self) -> int:
@@ -139,30 +143,57 @@ class QuantExperts(nn.Module):
 
     @property
     def scratch_numel(self) -> int:
-        """Elements of the dense banks this layer's prefill dequantizes into the scratch."""
-        return 3 * self.num_experts * self.intermediate_size * self.hidden_size
+        """Elements of the larger dense bank (gate_up [E, 2I, H]) this layer's prefill dequantizes into the
+        scratch (down [E, H, I] follows into the same memory)."""
+        return 2 * self.num_experts * self.intermediate_size * self.hidden_size
+
+    @property
+    def takes_shared_gate(self) -> bool:
+        """True (``NINFER_QUANT_MOE_SHARED=fused``, the default): ``SparseMoeBlock`` passes the shared expert's
+        output ungated with its gate's weight, and ``forward`` adds the gated term itself."""
+        return _dispatch.QUANT_MOE_SHARED == "fused"
 
     def forward(
-        self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, shared: torch.Tensor
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        expert_ids: torch.Tensor,
+        shared: torch.Tensor,
+        shared_gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
         down = self.down
         assert down is not None, "QuantExperts: the down bank was never bound"
-        if x.shape[0] <= QUANT_MAX_TOKENS:
+        few = x.shape[0] <= QUANT_MAX_TOKENS
+        if few and _dispatch.QUANT_MOE_SHARED == "fused":
+            gate_up = self.gate_up.qweight
+            return quant_moe_experts(x, gate_up, down.qweight, weights, expert_ids, shared, shared_gate)
+        if shared_gate is not None:  # the block's own ops (``SparseMoeBlock.forward`` with a dense gate)
+            shared = torch.sigmoid(linear(x, shared_gate)) * shared
+        if few:  # NINFER_QUANT_MOE_SHARED=separate: the gated output added by one more launch
             return quant_moe_experts(x, self.gate_up.qweight, down.qweight, weights, expert_ids) + shared
-        gate_up, dense_down = self.dense_banks(x.device, x.dtype)
-        return routed_experts(x, gate_up, dense_down, weights, expert_ids, shared)
+        device, dtype = x.device, x.dtype
+        return routed_experts(
+            x, self.dense_gate_up(device, dtype), lambda: self.dense_down(device, dtype), weights, expert_ids,
+            shared,
+        )  # fmt: skip
 
-    def dense_banks(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both banks dequantized into the shared scratch: (gate_up [E, 2I, H], down [E, H, I]) views, valid until
-        the next layer's call."""
+    def dense_gate_up(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The gate_up bank dequantized into the shared scratch: a view [E, 2I, H], valid until the next
+        ``dense_*`` call of any layer."""
+        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        gate_up = self.scratch.bank((e, 2 * i, h), device, dtype)
+        _dequantize_into(self.gate_up.qweight, gate_up.view(-1, h))
+        return gate_up
+
+    def dense_down(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The down bank dequantized into the shared scratch, over the gate_up bank's memory: a view [E, H, I],
+        valid until the next ``dense_*`` call of any layer."""
         down = self.down
         assert down is not None, "QuantExperts: the down bank was never bound"
-        gate_up, dense_down = self.scratch.banks(
-            self.num_experts, self.intermediate_size, self.hidden_size, device, dtype
-        )
-        _dequantize_into(self.gate_up.qweight, gate_up.view(-1, self.hidden_size))
-        _dequantize_into(down.qweight, dense_down.view(-1, self.intermediate_size))
-        return gate_up, dense_down
+        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        dense = self.scratch.bank((e, h, i), device, dtype)
+        _dequantize_into(down.qweight, dense.view(-1, i))
+        return dense
 
     def dequantized(self, dtype: torch.dtype) -> Experts:
         """A dense ``Experts`` holding this layer's exactly dequantized banks in ``dtype`` (own memory): the

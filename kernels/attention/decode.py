@@ -11,6 +11,7 @@ from kernels.activation import sigmoid_gate_mul, sigmoid_gate_mul_ref
 from kernels.attention.fuse import attn_fuse_enabled
 from kernels.attention.int8 import _int8_scales
 from kernels.attention.ref import paged_attention_ref
+from kernels.pdl import pdl_args
 
 if HAS_TRITON:
     import triton
@@ -21,6 +22,7 @@ if HAS_TRITON:
         _paged_attention_decode_int8_km_kernel,
     )
     from kernels.attention.int8 import _dequantize_tile, _dequantize_tile_f16
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
 
 
 def paged_attention_decode_ref(
@@ -123,6 +125,7 @@ if HAS_TRITON:
         BLOCK_G: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (B, Hkv, part_splits): one program runs online softmax for the GROUP query heads that share
         # one KV head, over one split of the sequence's keys (each K/V row read once, for all heads), and
@@ -131,6 +134,10 @@ if HAS_TRITON:
         # sequence's last split exit at once and write nothing. With KV_INT8 the caches hold int8 codes,
         # dequantised per tile in registers: INT8_F16 (16-bit queries) in fp16, the query then in fp16 too
         # (clamped to its range) so the dots are fp16 x fp16; else in fp32, cast to the query dtype.
+        # PDL (kernels/pdl.py): every program waits first (seq_lens, the page table, the query and the pages are a
+        # predecessor's), then lets the reduce kernel launch.
+        pdl_wait(PDL)
+        pdl_launch_dependents(PDL)
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -242,6 +249,7 @@ if HAS_TRITON:
         BLOCK_S: tl.constexpr,
         BLOCK_D: tl.constexpr,
         HAS_GATE: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (B, Hq, cdiv(HEAD_DIM, BLOCK_D)): one program merges the splits of one query head over
         # BLOCK_D columns (weights 2^(lse - max lse)). The sequence's split count comes from its length, as
@@ -250,6 +258,8 @@ if HAS_TRITON:
         # has no splits and gets zeros. HAS_GATE (NINFER_ATTN_FUSE=on): attention's output gate applied to the
         # merged row as _sigmoid_gate_mul_kernel does it (the row rounded to out's dtype first, then
         # x / (1 + exp(-gate)) in fp32, rounded once), gate read in place through its token and head strides.
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         row = tl.program_id(0)
         head = tl.program_id(1)
         d_block = tl.program_id(2)
@@ -412,22 +422,23 @@ def paged_attention_decode(
     if maxnreg and not INTERPRET:  # (0: no cap, ptxas's own count)
         shared["maxnreg"] = maxnreg
     if int8_grouped:
-        int8_kernel = (
-            _paged_attention_decode_int8_km_kernel if int8_keys_major else _paged_attention_decode_int8_kernel
-        )
+        int8_shared = dict(
+            BLOCK_DG=max(16, triton.next_power_of_2(head_dim // num_scales)),
+            BLOCK_SCALES=triton.next_power_of_2(num_scales), ASM=not INTERPRET,
+        )  # fmt: skip
         if int8_keys_major:  # the query heads are the MMAs' N: 8 is a whole MMA column block
             shared["BLOCK_G"] = max(8, triton.next_power_of_2(group))
-        int8_kernel[grid](
-            *args,
-            **shared,
-            BLOCK_DG=max(16, triton.next_power_of_2(head_dim // num_scales)),
-            BLOCK_SCALES=triton.next_power_of_2(num_scales),
-            ASM=not INTERPRET,
-        )
+            _paged_attention_decode_int8_km_kernel[grid](
+                *args, **shared, **int8_shared, **pdl_args(query.device)
+            )
+        else:
+            _paged_attention_decode_int8_kernel[grid](
+                *args, **shared, **int8_shared, **pdl_args(query.device)
+            )
     else:
         _paged_attention_decode_kernel[grid](
             *args, **shared, KV_INT8=kv_int8, INT8_F16=int8_f16, BLOCK_SCALES=triton.next_power_of_2(num_scales),
-            BLOCK_D=block_d,
+            BLOCK_D=block_d, **pdl_args(query.device),
         )  # fmt: skip
     reduce_block_d = min(64, block_d)
     fuse_gate = gate is not None and attn_fuse_enabled(fused)
@@ -436,5 +447,6 @@ def paged_attention_decode(
         part_out, part_lse, seq_lens, gate_args[0], out, gate_args[1], gate_args[2], out.stride(0), out.stride(1),
         part_splits, NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, SPLIT_UNIT=split_unit, MAX_SPLITS=max_splits,
         BLOCK_S=triton.next_power_of_2(max_splits), BLOCK_D=reduce_block_d, HAS_GATE=fuse_gate,
+        **pdl_args(query.device),
     )  # fmt: skip
     return sigmoid_gate_mul(out, gate) if gate is not None and not fuse_gate else out

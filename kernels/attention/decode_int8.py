@@ -52,6 +52,8 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
+
     @triton.jit
     def _codes_to_f16(codes, bias, ASM: tl.constexpr):
         # int8 -> fp16, exactly, without the conversion unit: byte ^ 0x80 is code + 128, and 0x64 above it makes the
@@ -252,12 +254,15 @@ if HAS_TRITON:
         BLOCK_DG: tl.constexpr,
         BLOCK_SCALES: tl.constexpr,
         ASM: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (B, Hkv, part_splits), as decode.py's _paged_attention_decode_kernel (same split rule, same partial
         # outputs), over int8 codes with NUM_SCALES (1..4) scale groups of GROUP_D = HEAD_DIM // NUM_SCALES columns
         # (padded to BLOCK_DG): the query, the value accumulator and the stores are one tensor a group, each group
         # a constexpr-guarded copy (acc1..acc3 stay unused below 4 groups).
         GROUP_D: tl.constexpr = HEAD_DIM // NUM_SCALES
+        pdl_wait(PDL)  # kernels/pdl.py: first, as in decode.py (seq_lens, pages, query: a predecessor's)
+        pdl_launch_dependents(PDL)
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -495,12 +500,15 @@ if HAS_TRITON:
         BLOCK_DG: tl.constexpr,
         BLOCK_SCALES: tl.constexpr,
         ASM: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # _paged_attention_decode_int8_kernel transposed (grid, splits, partial outputs and arithmetic the same):
         # the keys are the MMAs' rows and the GROUP query heads their columns (BLOCK_G = 8 at GQA up to 8).
         # scores_t = codes @ q_t is [BLOCK_N, BLOCK_G], the key scales multiply its rows; each group's
         # accumulator is acc_t = codes^T @ w_t, [BLOCK_DG, BLOCK_G]; the softmax runs down the columns.
         GROUP_D: tl.constexpr = HEAD_DIM // NUM_SCALES
+        pdl_wait(PDL)  # kernels/pdl.py: first, as in decode.py (seq_lens, pages, query: a predecessor's)
+        pdl_launch_dependents(PDL)
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)

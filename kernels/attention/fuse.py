@@ -26,11 +26,14 @@ from kernels import _dispatch
 from kernels._dispatch import HAS_TRITON, use_triton
 from kernels.attention.store import store_kv, store_kv_ref
 from kernels.norm import rms_norm, rms_norm_ref
+from kernels.pdl import pdl_args
 from kernels.rope import apply_rope_qk, apply_rope_qk_ref
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
 
 
 def qk_norm_rope_store_ref(
@@ -123,10 +126,13 @@ if HAS_TRITON:
         q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h, cos_stride, sin_stride,
         cache_stride_slot, cache_stride_head, eps,
         HALF: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HALF: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         # grid (q_programs + cdiv(T * Hkv, BLOCK_ROWS),): programs [0, q_programs) take BLOCK_ROWS query rows each
         # (row r = token r // H, head r % H) into q_out [T * H, D]; the rest take BLOCK_ROWS key rows each into their
         # slots of the key cache and copy the same rows of value into the value cache (slot -1: nothing stored).
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         pid = tl.program_id(0)
         offs = tl.arange(0, BLOCK_ROWS)
         if pid < q_programs:
@@ -231,5 +237,6 @@ def qk_norm_rope_store(
         cos.stride(0), sin.stride(0), key_cache.stride(1), key_cache.stride(2), eps,
         HALF=rotary_dim // 2, BLOCK_ROWS=block_rows, BLOCK_D=block_d,
         BLOCK_HALF=triton.next_power_of_2(rotary_dim // 2), num_warps=8 if block_d >= 4096 else 4,
+        **pdl_args(query.device),
     )  # fmt: skip
     return out

@@ -20,9 +20,11 @@ Public API (what the model's linear layer builds on):
   GEMV-layout weight: ``triton_gemv.py``, tiles ``packed_linear.packed_tiles``), the
   Triton GEMM (FP8: ``torch._scaled_mm`` where the GPU has FP8 tensor cores) above that, on CUDA;
   ``quant_linear_ref(x, qw)`` = ``dequantize`` + matmul in float32 (what the CPU runs).
-- ``quant_moe_experts(x, gate_up, down, weights, expert_ids)``: a MoE layer's routed experts on groupwise
-  stacks (gate_up ``[E * 2I, H]``, down ``[E * H, I]``, expert-major: the 35B-A3B profile) for few tokens;
-  ``quant_moe_experts_ref`` = ``kernels.moe.moe_experts_ref`` on the dequantized stacks.
+- ``quant_moe_experts(x, gate_up, down, weights, expert_ids, shared=None, shared_gate=None)``: a MoE layer's
+  routed experts on groupwise stacks (gate_up ``[E * 2I, H]``, down ``[E * H, I]``, expert-major: the 35B-A3B
+  profile) for few tokens, plus the shared expert's output (gated by ``sigmoid(shared_gate . x)`` when given)
+  inside the same launches; ``quant_moe_experts_ref`` = ``kernels.moe.moe_experts_ref`` on the dequantized
+  stacks plus that term.
 
 Formats: ``Q4G64_F16S``, ``Q5G64_F16S``, ``Q6G64_F16S``, ``W8G32_F16S`` (``row-split-k128-v1``), ``NVFP4``
 (``blockscale-k16-m128x4-v1``), ``FP8_E4M3FN_ROW_BF16S`` (``row-scale-v1``): see ``kernels.quant.formats``.

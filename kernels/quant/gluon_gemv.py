@@ -28,11 +28,15 @@ from __future__ import annotations
 from kernels._dispatch import HAS_TRITON
 from kernels.quant.mma_asm import mma_group_asm
 
+if HAS_TRITON:
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
+
 HAS_GLUON = False
 if HAS_TRITON:
     try:
         from triton.experimental import gluon
         from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
         HAS_GLUON = True
     except ImportError:  # a Triton without Gluon: packed_linear keeps the Triton modes
@@ -60,6 +64,12 @@ if HAS_GLUON:
         s0 = gl.load(scales_ptr + scale_rows + unit * 2).to(gl.float32)
         s1 = gl.load(scales_ptr + scale_rows + unit * 2 + 1).to(gl.float32)
         return w, g, s0, s1
+
+    @gluon.jit
+    def _weight_step_load(w_ptr, offs, step, STRIDE: gl.constexpr):
+        # one step of a WEIGHT plane (codes or scales; no kernel of a step writes them, so under PDL the first step
+        # is loaded before pdl_wait): the elements at offs + step * STRIDE
+        return gl.load(w_ptr + offs + step * STRIDE)
 
     @gluon.jit
     def _pairs_and_or(a, MASK: gl.constexpr, c):
@@ -141,6 +151,7 @@ if HAS_GLUON:
         BLOCK_N: gl.constexpr,
         NUM_WARPS: gl.constexpr,
         STEP: gl.constexpr,  # units a loop step (1, or 2: two units' loads issued together, two a row in flight)
+        PDL: gl.constexpr,
     ):
         # xw_ptr: bf16 x (one row, K a multiple of 128) as int32 lane pairs; codes_ptr: int32 words (strides in
         # words); high_ptr: uint8 (Q5) or int16 (Q6) (strides in elements; the words again for Q4); scales_ptr:
@@ -167,6 +178,8 @@ if HAS_GLUON:
         if STEP == 2:
             w2, g2, t0, t1 = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
                                          gl.minimum(u0 + 1, last), i, BITS)  # fmt: skip
+        pdl_wait(PDL)  # kernels/pdl.py: the first step's WEIGHT planes above, x and the output only below
+        pdl_launch_dependents(PDL)
         for unit in range(u0, u0 + UNITS_SPLIT, STEP):
             # the next step's units first (past the split's end a unit loads the last one again: no branch)
             w_n, g_n, s0_n, s1_n = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
@@ -181,6 +194,324 @@ if HAS_GLUON:
             w, g, s0, s1 = w_n, g_n, s0_n, s1_n
             w2, g2, t0, t1 = w2_n, g2_n, t0_n, t1_n
         _store_rows(out_ptr, acc, 1.0, rows, N)
+
+    @gluon.jit
+    def _ring_plane_offs(N, stride, i, STEP: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr):
+        # a plane's copy offsets [STEP * BLOCK_N, 16] (16 elements a row and unit; layout L, a thread the elements
+        # it reads back), relative to the row's unit 0: slot row R is row R % BLOCK_N (clamped) of unit R // BLOCK_N
+        rr = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, L))
+        r2 = gl.minimum(gl.program_id(0) * BLOCK_N + rr % BLOCK_N, N - 1).to(gl.int64)[:, None]
+        return r2 * stride + (rr // BLOCK_N * 16)[:, None] + i[None, :]
+
+    @gluon.jit
+    def _ring_group_src(codes_ptr, high_ptr, scales_ptr, N, codes_stride, high_stride, scales_stride, i,
+                        STEP: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, L: gl.constexpr):  # fmt: skip
+        # _ring_issue's src for the groupwise formats: the code words, the high plane and the scale words (a
+        # unit's two fp16 scales; a thread one word of slot row R)
+        LS: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+        rs = gl.arange(0, STEP * BLOCK_N, layout=LS)
+        sc_offs = gl.minimum(gl.program_id(0) * BLOCK_N + rs % BLOCK_N, N - 1).to(gl.int64) * scales_stride
+        return (
+            codes_ptr, high_ptr, scales_ptr, _ring_plane_offs(N, codes_stride, i, STEP, BLOCK_N, L),
+            _ring_plane_offs(N, high_stride, i, STEP, BLOCK_N, L), sc_offs + rs // BLOCK_N,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _mma_store(out_ptr, acc, rows, i, N, split, T: gl.constexpr):
+        # the MMA kernels' C to out ([T, N] in x's dtype, or the split's fp32 partials [SPLIT_K, T, N]): element
+        # (r, c) is weight row r, x row 2 (c // 4) + c % 4 when c % 4 < 2 (the rest are 0.0)
+        out_row = (i // 4) * 2 + i % 4
+        mask = (rows < N)[:, None] & ((i % 4 < 2) & (out_row < T))[None, :]
+        offs = (split * T + out_row)[None, :] * N + rows[:, None]
+        gl.store(out_ptr + offs, acc.to(gl.float32, bitcast=True).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
+    def _ring_slot(BLOCK_N: gl.constexpr, STEP: gl.constexpr, KIND: gl.constexpr):
+        # one ring slot of STEP units (KIND: the groupwise BITS 4/5/6, 0 NVFP4, 1 FP8 rows): code words [STEP * BLOCK_N,
+        # 16] (unit-major: a unit's rows at a 64-byte pitch, so a quarter warp's two rows of 16-byte reads fill 128
+        # consecutive bytes, no bank conflicts), Q5 / Q6's high bytes / halves (the code words again otherwise),
+        # the scales (groupwise: a word a row, its two fp16 group scales [STEP * BLOCK_N]; NVFP4: the 8 E4M3 block
+        # scale bytes of a row [STEP * BLOCK_N, 8]). Allocations of their own: Triton's barrier analysis tells
+        # buffers apart, not parts of one, so a slot being read and another being filled need no barrier between.
+        FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        codes = gl.allocate_shared_memory(gl.int32, [STEP * BLOCK_N, 16], FLAT)
+        high = codes
+        if KIND == 5:
+            high = gl.allocate_shared_memory(gl.uint8, [STEP * BLOCK_N, 16], FLAT)
+        if KIND == 6:
+            high = gl.allocate_shared_memory(gl.int16, [STEP * BLOCK_N, 16], FLAT)
+        if KIND == 0:
+            scales = gl.allocate_shared_memory(gl.uint8, [STEP * BLOCK_N, 8], FLAT)
+        elif KIND == 1:
+            scales = codes  # (FP8 rows: the row scale is read once, at the end)
+        else:
+            scales = gl.allocate_shared_memory(
+                gl.int32, [STEP * BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0])
+            )
+        return codes, high, scales
+
+    @gluon.jit
+    def _ring_issue(slot, src, unit0, KIND: gl.constexpr):
+        # a stage's copies (STEP units from unit0) into ``slot``, one commit group. src: (codes_ptr, high_ptr,
+        # scales_ptr, code_offs, high_offs, sc_offs), the offsets of unit 0 of the program's rows: code_offs /
+        # high_offs [STEP * BLOCK_N, 16] in layout L (a thread copies the 16 bytes it reads back), sc_offs a word
+        # (groupwise) or 4 bytes (NVFP4: two copies, the 512-byte scale columns of blocks 0-3 and 4-7) a thread
+        codes, high, scales = slot
+        codes_ptr, high_ptr, scales_ptr, code_offs, high_offs, sc_offs = src
+        async_copy.async_copy_global_to_shared(codes, codes_ptr + code_offs + unit0 * 16)
+        if KIND == 5 or KIND == 6:
+            async_copy.async_copy_global_to_shared(high, high_ptr + high_offs + unit0 * 16)
+        if KIND == 0:
+            async_copy.async_copy_global_to_shared(scales, scales_ptr + sc_offs + unit0 * 1024)
+        if KIND >= 4:
+            async_copy.async_copy_global_to_shared(scales, scales_ptr + sc_offs + unit0)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _nvfp4_unit(acc, w, sc, xw_ptr, unit, i, BLOCK_N: gl.constexpr, L: gl.constexpr):
+        # acc [BLOCK_N, 16] += one 128-lane step of NVFP4 products: word i's 8 lanes (_nvfp4_pair_f32 a byte) times
+        # its block's E4M3 scale ``sc`` (uint8, the word's block)
+        part = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+        w4 = w >> 4
+        for c in gl.static_range(4):
+            part = _nvfp4_pair_f32(w, w4, gl.load(xw_ptr + unit * 64 + 4 * i + c), c, part)
+        return gl.fma(part, sc.to(gl.float8e4nv, bitcast=True).to(gl.float32), acc)
+
+    @gluon.jit
+    def _ring_stage(acc, slot, xw_ptr, unit0, i, consts, STEP: gl.constexpr, KIND: gl.constexpr,
+                    BLOCK_N: gl.constexpr, L: gl.constexpr, ASM: gl.constexpr):  # fmt: skip
+        # acc += a stage's products from ``slot`` (its copies landed and are visible), a unit: groupwise
+        # _pairs_unit (consts: magic, one, neg) or, with an ASM text, _mma_unit (consts: magic, x_ptrs, x_mask);
+        # NVFP4 _nvfp4_unit; FP8 rows _fp8_step
+        codes, high, scales = slot
+        # NVFP4: a row's 8 block scales, a thread the two of its 4 words
+        L8: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [L.warps_per_cta[0], 1], [1, 0])
+        for u in gl.static_range(STEP):
+            w = codes.slice(u * BLOCK_N, BLOCK_N).load(L)
+            if KIND == 0:  # (each scale widened to the two words of its block)
+                sb = scales.slice(u * BLOCK_N, BLOCK_N).load(L8)
+                sc = gl.convert_layout(gl.reshape(gl.join(sb, sb), [BLOCK_N, 16]), L)
+                acc = _nvfp4_unit(acc, w, sc, xw_ptr, unit0 + u, i, BLOCK_N, L)
+            elif KIND == 1:
+                acc = _fp8_step(acc, w, xw_ptr, unit0 + u, i)
+            else:
+                g = w
+                if KIND == 5:  # as _pairs_load: byte i spread to bits 0..7 and 12..19
+                    h = high.slice(u * BLOCK_N, BLOCK_N).load(L).to(gl.int32) & 0xFF
+                    g = h | (h << 12)
+                if KIND == 6:
+                    h = high.slice(u * BLOCK_N, BLOCK_N).load(L).to(gl.int32) & 0xFFFF
+                    g = (h & 0xFF) | ((h & 0xFF00) << 8)
+                sw = scales.slice(u * BLOCK_N, BLOCK_N).load(gl.SliceLayout(1, L))
+                s0 = (sw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+                s1 = (sw >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+                if ASM == "":
+                    magic, one, neg = consts
+                    acc = _pairs_unit(
+                        acc, w, g, s0, s1, xw_ptr, unit0 + u, i, magic, one, neg, KIND, BLOCK_N, L
+                    )
+                else:
+                    magic, x_ptrs, x_mask = consts
+                    acc = _mma_unit(acc, w, g, s0, s1, x_ptrs, x_mask, unit0 + u, magic, KIND, ASM)
+        return acc
+
+    @gluon.jit
+    def _ring_step(acc, ring, k: gl.constexpr, t, src, xw_ptr, u0, i, consts, ITERS: gl.constexpr,
+                   STAGES: gl.constexpr, STEP: gl.constexpr, KIND: gl.constexpr, BLOCK_N: gl.constexpr,
+                   L: gl.constexpr, ASM: gl.constexpr):  # fmt: skip
+        # stage t (in slot k = t % STAGES): wait for its copies, one barrier, refill the slot stage t - 1 used with
+        # stage t + STAGES - 1 (an empty group past the last), then its products
+        async_copy.wait_group(STAGES - 2)  # this thread's copies of stage t have landed
+        gl.thread_barrier()  # ... every thread's; every thread is done with stage t - 1's slot
+        if t + STAGES - 1 < ITERS:
+            _ring_issue(ring[(k + STAGES - 1) % STAGES], src, u0 + (t + STAGES - 1) * STEP, KIND)
+        else:
+            async_copy.commit_group()
+        return _ring_stage(acc, ring[k], xw_ptr, u0 + t * STEP, i, consts, STEP, KIND, BLOCK_N, L, ASM)
+
+    @gluon.jit
+    def _ring_run(acc, src, xw_ptr, u0, i, consts, ITERS: gl.constexpr, STAGES: gl.constexpr, STEP: gl.constexpr,
+                  KIND: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr, ASM: gl.constexpr):  # fmt: skip
+        # a program's ITERS stages of STEP units from unit u0 through a ring of STAGES slots (2..4): the first
+        # STAGES - 1 issued up front, then _ring_step a stage; the loop is unrolled by STAGES so each slot is a
+        # static index
+        gl.static_assert(STAGES >= 2 and STAGES <= 4, "ring slots: 2..4")
+        s0 = _ring_slot(BLOCK_N, STEP, KIND)
+        s1 = _ring_slot(BLOCK_N, STEP, KIND)
+        s2 = s0
+        s3 = s0
+        if STAGES >= 3:
+            s2 = _ring_slot(BLOCK_N, STEP, KIND)
+        if STAGES >= 4:
+            s3 = _ring_slot(BLOCK_N, STEP, KIND)
+        ring = (s0, s1, s2, s3)
+        for k in gl.static_range(STAGES - 1):
+            if k < ITERS:
+                _ring_issue(ring[k], src, u0 + k * STEP, KIND)
+            else:
+                async_copy.commit_group()  # (an empty group: the count _ring_step waits for stays STAGES - 2)
+        if ITERS > STAGES:
+            for t0 in range(0, ITERS, STAGES):
+                for k in gl.static_range(STAGES):
+                    if t0 + k < ITERS:
+                        acc = _ring_step(acc, ring, k, t0 + k, src, xw_ptr, u0, i, consts, ITERS, STAGES, STEP, KIND,
+                                         BLOCK_N, L, ASM)  # fmt: skip
+        else:  # (one pass: unrolled whole; Triton's lowering fails on the loop folded from a single trip)
+            for t in gl.static_range(ITERS):
+                acc = _ring_step(acc, ring, t, t, src, xw_ptr, u0, i, consts, ITERS, STAGES, STEP, KIND, BLOCK_N, L,
+                                 ASM)  # fmt: skip
+        async_copy.wait_group(
+            0
+        )  # (only empty groups are left: nothing lands in this CTA's memory after it exits)
+        return acc
+
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_ring_kernel(
+        xw_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        BITS: gl.constexpr,
+        UNITS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+        STEP: gl.constexpr,  # units a stage
+        STAGES: gl.constexpr,  # ring slots, 2..4: STAGES - 1 stages in flight while one is computed
+    ):
+        # _quant_gemv_pairs_kernel's arithmetic (the same layout L, _pairs_unit), its weight bytes streamed
+        # through a ring of STAGES shared-memory slots by cp.async instead of a register prefetch: the bytes in
+        # flight no longer cost registers (the pairs kernel: 127 registers, 25% occupancy, DRAM 50% on the H200).
+        # Stage t: wait for its copy group, one barrier (its bytes visible to every thread; the slot refilled
+        # next, stage t - 1's, read by every thread), issue stage t + STAGES - 1, compute stage t (_ring_run).
+        # scales_ptr: the fp16 scales as int32 words [N, K_pad / 128] (a unit's two group scales, low half first;
+        # scales_stride in words); the rest as the pairs kernel's.
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
+        OFFSET: gl.constexpr = 1 << (BITS - 1)
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
+        src = _ring_group_src(codes_ptr, high_ptr, scales_ptr, N, codes_stride, high_stride, scales_stride, i, STEP,
+                              BLOCK_N, NUM_WARPS, L)  # fmt: skip
+        consts = (
+            gl.full([BLOCK_N, 16], 0x43004300, gl.int32, layout=L),  # 128 in bf16, twice
+            gl.full([BLOCK_N, 16], 0x3F803F80, gl.int32, layout=L),  # 1.0 in bf16, twice
+            gl.full(
+                [BLOCK_N, 16], (0xC300 | OFFSET) * 65537 - 4294967296, gl.int32, layout=L
+            ),  # -(128 + OFFSET)
+        )
+        acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+        acc = _ring_run(acc, src, xw_ptr, gl.program_id(1) * UNITS_SPLIT, i, consts, UNITS_SPLIT // STEP, STAGES,
+                        STEP, BITS, BLOCK_N, L, "")  # fmt: skip
+        _store_rows(out_ptr, acc, 1.0, rows, N)
+
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_nvfp4_ring_kernel(
+        xw_ptr,
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        codes_stride,
+        tile_stride,
+        out_scale,
+        STEPS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+        STEP: gl.constexpr,  # 128-lane steps a stage
+        STAGES: gl.constexpr,  # ring slots, 2..4
+    ):
+        # _quant_gemv_nvfp4_rows_kernel's arithmetic (_nvfp4_unit), its code words and block scales streamed
+        # through a ring of STAGES shared-memory slots by cp.async (_ring_run; see _quant_gemv_ring_kernel). A
+        # row's 8 scales of a step are two 4-byte runs of the swizzled tiles, 512 bytes apart (blocks 0-3, 4-7).
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
+        LB: gl.constexpr = gl.BlockedLayout(
+            [1, 4], [16, 2], [NUM_WARPS, 1], [1, 0]
+        )  # a thread one 4-byte run
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
+        code_offs = _ring_plane_offs(N, codes_stride, i, STEP, BLOCK_N, L)
+        rb = gl.arange(0, STEP * BLOCK_N, layout=gl.SliceLayout(1, LB))
+        row = gl.minimum(gl.program_id(0) * BLOCK_N + rb % BLOCK_N, N - 1).to(gl.int64)
+        inner = row % 128
+        j = gl.arange(0, 8, layout=gl.SliceLayout(0, LB))
+        sc_offs = (row // 128 * tile_stride + (inner % 32) * 16 + (inner // 32) * 4 + rb // BLOCK_N * 1024)[
+            :, None
+        ] + ((j // 4) * 512 + j % 4)[None, :]
+        src = (codes_ptr, codes_ptr, scales_ptr, code_offs, code_offs, sc_offs)
+        acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+        acc = _ring_run(acc, src, xw_ptr, gl.program_id(1) * STEPS_SPLIT, i, 0, STEPS_SPLIT // STEP, STAGES, STEP, 0,
+                        BLOCK_N, L, "")  # fmt: skip
+        _store_rows(out_ptr, acc, out_scale, rows, N)
+
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_mma_ring_kernel(
+        xw_ptr,
+        codes_ptr,
+        high_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        xw_stride,
+        codes_stride,
+        high_stride,
+        scales_stride,
+        T: gl.constexpr,  # rows of x, 1..8
+        BITS: gl.constexpr,
+        UNITS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+        STEP: gl.constexpr,  # units a stage
+        STAGES: gl.constexpr,  # ring slots, 2..4
+        ASM: gl.constexpr,  # MMA_GROUP_ASM[BITS]
+    ):
+        # _quant_gemv_mma_kernel's arithmetic (_mma_unit on the tensor cores, 1..8 rows of x, a row's output the
+        # same bits whatever T), its weight bytes streamed through a ring of STAGES shared-memory slots by
+        # cp.async (_ring_run; see _quant_gemv_ring_kernel; scales_ptr as int32 words there)
+        L: gl.constexpr = gl.BlockedLayout([2, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
+        split = gl.program_id(1)
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
+        src = _ring_group_src(codes_ptr, high_ptr, scales_ptr, N, codes_stride, high_stride, scales_stride, i, STEP,
+                              BLOCK_N, NUM_WARPS, L)  # fmt: skip
+        x_row = (gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, L)) % 16) // 2  # the quad's row of x
+        x_ptrs = xw_ptr + (gl.minimum(x_row, T - 1) * xw_stride)[:, None] + i[None, :]
+        x_mask = (x_row < T)[:, None] & (i >= 0)[None, :]
+        consts = (
+            gl.full([BLOCK_N, 16], 0x43004300, gl.int32, layout=L),
+            x_ptrs,
+            x_mask,
+        )  # (128 in bf16, twice)
+        acc = gl.zeros([BLOCK_N, 16], gl.int32, layout=L)  # fp32 bits (0.0)
+        acc = _ring_run(acc, src, xw_ptr, split * UNITS_SPLIT, i, consts, UNITS_SPLIT // STEP, STAGES, STEP, BITS,
+                        BLOCK_N, L, ASM)  # fmt: skip
+        _mma_store(out_ptr, acc, rows, i, N, split, T)
+
+    @gluon.jit(do_not_specialize=["N"])
+    def _quant_gemv_fp8_ring_kernel(
+        xw_ptr,
+        codes_ptr,
+        scales_ptr,
+        out_ptr,
+        N,
+        codes_stride,
+        STEPS_SPLIT: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+        STEP: gl.constexpr,  # 64-lane steps a stage
+        STAGES: gl.constexpr,  # ring slots, 2..4
+    ):
+        # _quant_gemv_fp8_rows_kernel's arithmetic (_fp8_step), its code words streamed through a ring of STAGES
+        # shared-memory slots by cp.async (_ring_run; see _quant_gemv_ring_kernel); the row's bf16 scale
+        # multiplies its sum once
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
+        rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
+        code_offs = _ring_plane_offs(N, codes_stride, i, STEP, BLOCK_N, L)
+        src = (codes_ptr, codes_ptr, codes_ptr, code_offs, code_offs, code_offs)
+        acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+        acc = _ring_run(acc, src, xw_ptr, gl.program_id(1) * STEPS_SPLIT, i, 0, STEPS_SPLIT // STEP, STAGES, STEP, 1,
+                        BLOCK_N, L, "")  # fmt: skip
+        _store_rows(out_ptr, acc, gl.load(scales_ptr + rows_c).to(gl.float32), rows, N)
 
     @gluon.jit
     def _mma_unit(acc, w, g, s0, s1, x_ptrs, x_mask, unit, magic, BITS: gl.constexpr, ASM: gl.constexpr):
@@ -220,6 +551,7 @@ if HAS_GLUON:
         NUM_WARPS: gl.constexpr,
         STEP: gl.constexpr,  # units a loop step (1 or 2), as _quant_gemv_pairs_kernel's
         ASM: gl.constexpr,  # MMA_GROUP_ASM[BITS]
+        PDL: gl.constexpr,
     ):
         # _quant_gemv_pairs_kernel's weight loads, the products on the tensor cores (mma.sync m16n8k16, bf16,
         # fp32 accumulate) for 1..8 rows of x: a thread holds 2 weight rows x 4 words (L), so a quad of lanes
@@ -249,6 +581,8 @@ if HAS_GLUON:
         if STEP == 2:
             w2, g2, t0, t1 = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
                                          gl.minimum(u0 + 1, last), i, BITS)  # fmt: skip
+        pdl_wait(PDL)  # kernels/pdl.py: the first step's WEIGHT planes above, x and the output only below
+        pdl_launch_dependents(PDL)
         for unit in range(u0, u0 + UNITS_SPLIT, STEP):
             w_n, g_n, s0_n, s1_n = _pairs_load(codes_ptr, high_ptr, scales_ptr, code_rows, high_rows, scale_rows,
                                                gl.minimum(unit + STEP, last), i, BITS)  # fmt: skip
@@ -261,11 +595,7 @@ if HAS_GLUON:
                 acc = _mma_unit(acc, w2, g2, t0, t1, x_ptrs, x_mask, unit + 1, magic, BITS, ASM)
             w, g, s0, s1 = w_n, g_n, s0_n, s1_n
             w2, g2, t0, t1 = w2_n, g2_n, t0_n, t1_n
-        # element (r, c): weight row r, x row 2 (c // 4) + c % 4 when c % 4 < 2 (the rest are 0.0)
-        out_row = (i // 4) * 2 + i % 4
-        mask = (rows < N)[:, None] & ((i % 4 < 2) & (out_row < T))[None, :]
-        offs = (split * T + out_row)[None, :] * N + rows[:, None]
-        gl.store(out_ptr + offs, acc.to(gl.float32, bitcast=True).to(out_ptr.dtype.element_ty), mask=mask)
+        _mma_store(out_ptr, acc, rows, i, N, split, T)
 
     @gluon.jit
     def _fp8_word_f32(w):
@@ -308,6 +638,7 @@ if HAS_GLUON:
         STEPS_SPLIT: gl.constexpr,
         BLOCK_N: gl.constexpr,
         NUM_WARPS: gl.constexpr,
+        PDL: gl.constexpr,
     ):
         # FP8 rows (E4M3 codes, one bf16 scale a row), one bf16 row of x (K a multiple of 64) as int32 lane pairs:
         # grid (cdiv(N, BLOCK_N), SPLIT_K), a program walks STEPS_SPLIT steps of 64 lanes, the next step's words
@@ -316,13 +647,15 @@ if HAS_GLUON:
         L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
         split = gl.program_id(1)
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
-        w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + i[None, :]
+        w_offs = (rows_c * codes_stride)[:, None] + i[None, :]
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
         s0 = split * STEPS_SPLIT
         last = s0 + STEPS_SPLIT - 1
-        w = gl.load(w_ptrs + s0 * 16)
+        w = _weight_step_load(codes_ptr, w_offs, s0, 16)
+        pdl_wait(PDL)  # kernels/pdl.py: the first step's WEIGHT words above, x and the output only below
+        pdl_launch_dependents(PDL)
         for step in range(s0, s0 + STEPS_SPLIT):
-            w_n = gl.load(w_ptrs + gl.minimum(step + 1, last) * 16)
+            w_n = _weight_step_load(codes_ptr, w_offs, gl.minimum(step + 1, last), 16)
             acc = _fp8_step(acc, w, xw_ptr, step, i)
             w = w_n
         _store_rows(out_ptr, acc, gl.load(scales_ptr + rows_c).to(gl.float32), rows, N)
@@ -359,6 +692,7 @@ if HAS_GLUON:
         STEPS_SPLIT: gl.constexpr,
         BLOCK_N: gl.constexpr,
         NUM_WARPS: gl.constexpr,
+        PDL: gl.constexpr,
     ):
         # NVFP4 (E2M1 codes two a byte, low nibble first; an E4M3 scale a block of 16 lanes in the swizzled
         # 128x4 tiles; out_scale = 2^14 / the per-tensor divisor), one bf16 row of x (K a multiple of 128) as int32
@@ -367,23 +701,23 @@ if HAS_GLUON:
         L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS, 1], [1, 0])
         split = gl.program_id(1)
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 16, L)
-        w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + i[None, :]
+        w_offs = (rows_c * codes_stride)[:, None] + i[None, :]
         inner = rows_c % 128
         # scale byte of (row n, block b = 8 step + i // 2): the row's part + (b // 4) * 512 + b % 4
-        s_ptrs = (
-            scales_ptr
-            + (rows_c // 128 * tile_stride + (inner % 32) * 16 + (inner // 32) * 4)[:, None]
-            + ((i // 8) * 512 + (i // 2) % 4)[None, :]
-        )
+        s_offs = (rows_c // 128 * tile_stride + (inner % 32) * 16 + (inner // 32) * 4)[:, None] + (
+            (i // 8) * 512 + (i // 2) % 4
+        )[None, :]
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
         s0 = split * STEPS_SPLIT
         last = s0 + STEPS_SPLIT - 1
-        w = gl.load(w_ptrs + s0 * 16)
-        sc = gl.load(s_ptrs + s0 * 1024)
+        w = _weight_step_load(codes_ptr, w_offs, s0, 16)
+        sc = _weight_step_load(scales_ptr, s_offs, s0, 1024)
+        pdl_wait(PDL)  # kernels/pdl.py: the first step's WEIGHTS above, x and the output only below
+        pdl_launch_dependents(PDL)
         for step in range(s0, s0 + STEPS_SPLIT):
             nxt = gl.minimum(step + 1, last)
-            w_n = gl.load(w_ptrs + nxt * 16)
-            sc_n = gl.load(s_ptrs + nxt * 1024)
+            w_n = _weight_step_load(codes_ptr, w_offs, nxt, 16)
+            sc_n = _weight_step_load(scales_ptr, s_offs, nxt, 1024)
             part = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
             w4 = w >> 4
             for c in gl.static_range(4):
@@ -405,6 +739,7 @@ if HAS_GLUON:
         UNITS_SPLIT: gl.constexpr,
         BLOCK_N: gl.constexpr,
         NUM_WARPS: gl.constexpr,
+        PDL: gl.constexpr,
     ):
         # W8 on the GEMV layout (32 words a unit; byte j of word i is u = code + 128 of lane 32j + i, group j of
         # 32 lanes), one bf16 row of x: a thread holds 4 words of a row (8 threads a row). Each byte becomes the
@@ -414,15 +749,17 @@ if HAS_GLUON:
         L: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NUM_WARPS, 1], [1, 0])
         split = gl.program_id(1)
         rows, rows_c, i = _one_row_tile(N, BLOCK_N, 32, L)
-        w_ptrs = codes_ptr + (rows_c * codes_stride)[:, None] + i[None, :]
+        w_offs = (rows_c * codes_stride)[:, None] + i[None, :]
         s_ptrs = scales_ptr + rows_c * scales_stride
         magic = gl.full([BLOCK_N, 32], 0x4B000000, gl.int32, layout=L)
         acc = gl.zeros([BLOCK_N, 32], gl.float32, layout=L)
         u0 = split * UNITS_SPLIT
         last = u0 + UNITS_SPLIT - 1
-        w = gl.load(w_ptrs + u0 * 32)
+        w = _weight_step_load(codes_ptr, w_offs, u0, 32)
+        pdl_wait(PDL)  # kernels/pdl.py: the first unit's WEIGHT words above, x and the output only below
+        pdl_launch_dependents(PDL)
         for unit in range(u0, u0 + UNITS_SPLIT):
-            w_n = gl.load(w_ptrs + gl.minimum(unit + 1, last) * 32)
+            w_n = _weight_step_load(codes_ptr, w_offs, gl.minimum(unit + 1, last), 32)
             for j in gl.static_range(4):
                 f = _pairs_and_or(w >> (8 * j), 0xFF, magic).to(gl.float32, bitcast=True)
                 x = gl.load(x_ptr + unit * 128 + 32 * j + i).to(gl.float32)[None, :]

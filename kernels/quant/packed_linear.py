@@ -33,7 +33,9 @@ if HAS_TRITON:
         from kernels.quant.gluon_gemv import (
             MMA_GROUP_ASM,
             _quant_gemv_mma_kernel,
+            _quant_gemv_mma_ring_kernel,
             _quant_gemv_pairs_kernel,
+            _quant_gemv_ring_kernel,
             _quant_gemv_w8_pairs_kernel,
         )
 
@@ -94,6 +96,17 @@ GEMV_VARIANTS: dict[str, GemvVariant] = {
     "mma_n32w2": GemvVariant(32, 1, 2, 0, "mma"),
     "mma_n32w2s2": GemvVariant(32, 2, 2, 0, "mma"),
     "mma_n128w8": GemvVariant(128, 1, 8, 0, "mma"),
+    # the pairs kernel's arithmetic, its weight bytes through a cp.async ring of num_stages shared-memory slots
+    # (gluon_gemv._quant_gemv_ring_kernel: bytes in flight without registers; step_units units a slot)
+    "ring_n64s2": GemvVariant(64, 2, 4, 0, "ring", 4),
+    "ring_n64s2st3": GemvVariant(64, 2, 4, 0, "ring", 3),
+    "ring_n64s1": GemvVariant(64, 1, 4, 0, "ring", 4),
+    "ring_n32w2s2": GemvVariant(32, 2, 2, 0, "ring", 4),
+    "ring_n128s1": GemvVariant(128, 1, 4, 0, "ring", 4),
+    # the tensor-core kernel's arithmetic (1..8 rows of x) through the same ring (_quant_gemv_mma_ring_kernel)
+    "mmaring_n64s2": GemvVariant(64, 2, 4, 0, "mma_ring", 4),
+    "mmaring_n128s1": GemvVariant(128, 1, 4, 0, "mma_ring", 4),
+    "mmaring_n32w2s2": GemvVariant(32, 2, 2, 0, "mma_ring", 4),
 }
 # one row of x (decode at C=1): the Gluon kernel, its tiles per 27B shape as timed on the H200 (2026-12-04,
 # bench/results/h200_2026-12-04_session8/kernels_quant_pairs_variants.json), else ONE_ROW_VARIANT
@@ -132,6 +145,8 @@ ONE_ROW_TABLE: dict[tuple[str, int, int], str] = {
 PAIR_MODES = (
     "pairs",
     "mma",
+    "ring",
+    "mma_ring",
 )  # the Gluon kernels' tiles (one bf16 row of x read as 32-bit lane pairs: pairs_ok)
 # (format, N, K) -> variant name, from measurements on the H200 (empty until the bench's --variants run)
 GEMV_TABLE: dict[tuple[str, int, int], str] = {}
@@ -139,6 +154,22 @@ H200_SMS = 132
 # programs of the default tiles (128 rows, 4 warps) resident on one SM: their registers (sm_90 cubins of
 # bench/kernels/aot_quant.py: Q4 128, W8 116, Q5/Q6 168 a thread) in the 64K-register file
 RESIDENT = {4: 4, 5: 3, 6: 3, 8: 4}
+# the ring kernels' programs an SM: (mode, bits, block_n, num_warps, step_units, stages) -> min(register-, shared-
+# memory-limited), from their sm_90 cubins (bench/kernels/aot_quant.py variants; 228 KiB of shared memory an SM); a
+# tile not listed takes 4
+RING_RESIDENT = {
+    ("ring", 4, 64, 4, 2, 4): 6,  # ring_n64s2: 72 registers, 34 KiB
+    ("ring", 5, 64, 4, 2, 4): 5,  # 96 registers, 42 KiB
+    ("ring", 6, 64, 4, 2, 4): 4,  # 127 registers, 50 KiB (int16 high halves)
+    ("ring", 5, 64, 4, 2, 3): 4,  # ring_n64s2st3: 127 registers
+    ("ring", 6, 64, 4, 1, 4): 6,  # ring_n64s1: 80 registers, 25 KiB
+    ("ring", 4, 32, 2, 2, 4): 10,  # ring_n32w2s2: 96 registers x 64 threads, 17 KiB
+    ("ring", 4, 128, 4, 1, 4): 6,  # ring_n128s1: 80 registers, 34 KiB
+    ("mma_ring", 4, 64, 4, 2, 4): 6,  # mmaring_n64s2: 72 registers, 34 KiB
+    ("mma_ring", 5, 64, 4, 2, 4): 5,  # 80 registers, 42 KiB
+    ("mma_ring", 6, 128, 4, 1, 4): 3,  # mmaring_n128s1: 148 registers
+    ("mma_ring", 4, 32, 2, 2, 4): 12,  # mmaring_n32w2s2: 72 registers x 64 threads, 17 KiB
+}
 
 
 def _split(units: int, step_units: int, tiles_n: int, min_programs: int) -> int:
@@ -193,13 +224,18 @@ def packed_tiles(
     step = v.step_units if units % v.step_units == 0 else 1
     # (the MMA kernel's layout is 16 rows a warp: no smaller tile)
     block_n = max(
-        16 * v.num_warps if v.mode == "mma" else 16, min(v.block_n, 1 << max(0, n - 1).bit_length())
+        16 * v.num_warps if v.mode in ("mma", "mma_ring") else 16,
+        min(v.block_n, 1 << max(0, n - 1).bit_length()),
     )
     tiles_n = -(-n // block_n)
+    bits = GROUP_FORMATS[fmt].bits
+    resident = RESIDENT[bits]
+    if v.mode in ("ring", "mma_ring"):
+        resident = RING_RESIDENT.get((v.mode, bits, block_n, v.num_warps, step, v.num_stages), 4)
     if v.min_programs:
         split = _split(units, step, tiles_n, v.min_programs)
     else:
-        split = _wave_split(units, step, tiles_n, sms * RESIDENT[GROUP_FORMATS[fmt].bits])
+        split = _wave_split(units, step, tiles_n, sms * resident)
     step = (
         1 if GROUP_FORMATS[fmt].bits == 8 and v.mode in PAIR_MODES else step
     )  # W8's kernel: one unit a step
@@ -242,7 +278,23 @@ def _gluon_mode(tiles: PackedTiles, x: torch.Tensor, qw: QuantWeight) -> str | N
         return "w8" if pairs_ok(x, qw) else None
     if tiles.mode == "mma":
         return "mma" if pairs_ok(x, qw, 8) else None
+    if tiles.mode == "mma_ring":
+        return ("mma_ring" if ring_ok(qw) else "mma") if pairs_ok(x, qw, 8) else None
+    if tiles.mode == "ring":
+        return "ring" if pairs_ok(x, qw) and ring_ok(qw) else ("pairs" if pairs_ok(x, qw) else None)
     return "pairs" if pairs_ok(x, qw) else None
+
+
+def ring_ok(qw: QuantWeight) -> bool:
+    """Whether the ring kernel's copies can take this weight: the scales read as int32 words (a unit's two fp16
+    scales: an even row stride and offset), the planes 16-byte aligned (the cp.async widths: 16 bytes of code
+    words, 4 of Q5's high bytes, 8 of Q6's high halves, need their addresses' alignment proven)."""
+    sc = qw.scales
+    planes = [qw.codes] + ([] if qw.high is None else [qw.high])
+    return (
+        sc.stride(-1) == 1 and sc.stride(0) % 2 == 0 and sc.storage_offset() % 2 == 0
+        and all(p.data_ptr() % 16 == 0 and (p.stride(0) * p.element_size()) % 16 == 0 for p in planes)
+    )  # fmt: skip
 
 
 def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch.Tensor) -> torch.Tensor:
@@ -254,7 +306,7 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
     if tiles.mode in PAIR_MODES and gluon is None:
         # the interpreter (no Gluon), fp16 x, W8 with rows: the Triton modes
         tiles = tiles._replace(mode="fma" if rows == 1 else "dot")
-    assert tiles.mode in ("dot", "mma") or rows == 1, (
+    assert tiles.mode in ("dot", "mma", "mma_ring") or rows == 1, (
         f"GEMV mode {tiles.mode!r} takes one row of x, got {rows}"
     )
     units = qw.k_pad // UNIT
@@ -269,24 +321,39 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
         _quant_gemv_w8_pairs_kernel[grid](
             x[0], words, qw.scales, target, n, words.stride(0), qw.scales.stride(0),
             UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,
-            num_warps=tiles.num_warps,
+            num_warps=tiles.num_warps, **pdl_args(x.device),
         )  # fmt: skip
     elif gluon is not None:
         if qw.high is not None and bits == 5:
             high = qw.high.view(torch.uint8)  # the Gluon kernels read Q5's high plane a byte a word
-        if gluon == "mma":
+        if gluon == "ring":
+            _quant_gemv_ring_kernel[grid](
+                x[0].view(torch.int32), words, high, qw.scales.view(torch.int32), target, n, words.stride(0),
+                high.stride(0), qw.scales.stride(0) // 2, BITS=bits, UNITS_SPLIT=units // tiles.split_k,
+                BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, STAGES=tiles.num_stages,
+                num_warps=tiles.num_warps,
+            )  # fmt: skip
+        elif gluon == "mma_ring":
+            xw = x.view(torch.int32) if rows > 1 else x[0].view(torch.int32)[None, :]
+            _quant_gemv_mma_ring_kernel[grid](
+                xw, words, high, qw.scales.view(torch.int32), target, n, xw.stride(0), words.stride(0),
+                high.stride(0), qw.scales.stride(0) // 2, T=rows, BITS=bits, UNITS_SPLIT=units // tiles.split_k,
+                BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, STAGES=tiles.num_stages,
+                ASM=MMA_GROUP_ASM[bits], num_warps=tiles.num_warps,
+            )  # fmt: skip
+        elif gluon == "mma":
             xw = x.view(torch.int32) if rows > 1 else x[0].view(torch.int32)[None, :]
             _quant_gemv_mma_kernel[grid](
                 xw, words, high, qw.scales, target, n, xw.stride(0), words.stride(0), high.stride(0),
                 qw.scales.stride(0), T=rows, BITS=bits, UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n,
                 NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, ASM=MMA_GROUP_ASM[bits],
-                num_warps=tiles.num_warps,
+                num_warps=tiles.num_warps, **pdl_args(x.device),
             )  # fmt: skip
         else:
             _quant_gemv_pairs_kernel[grid](
                 x[0].view(torch.int32), words, high, qw.scales, target, n, words.stride(0), high.stride(0),
                 qw.scales.stride(0), BITS=bits, UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n,
-                NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, num_warps=tiles.num_warps,
+                NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, num_warps=tiles.num_warps, **pdl_args(x.device),
             )  # fmt: skip
     else:
         _quant_gemv_packed_kernel[grid](

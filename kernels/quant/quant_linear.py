@@ -29,12 +29,14 @@ from typing import NamedTuple
 
 import torch
 
-from kernels._dispatch import HAS_TRITON, INTERPRET, use_triton
+from kernels._dispatch import FP_ONE_ROW, HAS_TRITON, INTERPRET, use_triton
 from kernels.pdl import pdl_args
 from kernels.quant.formats import FP8, GROUP_FORMATS, NVFP4
 from kernels.quant.gluon_gemv import HAS_GLUON
 from kernels.quant.packed_linear import (
+    H200_SMS,
     PackedTiles,
+    _wave_split,
     dequantize_packed_to,
     device_sms,
     gemv_packed,
@@ -48,7 +50,12 @@ if HAS_TRITON:
     from kernels.linear import REDUCE_BLOCK, _linear_reduce_kernel
 
     if HAS_GLUON:
-        from kernels.quant.gluon_gemv import _quant_gemv_fp8_rows_kernel, _quant_gemv_nvfp4_rows_kernel
+        from kernels.quant.gluon_gemv import (
+            _quant_gemv_fp8_ring_kernel,
+            _quant_gemv_fp8_rows_kernel,
+            _quant_gemv_nvfp4_ring_kernel,
+            _quant_gemv_nvfp4_rows_kernel,
+        )
     from kernels.quant.triton_fp import (
         _quant_dequant_fp_kernel,
         _quant_gemm_fp8_kernel,
@@ -89,7 +96,8 @@ class QuantTiles(NamedTuple):
     split_k: int  # GEMV: programs along K (fp32 partials + the reduce kernel when > 1); GEMM: 1
     num_stages: int
     block_t: int = 16  # GEMM: rows of x a program (the GEMV takes all T <= 8 as the dot's 16 columns)
-    mode: str = "dot"  # "rows": the FP8 / NVFP4 Gluon one-row GEMV (one_row_tiles; block_k its step in lanes)
+    mode: str = "dot"  # "rows" / "ring": the FP8 / NVFP4 Gluon one-row GEMV (one_row_tiles; block_k its step in lanes)
+    step_units: int = 1  # "ring": loop steps a ring slot (num_stages: the slots)
 
 
 def _pow2(n: int) -> int:
@@ -157,12 +165,25 @@ def one_row_ok(x: torch.Tensor, qw: QuantWeight) -> bool:
     )  # fmt: skip
 
 
+# the ring kernels' programs an SM (64 rows, 4 warps, 4 slots of 2 steps; sm_90 cubins of bench/kernels/aot_quant.py:
+# NVFP4 96 registers and 36 KiB, FP8 59 registers and 32 KiB)
+RING_RESIDENT = {NVFP4: 5, FP8: 6}
+
+
 @functools.lru_cache(maxsize=1024)  # called by every one-row launch (eager steps)
-def one_row_tiles(fmt: str, n: int, k: int) -> QuantTiles:
-    """The tiles of the FP8 / NVFP4 one-row GEMV: 64 rows a program (2 a thread), 4 warps, K split for
-    ``MIN_PROGRAMS``."""
+def one_row_tiles(fmt: str, n: int, k: int, mode: str | None = None) -> QuantTiles:
+    """The tiles of the FP8 / NVFP4 one-row GEMV: 64 rows a program (2 a thread), 4 warps. ``mode`` (default
+    ``NINFER_FP_ONE_ROW``): "rows", K split for ``MIN_PROGRAMS``; "ring" (the cp.async ring kernels: 4 slots of 2
+    steps, 1 when the steps are odd), K split for whole waves of its resident programs (``packed_linear``'s
+    ``_wave_split``)."""
     step = ONE_ROW_STEP[fmt]
-    return QuantTiles(64, step, 4, gemv_split(k // step, -(-n // 64)), 1, mode="rows")
+    steps = k // step
+    tiles_n = -(-n // 64)
+    if (mode or FP_ONE_ROW) == "ring":
+        units = 2 if steps % 2 == 0 else 1
+        split = _wave_split(steps, units, tiles_n, H200_SMS * RING_RESIDENT[fmt])
+        return QuantTiles(64, step, 4, split, 4, mode="ring", step_units=units)
+    return QuantTiles(64, step, 4, gemv_split(steps, tiles_n), 1, mode="rows")
 
 
 def gemm_tiles(fmt: str, n: int, k: int, rows: int) -> QuantTiles:
@@ -261,24 +282,44 @@ def _gemv(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor
         _quant_gemv_group_kernel[grid](
             x, qw.codes, high, qw.scales, target, n, rows, k, x.stride(0), qw.codes.stride(0), high.stride(0),
             qw.scales.stride(0), BITS=spec.bits, GROUP=spec.group_size, GROUPS_SPLIT=groups // tiles.split_k,
-            GROUPS_STEP=per_step, **common,
+            GROUPS_STEP=per_step, **common, **pdl_args(x.device),
         )  # fmt: skip
-    elif tiles.mode == "rows":
+    elif tiles.mode in ("rows", "ring"):
         assert one_row_ok(x, qw), f"{tiles}: one bf16 row on a GPU with Gluon, K a whole number of steps"
+        if tiles.mode == "ring" and any(t.data_ptr() % 16 for t in (qw.codes, qw.scales)):
+            # (the ring's cp.async widths need 16-byte aligned planes proven at compile time)
+            tiles = one_row_tiles(qw.format, n, k, "rows")._replace(split_k=tiles.split_k)
         steps = k // tiles.block_k
         assert steps % tiles.split_k == 0, f"{tiles}: K={k} splits unevenly"
         words = qw.codes.view(torch.int32)
-        if qw.format == FP8:
+        if tiles.mode == "ring":
+            assert steps // tiles.split_k % tiles.step_units == 0, (
+                f"{tiles}: a split is no whole number of slots"
+            )
+            ring = dict(
+                STEPS_SPLIT=steps // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,
+                STEP=tiles.step_units, STAGES=tiles.num_stages, num_warps=tiles.num_warps,
+            )  # fmt: skip
+            if qw.format == FP8:
+                _quant_gemv_fp8_ring_kernel[grid](
+                    x[0].view(torch.int32), words, qw.scales, target, n, words.stride(0), **ring
+                )
+            else:
+                _quant_gemv_nvfp4_ring_kernel[grid](
+                    x[0].view(torch.int32), words, qw.scales, target, n, words.stride(0), qw.scales.stride(0),
+                    16384.0 / qw.divisor, **ring,
+                )  # fmt: skip
+        elif qw.format == FP8:
             _quant_gemv_fp8_rows_kernel[grid](
                 x[0].view(torch.int32), words, qw.scales, target, n, words.stride(0),
                 STEPS_SPLIT=steps // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,
-                num_warps=tiles.num_warps,
+                num_warps=tiles.num_warps, **pdl_args(x.device),
             )  # fmt: skip
         else:
             _quant_gemv_nvfp4_rows_kernel[grid](
                 x[0].view(torch.int32), words, qw.scales, target, n, words.stride(0), qw.scales.stride(0),
                 16384.0 / qw.divisor, STEPS_SPLIT=steps // tiles.split_k, BLOCK_N=tiles.block_n,
-                NUM_WARPS=tiles.num_warps, num_warps=tiles.num_warps,
+                NUM_WARPS=tiles.num_warps, num_warps=tiles.num_warps, **pdl_args(x.device),
             )  # fmt: skip
     elif qw.format == NVFP4:
         assert k % (tiles.split_k * tiles.block_k) == 0, f"{tiles}: K={k} is no whole number of steps"

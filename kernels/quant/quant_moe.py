@@ -11,10 +11,18 @@ cdiv(I, BLOCK_N))``, dequantizes the pair's expert's gate and up rows in registe
 token's top_k experts' down rows against their act in a fixed order and rounds once. No gather copy, no host
 sync, per-token programs (batch invariant), CUDA-graph safe. ``NINFER_QUANT_MOE=v2`` (``kernels._dispatch``)
 runs ``triton_moe.py``'s two kernels instead: the same grids with ~8x the programs a token and whole-chunk tiles
-(tiles: ``quant_moe_tiles_v2``), the same contract, not bitwise v1. The shared expert is not part of this launch: the
-layer runs it through ``quant_linear`` (or bf16) and adds it. Prefill (``engine/model/quant_experts.py``)
-dequantizes a layer's two stacks into one dense scratch (``quant_linear.dequantize_to``) and runs the dense
-grouped expert path on it.
+(tiles: ``quant_moe_tiles_v2``), the same contract, not bitwise v1. Prefill (``engine/model/quant_experts.py``)
+dequantizes a layer's two stacks one after the other into one dense scratch (``quant_linear.dequantize_to``) and
+runs the dense grouped expert path on it.
+
+The shared expert (its MLP run by the layer through ``quant_linear``, or bf16) joins inside the same two launches,
+as in ``kernels.moe.moe_experts``: ``shared`` [T, H] (its output) is added by the down kernel in fp32 before the
+one rounding, as given (already gated) or, with ``shared_gate`` (``shared_expert_gate``'s weight [1, H]), weighted
+by ``sigmoid(shared_gate . x)``, which the token's first gate_up program computes (``kernels.moe``'s shared-slot
+weight: fp32, a fixed order) and stores in a [T] fp32 buffer. No GEMV, sigmoid, product or add launch of its own.
+Against the separate ops it replaces (a bf16 GEMV for the gate, then sigmoid, product and add each rounded to
+bf16) the output differs by those roundings (within ``RMS`` of the reference in the kernel tests); in fp32 the
+ungated add is bitwise the separate add. Batch invariant: a token's gate and term are read by its own programs.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import torch
 from kernels import _dispatch
 from kernels._dispatch import HAS_TRITON, use_triton
 from kernels.moe import moe_experts_ref
+from kernels.pdl import pdl_args
 from kernels.quant.formats import GROUP_FORMATS
 from kernels.quant.weight import QuantWeight, dequantize
 
@@ -48,18 +57,33 @@ def _geometry(x: torch.Tensor, gate_up: QuantWeight, down: QuantWeight) -> tuple
 
 
 def quant_moe_experts_ref(
-    x: torch.Tensor, gate_up: QuantWeight, down: QuantWeight, weights: torch.Tensor, expert_ids: torch.Tensor
+    x: torch.Tensor,
+    gate_up: QuantWeight,
+    down: QuantWeight,
+    weights: torch.Tensor,
+    expert_ids: torch.Tensor,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``sum_k weights[t, k] * expert_{ids[t, k]}(x[t])`` (``kernels.moe.moe_experts_ref``) with the experts'
-    exactly dequantized weights, fp32, rounded once.
+    exactly dequantized weights, plus the shared expert's term: ``shared[t]`` (already gated), or
+    ``sigmoid(shared_gate . x[t]) * shared[t]`` when ``shared_gate`` is given; all in fp32, rounded once.
 
-    x: [T, H]; gate_up: [E * 2I, H]; down: [E * H, I] (stacked expert-major); weights, expert_ids: [T, top_k]
-    -> [T, H] (x's dtype).
+    x: [T, H]; gate_up: [E * 2I, H]; down: [E * H, I] (stacked expert-major); weights, expert_ids: [T, top_k];
+    shared: [T, H] (the shared expert's output) or None; shared_gate: [1, H] (``shared_expert_gate``'s weight)
+    or None -> [T, H] (x's dtype).
     """
     num_experts, hidden, inter = _geometry(x, gate_up, down)
+    assert shared is not None or shared_gate is None, "a shared gate without a shared expert output"
     gu = dequantize(gate_up).view(num_experts, 2 * inter, hidden)
     dn = dequantize(down).view(num_experts, hidden, inter)
-    return moe_experts_ref(x, gu, dn, weights, expert_ids)
+    out = moe_experts_ref(x.float(), gu, dn, weights, expert_ids)  # fp32 in: the sum unrounded
+    if shared is not None:
+        term = shared.float()
+        if shared_gate is not None:
+            term = torch.sigmoid(x.float() @ shared_gate.float().t()) * term
+        out = out + term
+    return out.to(x.dtype)
 
 
 class QuantMoeTiles(NamedTuple):
@@ -139,16 +163,20 @@ def quant_moe_experts(
     down: QuantWeight,
     weights: torch.Tensor,
     expert_ids: torch.Tensor,
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
     version: str | None = None,
     tiles_v2: QuantMoeTilesV2 | None = None,
 ) -> torch.Tensor:
     """Launcher for ``quant_moe_experts_ref`` (same contract) on groupwise formats, for few tokens: the two
-    Triton kernels where Triton runs (see the module docstring), the reference elsewhere. ``version``: ``v1`` or
-    ``v2`` (None: ``NINFER_QUANT_MOE``); ``tiles_v2``: v2's tiles (None: ``quant_moe_tiles_v2``'s defaults)."""
+    Triton kernels where Triton runs (see the module docstring), the reference elsewhere. ``shared`` /
+    ``shared_gate``: the shared expert's term, added in the down kernel (the gate computed in the gate_up
+    kernel); ``version``: ``v1`` or ``v2`` (None: ``NINFER_QUANT_MOE``); ``tiles_v2``: v2's tiles (None:
+    ``quant_moe_tiles_v2``'s defaults)."""
     num_experts, hidden, inter = _geometry(x, gate_up, down)
     grouped = gate_up.format in GROUP_FORMATS and down.format in GROUP_FORMATS
-    if not grouped or not use_triton(x, gate_up.codes, down.codes, weights, expert_ids):
-        return quant_moe_experts_ref(x, gate_up, down, weights, expert_ids)
+    if not grouped or not use_triton(x, gate_up.codes, down.codes, weights, expert_ids, shared, shared_gate):
+        return quant_moe_experts_ref(x, gate_up, down, weights, expert_ids, shared, shared_gate)
     if gate_up.gemv_layout or down.gemv_layout:
         raise ValueError(
             "quant_moe_experts reads the stored row-split layout: load the expert stacks with "
@@ -164,28 +192,60 @@ def quant_moe_experts(
     out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
     if num_tokens == 0:
         return out
+    term = _SharedTerm.of(x, shared, shared_gate)
     version = version or _dispatch.QUANT_MOE_MODE
     if version == "v2":
-        _launch_v2(x, gate_up, down, weights, expert_ids, out, tiles_v2)
+        _launch_v2(x, gate_up, down, weights, expert_ids, term, out, tiles_v2)
         return out
     act = torch.empty(num_tokens * top_k, inter, dtype=torch.float32, device=x.device)
     assert version == "v1", f"quant_moe_experts: version {version!r}, expected 'v1' or 'v2'"
     gu_spec, dn_spec = GROUP_FORMATS[gate_up.format], GROUP_FORMATS[down.format]
     gu_high = gate_up.high if gate_up.high is not None else gate_up.codes
     _quant_moe_gate_up_kernel[(num_tokens * top_k, triton.cdiv(inter, tiles.block_n))](
-        x, gate_up.codes, gu_high, gate_up.scales, expert_ids, weights, act, x.stride(0), gate_up.codes.stride(0),
-        gu_high.stride(0), gate_up.scales.stride(0), HIDDEN=hidden, INTER=inter, TOP_K=top_k, BITS=gu_spec.bits,
-        GROUP=gu_spec.group_size, GROUPS=gate_up.k_pad // gu_spec.group_size, BLOCK_N=tiles.block_n,
-        NUM_STAGES=tiles.num_stages, num_warps=tiles.num_warps,
+        x, gate_up.codes, gu_high, gate_up.scales, expert_ids, weights, act, term.score, term.gate, x.stride(0),
+        gate_up.codes.stride(0), gu_high.stride(0), gate_up.scales.stride(0), HIDDEN=hidden, INTER=inter,
+        TOP_K=top_k, BITS=gu_spec.bits, GROUP=gu_spec.group_size, GROUPS=gate_up.k_pad // gu_spec.group_size,
+        BLOCK_N=tiles.block_n, NUM_STAGES=tiles.num_stages, SHARED_GATE=term.mode == 2,
+        num_warps=tiles.num_warps, **pdl_args(x.device),
     )  # fmt: skip
     dn_high = down.high if down.high is not None else down.codes
     _quant_moe_down_kernel[(num_tokens, triton.cdiv(hidden, tiles.block_h))](
-        act, down.codes, dn_high, down.scales, expert_ids, out, down.codes.stride(0), dn_high.stride(0),
-        down.scales.stride(0), HIDDEN=hidden, INTER=inter, TOP_K=top_k, BITS=dn_spec.bits,
-        GROUP=dn_spec.group_size, GROUPS=down.k_pad // dn_spec.group_size, BLOCK_H=tiles.block_h,
-        num_warps=tiles.num_warps,
+        act, down.codes, dn_high, down.scales, expert_ids, out, term.shared, term.gate, down.codes.stride(0),
+        dn_high.stride(0), down.scales.stride(0), term.shared.stride(0), HIDDEN=hidden, INTER=inter, TOP_K=top_k,
+        BITS=dn_spec.bits, GROUP=dn_spec.group_size, GROUPS=down.k_pad // dn_spec.group_size,
+        BLOCK_H=tiles.block_h, SHARED=term.mode, num_warps=tiles.num_warps, **pdl_args(x.device),
     )  # fmt: skip
     return out
+
+
+class _SharedTerm(NamedTuple):
+    """The shared expert's term as the kernels take it: ``mode`` 0 (none), 1 (``shared`` added as given) or 2
+    (weighted by the gate ``sigmoid(score . x)``, which the gate_up kernel stores into ``gate`` [T] fp32 and the
+    down kernel reads). Pointers a mode does not read are stand-ins (never read)."""
+
+    mode: int
+    shared: torch.Tensor  # [T, H], unit stride along H
+    score: torch.Tensor  # [1, H] (``shared_expert_gate``'s weight), unit stride
+    gate: torch.Tensor  # [T] fp32
+
+    @staticmethod
+    def of(x: torch.Tensor, shared: torch.Tensor | None, shared_gate: torch.Tensor | None) -> _SharedTerm:
+        num_tokens, hidden = x.shape
+        if shared is None:
+            assert shared_gate is None, "a shared gate without a shared expert output"
+            return _SharedTerm(0, x, x, x)
+        assert shared.shape == (num_tokens, hidden), (
+            f"shared {tuple(shared.shape)} for {(num_tokens, hidden)}"
+        )
+        shared = shared if shared.stride(1) == 1 else shared.contiguous()
+        if shared_gate is None:
+            return _SharedTerm(1, shared, x, x)
+        assert shared_gate.shape == (1, hidden), (
+            f"shared_gate {tuple(shared_gate.shape)}: expected [1, {hidden}]"
+        )
+        score = shared_gate if shared_gate.stride(1) == 1 else shared_gate.contiguous()
+        gate = torch.empty(num_tokens, dtype=torch.float32, device=x.device)
+        return _SharedTerm(2, shared, score, gate)
 
 
 def _launch_v2(
@@ -194,6 +254,7 @@ def _launch_v2(
     down: QuantWeight,
     weights: torch.Tensor,
     expert_ids: torch.Tensor,
+    term: _SharedTerm,
     out: torch.Tensor,
     tiles: QuantMoeTilesV2 | None,
 ) -> None:
@@ -210,16 +271,17 @@ def _launch_v2(
     assert gate_up.k_pad % tiles.block_k_gate_up == 0 and down.k_pad % tiles.block_k_down == 0, tiles
     gu_high = gate_up.high if gate_up.high is not None else gate_up.codes
     _quant_moe_gate_up_v2_kernel[(num_tokens * top_k, triton.cdiv(inter, tiles.block_n))](
-        x, gate_up.codes, gu_high, gate_up.scales, expert_ids, weights, act, x.stride(0), gate_up.codes.stride(0),
-        gu_high.stride(0), gate_up.scales.stride(0), HIDDEN=hidden, INTER=inter, ACT_STRIDE=act_stride, TOP_K=top_k,
-        BITS=gu_spec.bits, GROUP=gu_spec.group_size, K_PAD=gate_up.k_pad, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k_gate_up, X_PAIRS=x_pairs, num_warps=tiles.warps_gate_up,
+        x, gate_up.codes, gu_high, gate_up.scales, expert_ids, weights, act, term.score, term.gate, x.stride(0),
+        gate_up.codes.stride(0), gu_high.stride(0), gate_up.scales.stride(0), HIDDEN=hidden, INTER=inter,
+        ACT_STRIDE=act_stride, TOP_K=top_k, BITS=gu_spec.bits, GROUP=gu_spec.group_size, K_PAD=gate_up.k_pad,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k_gate_up, X_PAIRS=x_pairs, SHARED_GATE=term.mode == 2,
+        num_warps=tiles.warps_gate_up, **pdl_args(x.device),
     )  # fmt: skip
     dn_high = down.high if down.high is not None else down.codes
     _quant_moe_down_v2_kernel[(num_tokens, triton.cdiv(hidden, tiles.block_h))](
-        act, down.codes, dn_high, down.scales, expert_ids, out, down.codes.stride(0), dn_high.stride(0),
-        down.scales.stride(0), HIDDEN=hidden, INTER=inter, ACT_STRIDE=act_stride, TOP_K=top_k,
-        BLOCK_TOPK=triton.next_power_of_2(top_k),
-        BITS=dn_spec.bits, GROUP=dn_spec.group_size, K_PAD=down.k_pad, BLOCK_H=tiles.block_h,
-        BLOCK_K=tiles.block_k_down, num_warps=tiles.warps_down,
+        act, down.codes, dn_high, down.scales, expert_ids, out, term.shared, term.gate, down.codes.stride(0),
+        dn_high.stride(0), down.scales.stride(0), term.shared.stride(0), HIDDEN=hidden, INTER=inter,
+        ACT_STRIDE=act_stride, TOP_K=top_k, BLOCK_TOPK=triton.next_power_of_2(top_k), BITS=dn_spec.bits,
+        GROUP=dn_spec.group_size, K_PAD=down.k_pad, BLOCK_H=tiles.block_h, BLOCK_K=tiles.block_k_down,
+        SHARED=term.mode, num_warps=tiles.warps_down, **pdl_args(x.device),
     )  # fmt: skip

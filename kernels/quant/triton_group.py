@@ -31,6 +31,9 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from kernels.moe import _moe_shared_weight
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
+
     @triton.jit
     def _offset_value(u, SIGN: tl.constexpr):
         # the exact float32 of an offset code u = code + SIGN (int32, 0 <= u < 2^23): the bits of 2^23 + u minus
@@ -109,12 +112,15 @@ if HAS_TRITON:
         GROUPS_STEP: tl.constexpr,
         BLOCK_N: tl.constexpr,
         NUM_STAGES: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (cdiv(N, BLOCK_N), SPLIT_K): out^T [BLOCK_N, 16] for the weight rows of program_id(0) and the
         # GROUPS_SPLIT groups of split program_id(1) (see the module docstring). GROUPS_SPLIT is a multiple of
         # GROUPS_STEP. out: [T, N] in x's dtype (one split) or fp32 partials [SPLIT_K, T, N].
         BLOCK_T: tl.constexpr = 16
         HALF: tl.constexpr = GROUP // 2
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         dtype = x_ptr.dtype.element_ty
         tile = tl.program_id(0)
         split = tl.program_id(1)
@@ -224,6 +230,26 @@ if HAS_TRITON:
         return part * tl.load(scales_ptr + rows_c * scales_stride + g).to(tl.float32)
 
     @triton.jit
+    def _quant_moe_shared_gate(x_row, score_ptr, gate_ptr, pair, TOP_K: tl.constexpr, HIDDEN: tl.constexpr):
+        # The shared expert's gate sigmoid(score . x) of the pair's token, fp32 (``kernels.moe``'s shared-slot
+        # weight: 256 lanes a step summed lane-wise, then one reduction), stored by the token's first program
+        # (slot 0, row tile 0) only; the down kernel reads it
+        if (pair % TOP_K == 0) & (tl.program_id(1) == 0):
+            tl.store(gate_ptr + pair // TOP_K, _moe_shared_weight(x_row, score_ptr, HIDDEN, 256))
+
+    @triton.jit
+    def _quant_moe_shared_term(shared_ptr, gate_ptr, shared_stride, token, h, HIDDEN: tl.constexpr,
+                               SHARED: tl.constexpr):  # fmt: skip
+        # The shared expert's term for rows h of one token, fp32: its output rows weighted by the gate that the
+        # gate_up kernel stored (SHARED == 2), or as given (SHARED == 1: already gated). Loaded before the
+        # program's arithmetic (its latency hidden), added to the routed sum last (SHARED > 0 only)
+        term = tl.load(shared_ptr + token.to(tl.int64) * shared_stride + h, mask=h < HIDDEN, other=0.0)
+        term = term.to(tl.float32)
+        if SHARED == 2:
+            term = tl.load(gate_ptr + token) * term
+        return term
+
+    @triton.jit
     def _quant_moe_gate_up_kernel(
         x_ptr,
         codes_ptr,
@@ -232,6 +258,8 @@ if HAS_TRITON:
         ids_ptr,
         weights_ptr,
         act_ptr,
+        score_ptr,
+        gate_ptr,
         x_stride,
         codes_stride,
         high_stride,
@@ -244,10 +272,16 @@ if HAS_TRITON:
         GROUPS: tl.constexpr,
         BLOCK_N: tl.constexpr,
         NUM_STAGES: tl.constexpr,
+        SHARED_GATE: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T * TOP_K, cdiv(INTER, BLOCK_N)): act[pair, r] = w * silu(gate_r . x) * (up_r . x) for BLOCK_N
         # rows r of the pair's expert e, whose gate row is row e * 2 * INTER + r of the stacked [E * 2I, H]
-        # weight and its up row e * 2 * INTER + INTER + r. GROUPS: K_pad / GROUP of that weight.
+        # weight and its up row e * 2 * INTER + INTER + r. GROUPS: K_pad / GROUP of that weight. SHARED_GATE:
+        # the token's first program also stores the shared expert's gate (``_quant_moe_shared_gate``).
+        # PDL: the rows hang on the routed expert ids (a predecessor's), so nothing of the weight is read early
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         pair = tl.program_id(0)
         token = pair // TOP_K
         expert = tl.load(ids_ptr + pair).to(tl.int64)
@@ -266,6 +300,8 @@ if HAS_TRITON:
         w = tl.load(weights_ptr + pair).to(tl.float32)
         act = w * gate / (1.0 + tl.exp(-gate)) * up
         tl.store(act_ptr + pair.to(tl.int64) * INTER + r, act, mask=r < INTER)
+        if SHARED_GATE:
+            _quant_moe_shared_gate(x_row, score_ptr, gate_ptr, pair, TOP_K, HIDDEN)
 
     @triton.jit
     def _quant_moe_down_kernel(
@@ -275,9 +311,12 @@ if HAS_TRITON:
         scales_ptr,
         ids_ptr,
         out_ptr,
+        shared_ptr,
+        gate_ptr,
         codes_stride,
         high_stride,
         scales_stride,
+        shared_stride,
         HIDDEN: tl.constexpr,
         INTER: tl.constexpr,
         TOP_K: tl.constexpr,
@@ -285,13 +324,20 @@ if HAS_TRITON:
         GROUP: tl.constexpr,
         GROUPS: tl.constexpr,
         BLOCK_H: tl.constexpr,
+        SHARED: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T, cdiv(HIDDEN, BLOCK_H)): out[t, h] = sum over k = 0 .. TOP_K - 1 (in that order) of
-        # down_{e_k}[h] . act[t, k] for BLOCK_H output rows h; expert e's down row h is row e * HIDDEN + h of
-        # the stacked [E * H, I] weight. GROUPS: K_pad / GROUP of that weight.
+        # down_{e_k}[h] . act[t, k] for BLOCK_H output rows h, then (SHARED > 0) the shared expert's term
+        # (``_quant_moe_shared_term``), one rounding; expert e's down row h is row e * HIDDEN + h of the stacked
+        # [E * H, I] weight. GROUPS: K_pad / GROUP of that weight.
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         token = tl.program_id(0)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         h_c = tl.minimum(h, HIDDEN - 1).to(tl.int64)
+        if SHARED > 0:
+            term = _quant_moe_shared_term(shared_ptr, gate_ptr, shared_stride, token, h, HIDDEN, SHARED)
         acc = tl.zeros([BLOCK_H], dtype=tl.float32)
         for k in tl.static_range(TOP_K):
             pair = token * TOP_K + k
@@ -301,6 +347,8 @@ if HAS_TRITON:
             for g in tl.range(0, GROUPS):
                 acc += _group_dot(codes_ptr, high_ptr, scales_ptr, rows, codes_stride, high_stride, scales_stride,
                                   act_row, INTER, g, BITS, GROUP)  # fmt: skip
+        if SHARED > 0:
+            acc += term
         tl.store(out_ptr + token.to(tl.int64) * HIDDEN + h, acc.to(out_ptr.dtype.element_ty), mask=h < HIDDEN)
 
     @triton.jit

@@ -23,7 +23,8 @@ shuffle (``ttg.convert_layout`` through shared memory, with a barrier) that the 
 fp32 act: int64, act rows padded to an even length).
 
 Arithmetic: a group's codes times the activation times the group's scale summed in fp32 (tree order within the
-group), the groups, chunks and experts then summed in a fixed order, one rounding at the output. The order is a
+group), the groups, chunks and experts then summed in a fixed order, then the shared expert's term (gated by the
+fp32 gate the gate_up kernel stores: ``quant_moe.py``'s docstring), one rounding at the output. The order is a
 function of the tiles, and the tiles of the geometry only (``quant_moe_tiles_v2``), never of T or of the other
 tokens: a token's output is bitwise the same alone or in any batch. It is NOT bitwise v1's (v1 sums groups and
 experts sequentially); both match ``quant_moe_experts_ref`` within the same tolerance.
@@ -37,7 +38,13 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from kernels.quant.triton_group import _nibble_values, _w8_values
+    from kernels.pdl import pdl_launch_dependents, pdl_wait
+    from kernels.quant.triton_group import (
+        _nibble_values,
+        _quant_moe_shared_gate,
+        _quant_moe_shared_term,
+        _w8_values,
+    )
 
     @triton.jit
     def _bf16_pairs(w):
@@ -59,6 +66,8 @@ if HAS_TRITON:
         ids_ptr,
         weights_ptr,
         act_ptr,
+        score_ptr,
+        gate_ptr,
         x_stride,
         codes_stride,
         high_stride,
@@ -73,16 +82,22 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         X_PAIRS: tl.constexpr,
+        SHARED_GATE: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T * TOP_K, cdiv(INTER, BLOCK_N)): act[pair, r] = w * silu(gate_r . x) * (up_r . x) for BLOCK_N
         # rows r of the pair's expert e (gate row e * 2 * INTER + r of the stacked [E * 2I, H] weight, up row
         # e * 2 * INTER + INTER + r), K_PAD / BLOCK_K chunks of BLOCK_K lanes unrolled (BLOCK_K | K_PAD), every
         # chunk's loads first (a tuple of tiles), then the arithmetic; tile
         # [BLOCK_N, 2, BLOCK_K / 2] (row, gate / up, lane pair). X_PAIRS: x is bf16 with 4-byte aligned rows, read
-        # as int32 lane pairs (no even / odd shuffle through shared memory).
+        # as int32 lane pairs (no even / odd shuffle through shared memory). SHARED_GATE: the token's first
+        # program also stores the shared expert's gate (v1's ``_quant_moe_shared_gate``), after its act.
         PAIRS: tl.constexpr = BLOCK_K // 2
         HIGH: tl.constexpr = PAIRS * (BITS - 4) // 4  # high bytes a row a chunk (Q5, Q6)
         GROUPS: tl.constexpr = BLOCK_K // GROUP
+        # PDL: the rows hang on the routed expert ids (a predecessor's), so nothing of the weight is read early
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         pair = tl.program_id(0)
         token = pair // TOP_K
         expert = tl.load(ids_ptr + pair).to(tl.int64)
@@ -144,6 +159,8 @@ if HAS_TRITON:
         w = tl.load(weights_ptr + pair).to(tl.float32)
         act = w * gate / (1.0 + tl.exp(-gate)) * up
         tl.store(act_ptr + pair.to(tl.int64) * ACT_STRIDE + r, act, mask=r < INTER)
+        if SHARED_GATE:
+            _quant_moe_shared_gate(x_row, score_ptr, gate_ptr, pair, TOP_K, HIDDEN)
 
     @triton.jit
     def _quant_moe_down_v2_kernel(
@@ -153,9 +170,12 @@ if HAS_TRITON:
         scales_ptr,
         ids_ptr,
         out_ptr,
+        shared_ptr,
+        gate_ptr,
         codes_stride,
         high_stride,
         scales_stride,
+        shared_stride,
         HIDDEN: tl.constexpr,
         INTER: tl.constexpr,
         ACT_STRIDE: tl.constexpr,
@@ -166,6 +186,8 @@ if HAS_TRITON:
         K_PAD: tl.constexpr,
         BLOCK_H: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        SHARED: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid (T, cdiv(HIDDEN, BLOCK_H)): out[t, h] = sum over the token's TOP_K experts e_k of down_{e_k}[h] .
         # act[t, k] for BLOCK_H rows h (expert e's row h: row e * HIDDEN + h of the stacked [E * H, I] weight).
@@ -173,11 +195,14 @@ if HAS_TRITON:
         # tile [BLOCK_H, BLOCK_TOPK, BLOCK_K / 2] of code bytes (the last
         # axis contiguous in memory: vector loads) against the act's lane pairs (int64 words: ACT_STRIDE is even);
         # slots k >= TOP_K (BLOCK_TOPK = next power of 2) read slot TOP_K - 1's rows against a zero act.
-        # Sums: a group's lanes, the groups, then the experts.
+        # Sums: a group's lanes, the groups, then the experts, then (SHARED > 0) the shared expert's term (v1's
+        # ``_quant_moe_shared_term``, loaded first), one rounding.
         PAIRS: tl.constexpr = BLOCK_K // 2  # lane pairs (code bytes for Q4/Q5/Q6) an expert a chunk
         HIGH: tl.constexpr = PAIRS * (BITS - 4) // 4  # high bytes an expert a chunk (Q5, Q6)
         GROUPS: tl.constexpr = BLOCK_K // GROUP
         ROWS: tl.constexpr = BLOCK_H * BLOCK_TOPK
+        pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
+        pdl_launch_dependents(PDL)
         token = tl.program_id(0)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         h_c = tl.minimum(h, HIDDEN - 1).to(tl.int64)[:, None]
@@ -189,6 +214,8 @@ if HAS_TRITON:
         scale_rows = (rows * scales_stride)[:, :, None, None]
         act_rows = act_ptr.to(tl.pointer_type(tl.int64)) + (pairs.to(tl.int64) * (ACT_STRIDE // 2))[:, None]
         live = (ks < TOP_K)[:, None]
+        if SHARED > 0:  # loaded with the others
+            term = _quant_moe_shared_term(shared_ptr, gate_ptr, shared_stride, token, h, HIDDEN, SHARED)
         acc = tl.zeros([BLOCK_H, BLOCK_TOPK], dtype=tl.float32)
         loaded = ()
         for c in tl.static_range(K_PAD // BLOCK_K):  # every chunk's loads, issued before any arithmetic
@@ -227,4 +254,6 @@ if HAS_TRITON:
             prod = tl.reshape(prod, [BLOCK_H, BLOCK_TOPK, GROUPS, GROUP // 2])
             acc += tl.sum(tl.sum(prod * s.to(tl.float32), axis=3), axis=2)
         out = tl.sum(acc, axis=1)
+        if SHARED > 0:
+            out += term
         tl.store(out_ptr + token.to(tl.int64) * HIDDEN + h, out.to(out_ptr.dtype.element_ty), mask=h < HIDDEN)

@@ -6,14 +6,37 @@
 # After every stage $OUT/results.tgz holds $WORK (the device returns at most 8 files), so a call cut off at its
 # limit still returns the stages before it. Triton's cache lives in .tcache/ (carry it to reuse the last call's
 # compiles) or carry .carry/tcache.tgz (a call's $OUT/tcache.tgz, under 16 MB: it is unpacked into .tcache/).
-# Usage: git rev-parse HEAD > .carry/commit; then on the device: scripts/device/stages.sh PLAN_FILE [--budget SECONDS (default 570)]
+# Usage: git rev-parse HEAD > .carry/commit; then on the device:
+#   scripts/device/stages.sh PLAN_FILE[:STAGE,STAGE...] [PLAN_FILE[:...] ...] [--budget SECONDS (default 570)]
+# Several plans run in the order given, each whole or only the named stages (a session's ORDER file composes its
+# calls this way; tests/engine/test_device_plans.py checks the names and the budget).
 # Before spending device time: tests/engine/test_device_plans.py checks the newest session's plans on the CPU (flags,
 # env switches, pytest selections, outputs under $WORK).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-PLAN=${1:?usage: stages.sh PLAN_FILE [--budget SECONDS]}
-BUDGET=570
-[[ ${2:-} == --budget ]] && BUDGET=${3:?--budget needs seconds}
+BUDGET=570 PLANS=()
+while (($#)); do
+  case $1 in
+    --budget) BUDGET=${2:?--budget needs seconds}; shift 2 ;;
+    *) PLANS+=("$1"); shift ;;
+  esac
+done
+((${#PLANS[@]})) || { echo "usage: stages.sh PLAN_FILE[:STAGE,...] ... [--budget SECONDS]" >&2; exit 2; }
+# the stage lines to run: each plan's, or only the named ones (an unknown name is an error before anything runs)
+STAGES=$(mktemp)
+for spec in "${PLANS[@]}"; do
+  file=${spec%%:*} names=
+  [[ $spec == *:* ]] && names=${spec#*:}
+  [[ -f $file ]] || { echo "stages.sh: no plan $file" >&2; exit 2; }
+  if [[ -z $names ]]; then
+    grep -v '^[[:space:]]*\(#\|$\)' "$file" >>"$STAGES"
+  else
+    for n in ${names//,/ }; do
+      grep -E "^$n[[:space:]]" "$file" >>"$STAGES" || { echo "stages.sh: $file has no stage $n" >&2; exit 2; }
+    done
+  fi
+done
+PLAN="${PLANS[*]}"
 OUT=${OUT:-$PWD/out} WORK=/tmp/ninfer-stages
 rm -rf "$WORK"; mkdir -p "$OUT" "$WORK" .tcache
 export OUT WORK PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.tcache
@@ -42,7 +65,7 @@ while read -r name seconds cmd; do
   log "$name: exit $rc$( ((rc == 124)) && echo ' (timed out)')"
   ((rc)) && status=1
   tar -czf "$OUT/results.tgz" -C "$WORK" .
-done <"$PLAN"
+done <"$STAGES"
 log "done, status $status"
 tar -czf "$OUT/tcache.tgz" -C .tcache . && (($(stat -c %s "$OUT/tcache.tgz") < 16000000)) || rm -f "$OUT/tcache.tgz"
 for f in "$WORK"/*.log; do echo "== ${f##*/}"; tail -n 12 "$f"; done

@@ -223,6 +223,62 @@ def test_plan_fits_its_budget(path: Path) -> None:
     assert sum(seconds for _, seconds, _ in rows) <= 570
 
 
+def newest_order() -> Path | None:
+    """The newest date's ORDER file (DATE-sN-ORDER.md, the highest N): the calls the next device session makes."""
+    dates = {m.group(1) for p in newest_plans() if (m := _SESSION.match(p.name))}
+    orders = sorted(
+        PLANS.glob(f"{max(dates)}-s*-ORDER.md"), key=lambda p: int(p.name.split("-s")[1].split("-")[0])
+    )
+    return orders[-1] if dates and orders else None
+
+
+def order_calls(path: Path) -> list[tuple[int, list[tuple[Path, list[str]]]]]:
+    """Each `scripts/device/stages.sh PLAN[:STAGE,...] ... [--budget S]` line of an ORDER file: (budget, [(plan,
+    stage names or [] for all)])."""
+    calls = []
+    for line in path.read_text().splitlines():
+        words = line.strip().strip("`").split()
+        if words[:1] != ["scripts/device/stages.sh"]:
+            continue
+        budget, specs, rest = 570, [], words[1:]
+        while rest:
+            word = rest.pop(0)
+            if word == "--budget":
+                budget = int(rest.pop(0))
+                continue
+            plan, _, names = word.partition(":")
+            specs.append((ROOT / plan, [n for n in names.split(",") if n]))
+        calls.append((budget, specs))
+    return calls
+
+
+def test_order_calls_run_real_stages_within_a_call() -> None:
+    """The newest ORDER file's calls name plans and stages that exist (stages.sh refuses others before running
+    anything), their stages' seconds fit the call's budget (570 s, under the device's 600 s a command), a call's
+    stage names are unique (one log each), and together the calls schedule every stage of the date's plans."""
+    order = newest_order()
+    assert order is not None, (
+        "no DATE-sN-ORDER.md beside the newest plans: the next session would not know the calls"
+    )
+    calls = order_calls(order)
+    assert calls, f"{order.name}: no `scripts/device/stages.sh ...` call lines"
+    scheduled = set()
+    for budget, specs in calls:
+        seconds, names = 0, []
+        for plan, wanted in specs:
+            assert plan.is_file(), f"{order.name}: no plan {plan}"
+            rows = {name: secs for name, secs, _ in stages(plan)}
+            for name in wanted or list(rows):
+                assert name in rows, f"{order.name}: {plan.name} has no stage {name}"
+                seconds += rows[name]
+                names.append(name)
+                scheduled.add((plan.name, name))
+        assert seconds <= min(budget, 570), f"{order.name}: a call of {seconds} s ({names})"
+        assert len(names) == len(set(names)), f"{order.name}: a call repeats a stage name ({names})"
+    every = {(path.name, name) for path, name, _, _ in STAGES}
+    assert every <= scheduled, f"{order.name} schedules none of {sorted(every - scheduled)}"
+
+
 @pytest.mark.parametrize(("path", "name", "seconds", "cmd"), STAGES, ids=IDS)
 def test_stage_command_is_valid(
     path: Path, name: str, seconds: int, cmd: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

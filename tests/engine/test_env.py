@@ -19,8 +19,12 @@ def test_engine_env_reports_what_the_kernels_parsed(monkeypatch: pytest.MonkeyPa
     assert (env.moe_router_mode(), env.splitk_reduce_mode()) == ("fused", "last")
     monkeypatch.setattr(_dispatch, "QUANT_MOE_MODE", "v2")
     assert env.quant_moe_mode() == "v2"
+    monkeypatch.setattr(_dispatch, "QUANT_MOE_SHARED", "separate")
+    assert env.quant_moe_shared_mode() == "separate"
     monkeypatch.setattr(_dispatch, "INT8_ATTENTION", "keys_major")
     assert env.int8_attention_mode() == "keys_major"
+    monkeypatch.setattr(_dispatch, "FP_ONE_ROW", "ring")
+    assert env.fp_one_row_mode() == "ring"
 
 
 def test_kernel_switches_are_normalised_or_refused_with_the_variable_named() -> None:
@@ -44,6 +48,9 @@ def test_kernel_switches_are_normalised_or_refused_with_the_variable_named() -> 
     assert _dispatch.parse_int8_attention_mode(" Keys_Major") == "keys_major"
     with pytest.raises(ValueError, match=r"^NINFER_INT8_ATTENTION='fast': expected 'grouped', 'keys_major'$"):
         _dispatch.parse_int8_attention_mode("fast")
+    assert _dispatch.parse_fp_one_row_mode(" Ring") == "ring"
+    with pytest.raises(ValueError, match=r"^NINFER_FP_ONE_ROW='on': expected 'rows', 'ring'$"):
+        _dispatch.parse_fp_one_row_mode("on")
 
 
 def test_gemv_variant_switches(monkeypatch):

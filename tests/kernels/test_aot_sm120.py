@@ -62,8 +62,20 @@ KNOWN_KERNELS = {
     "_quant_dequant_packed_kernel",
     "_apply_token_bitmask_kernel",
     "_qk_norm_rope_store_kernel",
+    "_quant_gemv_pairs_kernel",  # Gluon (kernels/quant/gluon_gemv.py)
+    "_quant_gemv_mma_kernel",
+    "_quant_gemv_w8_pairs_kernel",
+    "_quant_gemv_fp8_rows_kernel",
+    "_quant_gemv_nvfp4_rows_kernel",
     "_copy_state_slots_kernel",
 }
+# the PDL kernels that load their first step of WEIGHT planes before griddepcontrol.wait (kernels/pdl.py; the source
+# side: tests/kernels/test_pdl.py's WEIGHT_LOADS_BEFORE_WAIT), and the arguments those loads may read
+WEIGHTS_FIRST = {
+    "_quant_gemv_packed_kernel", "_quant_gemv_pairs_kernel", "_quant_gemv_mma_kernel", "_quant_gemv_w8_pairs_kernel",
+    "_quant_gemv_fp8_rows_kernel", "_quant_gemv_nvfp4_rows_kernel",
+}  # fmt: skip
+WEIGHT_POINTERS = {"codes_ptr", "high_ptr", "scales_ptr"}
 
 
 def _tools_python() -> Path:
@@ -206,13 +218,17 @@ def test_every_kernel_compiles_for_sm120_and_sm90(aot: ModuleType, report: dict[
 def test_pdl_builds_wait_before_every_memory_access(aot: ModuleType, report: dict[str, Any]) -> None:
     # NINFER_PDL (kernels/pdl.py): each kernel with a PDL constexpr also compiles with PDL=True (variants_of); that
     # build's PTX holds griddepcontrol.wait with no global load, store, async copy or atomic before it (L2 prefetches
-    # of weights aside; the quantized GEMV loads its first unit of weight planes first: tests/kernels/test_pdl.py
-    # checks which pointers), and every default build holds no wait at all
+    # of weights aside), except in the WEIGHTS_FIRST kernels: their loads before the wait read weight planes alone
+    # (traced in the PTX from the kernel's pointer arguments: codes, high bits, scales; never x, the page table or
+    # the output) and they do load there (the prefetch is in the build); no build writes before its wait; every
+    # default build holds no wait at all
     rows = {(r["kernel"], r["variant"], r["target"]): r for r in report["rows"]}
     pdl_kernels = [k for k in aot.discover() if aot.PDL in k.constexprs]
-    assert {"_linear_gemv_kernel", "_rms_norm_kernel", "_gated_delta_rule_decode_kernel"} <= {
-        k.name for k in pdl_kernels
-    }
+    assert {"_linear_gemv_kernel", "_rms_norm_kernel", "_gated_delta_rule_decode_kernel",
+            "_paged_attention_decode_kernel", "_paged_attention_decode_int8_kernel",
+            "_paged_attention_decode_int8_km_kernel", "_paged_attention_reduce_kernel", "_qk_norm_rope_store_kernel",
+            "_quant_moe_gate_up_kernel", "_quant_moe_down_kernel", "_quant_moe_gate_up_v2_kernel",
+            "_quant_moe_down_v2_kernel", *WEIGHTS_FIRST} <= {k.name for k in pdl_kernels}  # fmt: skip
     for kernel in aot.discover():
         for variant in aot.variants_of(kernel):
             pdl = variant.constexprs.get(aot.PDL, False)
@@ -220,8 +236,14 @@ def test_pdl_builds_wait_before_every_memory_access(aot: ModuleType, report: dic
                 row = rows[(kernel.name, variant.label, target)]
                 where = f"{target} {kernel.name} [{variant.label}]"
                 if pdl:
-                    assert row["griddepcontrol_wait"] >= 1, where
-                    if kernel.name != "_quant_gemv_packed_kernel":
+                    assert row["griddepcontrol_wait"] >= 1 and row["before_wait"]["writes"] == 0, where
+                    if kernel.name in WEIGHTS_FIRST:
+                        loads_from = set(row["before_wait"]["loads_from"])
+                        assert "codes_ptr" in loads_from and loads_from <= WEIGHT_POINTERS, (
+                            where,
+                            loads_from,
+                        )
+                    else:
                         assert row["memory_ops_before_wait"] == 0, where
                 else:
                     assert row["griddepcontrol_wait"] == 0, where
@@ -237,6 +259,24 @@ def test_memory_ops_before_wait_counts_what_precedes_the_first_wait(aot: ModuleT
         aot.memory_ops_before_wait(ptx) == 1
     )  # the predicated load; the param load and the prefetch are fine
     assert aot.memory_ops_before_wait(ptx.replace("griddepcontrol.wait", "bar.sync 0")) is None
+
+
+def test_reads_before_wait_follows_addresses_to_the_arguments(aot: ModuleType) -> None:
+    # x_ptr (param 0) and codes_ptr (param 1): the codes load before the wait derives from param 1 through an add, a
+    # predicated vector load's too; the x load after the wait does not count; a store before it does
+    ptx = (
+        "\tld.param.b64 %rd1, [k_param_0];\n\tld.param.b64 %rd2, [k_param_1];\n\tld.param.b32 %r1, [k_param_2];\n"
+        "\tmul.wide.s32 %rd3, %r1, 4;\n\tadd.s64 %rd4, %rd2, %rd3; // codes row\n"
+        "\t@%p1 ld.global.v4.b32 { %r2, %r3, %r4, %r5 }, [ %rd4 + 0 ];\n"
+        "\tprefetch.global.L2 [%rd1];\n\tgriddepcontrol.wait; // dummy %r6\n\tld.global.b32 { %r7 }, [ %rd1 + 0 ];\n"
+    )
+    params = ["x_ptr", "codes_ptr", "stride"]
+    assert aot.reads_before_wait(ptx, params) == {"loads_from": ["codes_ptr"], "writes": 0}
+    early_x = ptx.replace("\tprefetch.global.L2 [%rd1];", "\tld.global.b32 { %r8 }, [ %rd1 + 0 ];")
+    assert aot.reads_before_wait(early_x, params) == {"loads_from": ["codes_ptr", "x_ptr"], "writes": 0}
+    store = ptx.replace("\tprefetch.global.L2 [%rd1];", "\tst.global.b32 [ %rd1 + 0 ], { %r2 };")
+    assert aot.reads_before_wait(store, params) == {"loads_from": ["codes_ptr"], "writes": 1}
+    assert aot.reads_before_wait(ptx.replace("griddepcontrol.wait", "bar.sync 0"), params) is None
 
 
 def test_sass_loop_counter_takes_the_longest_backward_branch() -> None:

@@ -24,8 +24,16 @@ KERNELS = REPO / "kernels"
 # the only calls a PDL kernel may make before pdl_wait that touch memory: L2 prefetches of its WEIGHTS
 PREFETCH_HELPERS = {"pdl_prefetch_l2", "gemv_prefetch_weights"}
 # jit helpers that read only WEIGHTS (their pointer arguments are model parameters), allowed before the wait in these
-# kernels alone: the quantized GEMV loads its split's first unit of planes (codes, high bits, scales) there
-WEIGHT_LOADS_BEFORE_WAIT = {"_quant_gemv_packed_kernel": {"_packed_load"}}
+# kernels alone: the quantized GEMVs load their split's first step of planes (codes, high bits, scales) there
+WEIGHT_LOADS_BEFORE_WAIT = {
+    "_quant_gemv_packed_kernel": {"_packed_load"},
+    "_quant_gemv_pairs_kernel": {"_pairs_load"},  # the Gluon one-row GEMVs (kernels/quant/gluon_gemv.py)
+    "_quant_gemv_mma_kernel": {"_pairs_load"},
+    "_quant_gemv_w8_pairs_kernel": {"_weight_step_load"},
+    "_quant_gemv_fp8_rows_kernel": {"_weight_step_load"},
+    "_quant_gemv_nvfp4_rows_kernel": {"_weight_step_load"},
+}
+WEIGHT_POINTERS = {"codes_ptr", "high_ptr", "scales_ptr"}
 MEMORY_CALLS = {"load", "store", "atomic_add", "atomic_cas", "atomic_xchg", "atomic_max", "atomic_min"}
 
 
@@ -108,11 +116,27 @@ def _jit_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
     }
 
 
-def pdl_violations(sources: list[str]) -> list[str]:
+def _touches_memory(name: str, jit: dict[str, ast.FunctionDef], seen: frozenset[str] = frozenset()) -> bool:
+    """Whether jit function ``name`` loads, stores or runs an atomic, itself or through a jit function it calls (a
+    call of a pure helper, index arithmetic, may come before the wait)."""
+    for node in ast.walk(jit[name]):
+        if isinstance(node, ast.Call):
+            called = _name(node.func)
+            if called in MEMORY_CALLS:
+                return True
+            if called in jit and called not in seen | {name} and _touches_memory(called, jit, seen | {name}):
+                return True
+    return False
+
+
+def pdl_violations(
+    sources: list[str], weight_loads: dict[str, set[str]] = WEIGHT_LOADS_BEFORE_WAIT
+) -> list[str]:
     """What breaks kernels/pdl.py's rule in these module sources: a kernel launched with pdl_args that has no
     ``PDL: tl.constexpr``, no top-level ``pdl_wait(PDL)``, or, before that wait, a load, store, atomic or call of
-    another jit function (only the weight-prefetch helpers may come first); a launch of a PDL kernel without
-    pdl_args; a prefetch helper that touches memory otherwise."""
+    another jit function that touches memory (only the weight-prefetch helpers and, in the kernels of
+    ``weight_loads`` (kernel -> helpers), their weight-load helpers given weight pointers alone may come first); a launch of
+    a PDL kernel without pdl_args; a prefetch helper that touches memory otherwise."""
     trees = [ast.parse(s) for s in sources]
     jit: dict[str, ast.FunctionDef] = {}
     launched: set[str] = set()
@@ -139,18 +163,21 @@ def pdl_violations(sources: list[str]) -> list[str]:
             for node in ast.walk(stmt):
                 if isinstance(node, ast.Call):
                     called = _name(node.func)
-                    allowed = PREFETCH_HELPERS | WEIGHT_LOADS_BEFORE_WAIT.get(name, set())
-                    if called in MEMORY_CALLS or (called in jit and called not in allowed):
+                    allowed = PREFETCH_HELPERS | weight_loads.get(name, set())
+                    if called in MEMORY_CALLS or (
+                        called in jit and called not in allowed and _touches_memory(called, jit)
+                    ):
                         problems.append(f"{name}: {called}() before pdl_wait(PDL), line {node.lineno}")
     for name, passes in sorted(launches.items()):
         fn = jit.get(name)
         if fn is not None and any(a.arg == "PDL" for a in fn.args.args) and not all(passes):
             problems.append(f"{name}: has a PDL argument but a launch without pdl_args")
-    for name, helpers in WEIGHT_LOADS_BEFORE_WAIT.items():
+    for name, helpers in weight_loads.items():
         for node in ast.walk(jit[name]) if name in jit else ():
             if isinstance(node, ast.Call) and _name(node.func) in helpers:
-                pointers = {ast.unparse(a) for a in node.args if ast.unparse(a).endswith("_ptr")}
-                if not pointers <= {"codes_ptr", "high_ptr", "scales_ptr"}:
+                names = {n.id for a in node.args for n in ast.walk(a) if isinstance(n, ast.Name)}
+                pointers = {n for n in names if "ptr" in n}  # x_ptr, a pointer tensor such as w_ptrs, ...
+                if not pointers <= WEIGHT_POINTERS:
                     problems.append(f"{name}: {_name(node.func)}() reads {sorted(pointers)}: weights only")
     for helper in PREFETCH_HELPERS & set(jit):
         for node in ast.walk(jit[helper]):
@@ -162,9 +189,15 @@ def pdl_violations(sources: list[str]) -> list[str]:
 def test_every_pdl_kernel_waits_before_touching_dependent_data() -> None:
     sources = [p.read_text() for p in sorted(KERNELS.rglob("*.py"))]
     launched = set().union(*(_pdl_launches(ast.parse(s)) for s in sources))
-    # the decode hot path this switch covers (kernels/attention/decode.py and kernels/quant/triton_group.py not yet)
+    # the decode hot path this switch covers
     assert {"_linear_gemv_kernel", "_linear_reduce_kernel", "_rms_norm_kernel", "_silu_mul_kernel",
             "_gated_delta_rule_decode_kernel", "_store_kv_kernel", "_moe_down_kernel"} <= launched  # fmt: skip
+    # session 12: decode attention and its reduce, the fused attention prologue, the quantized MoE experts (v1, v2)
+    # and group GEMV, the Gluon GEMVs
+    assert {"_paged_attention_decode_kernel", "_paged_attention_decode_int8_kernel",
+            "_paged_attention_decode_int8_km_kernel", "_paged_attention_reduce_kernel", "_qk_norm_rope_store_kernel",
+            "_quant_moe_gate_up_kernel", "_quant_moe_down_kernel", "_quant_moe_gate_up_v2_kernel",
+            "_quant_moe_down_v2_kernel", "_quant_gemv_group_kernel", *WEIGHT_LOADS_BEFORE_WAIT} <= launched  # fmt: skip
     assert pdl_violations(sources) == []
 
 
@@ -182,6 +215,28 @@ def test_the_guard_catches_a_read_before_the_wait() -> None:
     assert pdl_violations([no_flag]) == ["_k: no `PDL: tl.constexpr` argument"]
     bare = good + "\ndef other(x):\n    _k[(1,)](x, x, PDL=False)\n"
     assert pdl_violations([bare]) == ["_k: has a PDL argument but a launch without pdl_args"]
+
+
+def test_the_guard_allows_pure_helpers_and_weight_loads_alone_before_the_wait() -> None:
+    head = "import triton\nimport triton.language as tl\n\n@triton.jit\n"
+    helpers = head + (
+        "def _rows(n):\n    return tl.arange(0, 16) % n\n\n@triton.jit\n"
+        "def _step_load(w_ptr, offs):\n    return tl.load(w_ptr + offs)\n\n@triton.jit\n"
+        "def _deep(x_ptr, offs):\n    return _step_load(x_ptr, offs)\n\n@triton.jit\n"
+    )
+    kernel = (
+        "def _k(x_ptr, codes_ptr, N, PDL: tl.constexpr):\n    r = _rows(N)\n    w = _step_load(codes_ptr, r)\n"
+        "    pdl_wait(PDL)\n    tl.store(x_ptr + r, w + tl.load(x_ptr + r))\n\n"
+        "def launch(x, w):\n    _k[(1,)](x, w, 16, **pdl_args(x.device))\n"
+    )
+    loads = {"_k": {"_step_load"}}
+    assert pdl_violations([helpers + kernel], loads) == []  # a pure helper, then a weight load: fine
+    not_listed = pdl_violations([helpers + kernel])  # the same kernel without its weight-load helper listed
+    assert not_listed == ["_k: _step_load() before pdl_wait(PDL), line 19"]
+    x_first = kernel.replace("_step_load(codes_ptr, r)", "_step_load(x_ptr + 0, r)")
+    assert pdl_violations([helpers + x_first], loads) == ["_k: _step_load() reads ['x_ptr']: weights only"]
+    deep = kernel.replace("_step_load(codes_ptr, r)", "_deep(x_ptr, r)")  # a load two helpers down
+    assert pdl_violations([helpers + deep], loads) == ["_k: _deep() before pdl_wait(PDL), line 19"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -247,3 +302,104 @@ def test_the_interpreter_never_gets_launch_pdl(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setattr(kernels.norm, "_rms_norm_kernel", Recorder())
     kernels.norm.rms_norm(torch.randn(2, 64), torch.randn(64), 1e-6)
     assert len(seen) == 1 and seen[0]["PDL"] is False and "launch_pdl" not in seen[0]
+
+
+# The kernels session 12 converted: decode attention (bf16, int8 grouped and keys-major) with its reduce and the gate
+# fused into it, the fused attention prologue, the quantized MoE experts (v1, v2) and the quantized GEMVs (the Gluon
+# one-row and few-row kernels on a GPU, whose first weight step is loaded before the wait; under the interpreter the
+# Triton GEMVs), each PDL on against off, bitwise
+
+
+def _on_gpu_with_pdl(device: str) -> bool:
+    return device == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["bf16", "int8_grouped", "int8_keys_major"])
+def test_decode_attention_with_pdl_is_bitwise_without(
+    monkeypatch: pytest.MonkeyPatch, device: str, kv: str
+) -> None:
+    from test_attention_triton import _cache_and_table
+
+    from kernels.attention.decode import paged_attention_decode
+
+    key_cache, value_cache, page_table, lens, key_scale, value_scale = _cache_and_table(
+        [70, 9, 1], 2, 64, 16, 5, device, int8=kv != "bf16"
+    )
+    query, gate = (torch.randn(3, 6, 64, device=device, dtype=torch.bfloat16) for _ in "qg")
+    args = (query, key_cache, value_cache, page_table, lens, 0.125, key_scale, value_scale, gate)
+    keys_major = kv == "int8_keys_major"
+    off, on = _twice(
+        monkeypatch,
+        lambda: paged_attention_decode(*args, fused=True, block_n=16, int8_keys_major=keys_major),
+    )
+    assert torch.equal(off, on)
+    if _on_gpu_with_pdl(device):
+        assert pdl_enabled(query.device)
+
+
+@pytest.mark.gpu
+def test_fused_attention_prologue_with_pdl_is_bitwise_without(
+    monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    from kernels.attention.fuse import qk_norm_rope_store
+
+    tokens, heads, kv_heads, dim, rotary = 3, 6, 2, 64, 32
+    query = torch.randn(tokens, heads, dim, device=device, dtype=torch.bfloat16)
+    key, value = (torch.randn(tokens, kv_heads, dim, device=device, dtype=torch.bfloat16) for _ in "kv")
+    q_w, k_w = (torch.randn(dim, device=device, dtype=torch.bfloat16) * 0.1 for _ in "qk")
+    cos, sin = (torch.randn(tokens, rotary, device=device, dtype=torch.bfloat16) for _ in "cs")
+    slots = torch.tensor([5, -1, 17], device=device)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        caches = [torch.zeros(4, 8, kv_heads, dim, device=device, dtype=torch.bfloat16) for _ in "kv"]
+        q = qk_norm_rope_store(query, key, value, q_w, k_w, 1e-6, cos, sin, *caches, slots, fused=True)
+        return q, *caches
+
+    off, on = _twice(monkeypatch, run)
+    assert all(torch.equal(a, b) for a, b in zip(off, on, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_quant_moe_with_pdl_is_bitwise_without(
+    monkeypatch: pytest.MonkeyPatch, device: str, version: str
+) -> None:
+    from test_quant_moe import TOP_K, E, H, make_experts
+
+    from kernels.moe import moe_route_ref
+    from kernels.quant import Q4, Q5
+    from kernels.quant.quant_moe import quant_moe_experts
+
+    gate_up, down, _, _ = make_experts(Q4, Q5, device)
+    x = torch.randn(3, H, device=device).bfloat16()
+    weights, ids = moe_route_ref(torch.randn(3, E, device=device), TOP_K)
+    off, on = _twice(monkeypatch, lambda: quant_moe_experts(x, gate_up, down, weights, ids, version=version))
+    assert torch.equal(off, on)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("interpreter_fixes")
+@pytest.mark.parametrize(
+    ("fmt", "rows", "layout"),
+    [("Q4G64_F16S", 1, "gemv"), ("Q6G64_F16S", 1, "gemv"), ("Q5G64_F16S", 4, "gemv"), ("W8G32_F16S", 1, "gemv"),
+     ("Q4G64_F16S", 1, "stored"), ("FP8_E4M3FN_ROW_BF16S", 1, "stored"), ("NVFP4", 1, "stored")],
+)  # fmt: skip
+def test_quant_gemv_with_pdl_is_bitwise_without(
+    monkeypatch: pytest.MonkeyPatch, device: str, fmt: str, rows: int, layout: str
+) -> None:
+    # on a GPU: the GEMV layout's one row of Q4 / Q6 runs _quant_gemv_pairs_kernel, 4 rows of Q5
+    # _quant_gemv_mma_kernel, W8 (its Gluon tiles) _quant_gemv_w8_pairs_kernel; stored FP8 / NVFP4 one row the Gluon
+    # rows kernels, stored Q4 the group GEMV (kernels/quant/triton_group.py); K = 2048 splits, so the reduce runs too.
+    # Under the interpreter: the Triton GEMVs (no Gluon).
+    from kernels.quant import W8, encode, quant_linear, view_planes
+    from kernels.quant.packed_linear import packed_tiles
+
+    n, k = 256, 2048
+    qw = view_planes(
+        fmt, encode(fmt, torch.randn(n, k) * k**-0.5).to(device), (n, k), repack=layout == "gemv"
+    )
+    x = torch.randn(rows, k, device=device).bfloat16()
+    tiles = packed_tiles(fmt, n, k, "pairs_n64s2") if fmt == W8 else None
+    off, on = _twice(monkeypatch, lambda: quant_linear(x, qw, route="gemv", tiles=tiles))
+    assert torch.equal(off, on)

@@ -55,7 +55,7 @@ def test_every_variant(fmt, device, assert_close):
     x8 = torch.randn(8, k, device=device).bfloat16()
     for name in GEMV_VARIANTS:
         tiles = packed_tiles(fmt, n, k, name)
-        x = x8 if tiles.mode in ("dot", "mma") else x8[:1]
+        x = x8 if tiles.mode in ("dot", "mma", "mma_ring") else x8[:1]
         _check(f"{fmt} {name} {tiles}", quant_linear(x, qw, route="gemv", tiles=tiles), x, qw, assert_close)
     split4 = PackedTiles(16, 1, 4, 4, "dot")
     _check(f"{fmt} {split4}", quant_linear(x8, qw, route="gemv", tiles=split4), x8, qw, assert_close)
@@ -83,6 +83,42 @@ def test_pairs_mode(fmt, device, assert_close):
     part = _weight(fmt, 300, 640, device).rows(100, 150)
     x = torch.randn(1, 640, device=device).bfloat16()
     tiles = packed_tiles(fmt, 50, 640, "pairs")
+    _check(
+        f"{fmt} rows 100:150 {tiles}", quant_linear(x, part, route="gemv", tiles=tiles), x, part, assert_close
+    )
+
+
+@pytest.mark.parametrize("fmt", [Q4, Q5, Q6])
+def test_ring_mode(fmt, device, assert_close):
+    """The "ring" tiles (on a GPU the cp.async ring kernel, _quant_gemv_ring_kernel; the interpreter runs the Triton
+    CUDA-core mode): fewer stages than slots (one unit, empty copy groups), exactly as many, several passes of
+    the ring with a last partial pass, split K, one and two units a slot, N below a tile and odd (the clamped
+    rows), a row view of a fused parent, x a column slice; on the GPU each is bitwise the pairs kernel (the same
+    arithmetic in the same order)."""
+    from kernels.quant.gluon_gemv import HAS_GLUON
+
+    assert HAS_GLUON or device == "cpu", "the GPU's Triton has no Gluon: the ring tiles would not run it"
+    for n, k, variant in (
+        (37, 128, "ring_n64s1"),
+        (300, 512, "ring_n64s1"),
+        (300, 1280, "ring_n64s1"),
+        (70, 2560, "ring_n64s2"),
+        (20, 2048, "ring_n64s2st3"),
+        (300, 1024, "ring_n32w2s2"),
+        (200, 1280, "ring_n128s1"),
+    ):
+        qw = _weight(fmt, n, k, device)
+        x = torch.randn(1, k + 8, device=device).bfloat16()[:, 4 : 4 + k]
+        tiles = packed_tiles(fmt, n, k, variant)
+        assert tiles.mode == "ring", tiles
+        got = quant_linear(x, qw, route="gemv", tiles=tiles)
+        _check(f"{fmt} {n}x{k} {tiles}", got, x, qw, assert_close)
+        if device != "cpu":
+            pairs = tiles._replace(mode="pairs", num_stages=1)
+            assert torch.equal(got, quant_linear(x, qw, route="gemv", tiles=pairs)), f"{fmt} {n}x{k} {tiles}"
+    part = _weight(fmt, 300, 640, device).rows(100, 150)
+    x = torch.randn(1, 640, device=device).bfloat16()
+    tiles = packed_tiles(fmt, 50, 640, "ring_n64s1")
     _check(
         f"{fmt} rows 100:150 {tiles}", quant_linear(x, part, route="gemv", tiles=tiles), x, part, assert_close
     )
@@ -127,6 +163,41 @@ def test_mma_mode(fmt, device, assert_close):
     _check(
         f"{fmt} rows 100:150 {tiles}", quant_linear(x, part, route="gemv", tiles=tiles), x, part, assert_close
     )
+
+
+@pytest.mark.parametrize("fmt", [Q4, Q5, Q6])
+def test_mma_ring_mode(fmt, device, assert_close):
+    """The "mma_ring" tiles (on a GPU _quant_gemv_mma_ring_kernel: the tensor-core kernel's arithmetic, its weight
+    bytes through the cp.async ring; the interpreter runs the Triton modes): fewer stages than slots, several
+    passes with a partial last one, split K, N below a tile, 1 / 3 / 8 rows of x; on the GPU bitwise the "mma"
+    kernel on the same tiles, and each row of a batch bitwise the row alone."""
+    from kernels.quant.gluon_gemv import HAS_GLUON
+
+    assert HAS_GLUON or device == "cpu", "the GPU's Triton has no Gluon: the ring tiles would not run it"
+    for n, k, variant in (
+        (37, 256, "mmaring_n64s2"),
+        (300, 1280, "mmaring_n64s2"),
+        (20, 2048, "mmaring_n32w2s2"),
+        (200, 1280, "mmaring_n128s1"),
+    ):
+        qw = _weight(fmt, n, k, device)
+        tiles = packed_tiles(fmt, n, k, variant)
+        assert tiles.mode == "mma_ring" and tiles.block_n % (16 * tiles.num_warps) == 0, tiles
+        x8 = torch.randn(8, k + 8, device=device).bfloat16()[:, 4 : 4 + k]
+        alone = [quant_linear(x8[t : t + 1], qw, route="gemv", tiles=tiles) for t in range(8)]
+        for rows in (1, 3, 8):
+            x = x8[:rows]
+            out = quant_linear(x, qw, route="gemv", tiles=tiles)
+            _check(f"{fmt} {n}x{k} T{rows} {tiles}", out, x, qw, assert_close)
+            if device != "cpu":
+                mma = tiles._replace(mode="mma", num_stages=1)
+                assert torch.equal(out, quant_linear(x, qw, route="gemv", tiles=mma)), (
+                    f"{fmt} {n}x{k} T{rows}"
+                )
+                for t in range(rows):
+                    assert torch.equal(out[t], alone[t][0]), (
+                        f"{fmt} {n}x{k} T{rows} row {t} differs from alone"
+                    )
 
 
 @pytest.mark.parametrize("fmt", [Q4, Q6, W8])

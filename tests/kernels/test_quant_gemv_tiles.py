@@ -20,10 +20,15 @@ def test_splits_are_whole_steps(fmt, n, k, variant):
     tiles = packed_tiles(fmt, n, k, variant)
     units = k // 128
     assert units % (tiles.split_k * tiles.step_units) == 0, tiles
-    assert tiles.block_n >= 16 and tiles.mode in ("dot", "fma", "pairs", "mma")
-    if fmt == W8 and tiles.mode in ("pairs", "mma"):  # W8's Gluon kernel walks one unit a step
+    assert tiles.block_n >= 16 and tiles.mode in ("dot", "fma", "pairs", "mma", "ring", "mma_ring")
+    if fmt == W8 and tiles.mode in (
+        "pairs",
+        "mma",
+        "ring",
+        "mma_ring",
+    ):  # W8's Gluon kernel walks one unit a step
         assert tiles.step_units == 1
-    if tiles.mode == "mma":  # the MMA kernel's layout: 16 rows a warp
+    if tiles.mode in ("mma", "mma_ring"):  # the MMA kernels' layout: 16 rows a warp
         assert tiles.block_n % (16 * tiles.num_warps) == 0
 
 
@@ -55,3 +60,26 @@ def test_q4_query_key_takes_one_full_wave():
 
 def test_table_entries_name_variants():
     assert all(name in GEMV_VARIANTS for name in GEMV_TABLE.values())
+
+
+@pytest.mark.parametrize(("fmt", "n", "k"), [s for s in SHAPES if s[0] != W8])
+def test_ring_tiles_fill_the_resident_slots(fmt, n, k):
+    """The ring kernel's K split counts its own resident programs an SM (RING_RESIDENT: more than the pairs
+    kernel's, its bytes in flight live in shared memory, not registers), so its grid is whole waves of them: no
+    split K that leaves a wave barely started, and never fewer programs than the pairs kernel's table allows."""
+    from kernels.quant.packed_linear import H200_SMS, RING_RESIDENT, _wave_split
+
+    for name in ("ring_n64s2", "ring_n32w2s2"):
+        tiles = packed_tiles(fmt, n, k, name)
+        key = (
+            "ring",
+            int(fmt[1]),
+            tiles.block_n,
+            tiles.num_warps,
+            tiles.step_units,
+            GEMV_VARIANTS[name].num_stages,
+        )
+        slots = H200_SMS * RING_RESIDENT.get(key, 4)
+        tiles_n = -(-n // tiles.block_n)
+        assert tiles.split_k == _wave_split(k // 128, tiles.step_units, tiles_n, slots), (name, tiles)
+        assert tiles.mode == "ring" and tiles.num_stages == GEMV_VARIANTS[name].num_stages

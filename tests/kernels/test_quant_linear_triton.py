@@ -105,7 +105,7 @@ def test_one_row_gemv(fmt, n, k, cut, device, assert_close):
     """One bf16 row of x on FP8 rows and NVFP4: on a GPU the Gluon one-row GEMVs (kernels/quant/gluon_gemv.py;
     the interpreter has no Gluon and runs the Triton GEMV): odd N, a row view of a fused parent (NVFP4's on a
     128-row tile), x a column slice, the 27B attention output's shape (split K)."""
-    from kernels.quant.quant_linear import one_row_ok
+    from kernels.quant.quant_linear import one_row_ok, one_row_tiles
 
     n = -(-n // 128) * 128 if fmt == NVFP4 else n  # NVFP4's scale tiles: N a multiple of 128
     qw = _weight(fmt, n, k, device)
@@ -113,6 +113,16 @@ def test_one_row_gemv(fmt, n, k, cut, device, assert_close):
     x = torch.randn(1, k + 8, device=device).bfloat16()[:, 4 : 4 + k]
     assert one_row_ok(x, part) == (device == "cuda"), "the one-row kernel runs on every GPU with Gluon"
     _check(f"{fmt} one row {part.shape}", quant_linear(x, part), x, part, "gemv", assert_close)
+    if device == "cuda":
+        # both builds (NINFER_FP_ONE_ROW): the register prefetch and the cp.async ring, the same arithmetic in
+        # the same order on the same split: bitwise equal
+        pn, pk = part.shape
+        rows, ring = (one_row_tiles(fmt, pn, pk, mode) for mode in ("rows", "ring"))
+        assert ring.mode == "ring" and ring.num_stages >= 2, ring
+        ring_out = quant_linear(x, part, route="gemv", tiles=ring)
+        _check(f"{fmt} one row ring {part.shape}", ring_out, x, part, "gemv", assert_close)
+        same_split = quant_linear(x, part, route="gemv", tiles=rows._replace(split_k=ring.split_k))
+        assert torch.equal(ring_out, same_split), f"{fmt} {part.shape}: ring differs from rows on {ring}"
 
 
 def test_fp8_scaled_mm_route(device, assert_close):

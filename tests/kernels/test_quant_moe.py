@@ -77,3 +77,21 @@ def test_repacked_stacks_are_refused(monkeypatch):
     weights, ids = moe_route_ref(torch.randn(2, E), TOP_K)
     with pytest.raises(ValueError, match="repack=False"):
         quant_moe_experts(torch.randn(2, H), replace(gate_up, gemv_layout=True), down, weights, ids)
+
+
+def test_reference_adds_the_shared_term_in_fp32_and_rounds_once():
+    """``shared`` is added as given, or weighted by ``sigmoid(shared_gate . x)``, to the unrounded fp32 sum."""
+    gate_up, down, _, _ = make_experts(Q4, Q5)
+    x = torch.randn(3, H).bfloat16()
+    weights, ids = moe_route_ref(torch.randn(3, E), TOP_K)
+    shared, score = torch.randn(3, H).bfloat16(), torch.randn(1, H).bfloat16() * H**-0.5
+    routed = quant_moe_experts_ref(x.float(), gate_up, down, weights, ids)  # fp32 x: the sum unrounded
+    gate = torch.sigmoid(x.float() @ score.float().t())
+    plain = quant_moe_experts_ref(x, gate_up, down, weights, ids, shared)
+    assert torch.equal(plain, (routed + shared.float()).bfloat16())
+    gated = quant_moe_experts_ref(x, gate_up, down, weights, ids, shared, score)
+    assert torch.equal(gated, (routed + gate * shared.float()).bfloat16())
+    cpu = quant_moe_experts(x, gate_up, down, weights, ids, shared, score)
+    assert torch.equal(cpu, gated)  # CPU: the reference
+    with pytest.raises(AssertionError, match="a shared gate without a shared expert output"):
+        quant_moe_experts_ref(x, gate_up, down, weights, ids, None, score)

@@ -1,7 +1,8 @@
 """Triton quantized routed experts vs ``quant_moe_experts_ref``, both kernel versions (``NINFER_QUANT_MOE``: v1
 ``triton_group.py``, v2 ``triton_moe.py``): Q4/Q5/Q6/W8 stacks, a down K that pads (I = 96 -> K_pad 128), odd
 geometries for v2 (masked row tiles, top_k 3, several K chunks), T = 1, 3, 6, 8, repeated experts, bitwise batch
-invariance (GPU; or CPU under TRITON_INTERPRET=1). The real 35B-A3B geometry runs on a GPU only."""
+invariance, the shared expert's term (as given, or gated) added in the down kernel (GPU; or CPU under
+TRITON_INTERPRET=1). The real 35B-A3B geometry runs on a GPU only."""
 
 from __future__ import annotations
 
@@ -108,6 +109,43 @@ def test_v2_batch_invariance(device, assert_close):
         assert torch.equal(alone[0], full[i]), f"v2 token {i}: alone differs from the batch"
 
 
+def _shared_inputs(tokens: int, hidden: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, ...]:
+    """(x, shared expert output, gate score [1, H]) in ``dtype``, the score ~H^-0.5 (gates spread over (0, 1))."""
+    x = torch.randn(tokens, hidden, device=device).to(dtype)
+    shared = (torch.randn(tokens, hidden, device=device) * 0.5).to(dtype)
+    score = (torch.randn(1, hidden, device=device) * hidden**-0.5).to(dtype)
+    return x, shared, score
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_shared_term_in_the_down_kernel(version, device, assert_close):
+    """The shared expert's term inside the down kernel (no add launch), v1 on E 8, H 128, I 96, top_k 2, v2 on
+    odd geometry A (top_k 3, masked row tiles), T = 3: in fp32, ``shared`` as given is bitwise the routed sum plus
+    ``shared`` (the separate add it replaces: one fp32 addition either way) and the gated term matches the
+    reference to fp32 sums; in bf16 (one rounding, where the separate add rounded the routed sum first) the
+    gated term matches the reference to ``RMS``; and rows alone are bitwise those rows of the batch."""
+    shape = dict(e=E, h=H, inter=96) if version == "v1" else ODD_A
+    top_k = TOP_K if version == "v1" else ODD_TOP_K
+    gate_up, down, _, _ = make_experts(Q4, Q5, device, **shape)
+    weights, ids = _route(3, shape["e"], top_k, device)
+    x, shared, score = _shared_inputs(3, shape["h"], torch.float32, device)
+    routed = quant_moe_experts(x, gate_up, down, weights, ids, version=version)
+    added = quant_moe_experts(x, gate_up, down, weights, ids, shared, version=version)
+    assert torch.equal(added, routed + shared), f"{version}: the fused add differs from the separate add"
+    gated = quant_moe_experts(x, gate_up, down, weights, ids, shared, score, version=version)
+    expected = quant_moe_experts_ref(x, gate_up, down, weights, ids, shared, score)
+    assert_close(f"{version} gated fp32", gated, expected, 1e-5, 0.0)
+    x, shared, score = (t.bfloat16() for t in (x, shared, score))
+    gated = quant_moe_experts(x, gate_up, down, weights, ids, shared, score, version=version)
+    assert gated.dtype == torch.bfloat16
+    expected = quant_moe_experts_ref(x, gate_up, down, weights, ids, shared, score)
+    assert_close(f"{version} gated bf16", gated, expected, RMS, 0.0)
+    for i in (0, 2):
+        alone = quant_moe_experts(x[i : i + 1], gate_up, down, weights[i : i + 1], ids[i : i + 1],
+                                  shared[i : i + 1], score, version=version)  # fmt: skip
+        assert torch.equal(alone[0], gated[i]), f"{version} token {i}: alone differs from the batch"
+
+
 def _random_stack(fmt: str, rows: int, k: int, device: str) -> QuantWeight:
     """A random ``fmt`` [rows, k] stack built on the device (the CPU encoder would take minutes at the real size):
     random code and high bytes (k a multiple of 128: no padding lanes), scales giving weights of ~k^-0.5."""
@@ -139,6 +177,27 @@ def test_real_geometry(down_fmt, device, assert_close):
             x[i : i + 1], gate_up, down, weights[i : i + 1], ids[i : i + 1], version="v2"
         )
         assert torch.equal(alone[0], v2[i]), f"35B-A3B v2 token {i}: alone differs from the batch"
+
+
+@pytest.mark.skipif(INTERPRET, reason="the real geometry is for the GPU (minutes under the interpreter)")
+def test_real_geometry_shared_term(device, assert_close):
+    """35B-A3B (gate_up Q4, down Q5), T = 1 and 8, the model's decode call: the shared expert's output and its gate
+    (``shared_gate``) in the launches; v1 and v2 against the reference, and v2's rows of T = 8 bitwise alone."""
+    gate_up = _random_stack(Q4, 256 * 1024, 2048, device)
+    down = _random_stack(Q5, 256 * 2048, 512, device)
+    for tokens in (1, 8):
+        x, shared, score = _shared_inputs(tokens, 2048, torch.bfloat16, device)
+        weights, ids = _route(tokens, 256, 8, device)
+        expected = quant_moe_experts_ref(x, gate_up, down, weights, ids, shared, score)
+        for version in ("v1", "v2"):
+            got = quant_moe_experts(x, gate_up, down, weights, ids, shared, score, version=version)
+            assert_close(f"35B-A3B shared {version} T={tokens}", got, expected, RMS, 0.0)
+    for version in ("v1", "v2"):
+        full = quant_moe_experts(x, gate_up, down, weights, ids, shared, score, version=version)
+        for i in (0, 7):
+            alone = quant_moe_experts(x[i : i + 1], gate_up, down, weights[i : i + 1], ids[i : i + 1],
+                                      shared[i : i + 1], score, version=version)  # fmt: skip
+            assert torch.equal(alone[0], full[i]), f"35B-A3B shared {version} token {i}: alone differs"
 
 
 def test_switch_picks_the_kernels(monkeypatch, device):

@@ -10,7 +10,8 @@ The tiny MoE checkpoint ``moe_a`` (6 experts, top 2, H 72: partial groups) goes 
   (the few-token path, ``quant_moe_experts``'s fp32 reference here) agree to 1e-5 (the twin's CPU path sums
   the same products in another order); the fully dequantized twin (every quantized layer dense) to 1e-4, as
   the other profile tests; one layer's two paths are bitwise the dense path on the twin's banks;
-- one scratch for all layers, allocated once, sized for a layer, reused; ``.to(dtype)`` leaves the payload alone;
+- one scratch for all layers, allocated once, sized for a layer's gate_up bank (down goes into the same memory,
+  asked for after gate_up's last read), reused; ``.to(dtype)`` leaves the payload alone;
 - ``NINFER_MOE_EXPERTS=dequantized`` loads dense banks (the same prefill logits, bitwise).
 """
 
@@ -32,8 +33,9 @@ from engine.model.quant_experts import QUANT_MAX_TOKENS, QuantExperts, quant_exp
 from engine.testing.bench.steps import weight_bytes
 from engine.testing.synthetic import GEOMETRIES
 from engine.testing.synthetic_quant import dequantized_twin, quantized_bytes, synthetic_profile
+from kernels import _dispatch
 from kernels.moe import moe_experts_ref
-from kernels.quant import Q4, Q5
+from kernels.quant import Q4, Q5, geometry
 
 
 @pytest.fixture(scope="module")
@@ -92,24 +94,29 @@ def _logits(model, config, paged, steps):
 
 def test_logits_match_the_dequantized_twins_on_both_paths(converted, paged, monkeypatch):
     ckpt, _, model = converted
-    calls = {"few": 0, "many": 0}
-    few, many = qe.quant_moe_experts, QuantExperts.dense_banks
+    calls = {"few": 0, "gate_up": 0, "down": 0}
+    few, gate_up, down = qe.quant_moe_experts, QuantExperts.dense_gate_up, QuantExperts.dense_down
 
     def count_few(*args):
         calls["few"] += 1
         return few(*args)
 
-    def count_many(self, *args):
-        calls["many"] += 1
-        return many(self, *args)
+    def count_gate_up(self, *args):
+        calls["gate_up"] += 1
+        return gate_up(self, *args)
+
+    def count_down(self, *args):
+        calls["down"] += 1
+        return down(self, *args)
 
     monkeypatch.setattr(qe, "quant_moe_experts", count_few)
-    monkeypatch.setattr(QuantExperts, "dense_banks", count_many)
+    monkeypatch.setattr(QuantExperts, "dense_gate_up", count_gate_up)
+    monkeypatch.setattr(QuantExperts, "dense_down", count_down)
     steps = [11, 402, 7]
     with torch.inference_mode():
         ours = _logits(model, ckpt.config, paged, steps)
         layers = ckpt.config.num_hidden_layers
-        assert calls == {"few": layers * len(steps), "many": layers}, calls
+        assert calls == {"few": layers * len(steps), "gate_up": layers, "down": layers}, calls
         same = _logits(experts_twin(model), ckpt.config, paged, steps)
         full = _logits(dequantized_twin(model), ckpt.config, paged, steps)
     assert torch.equal(ours[0], same[0]), "prefill (scratch + dense path) differs from the experts-only twin"
@@ -147,19 +154,53 @@ def test_one_scratch_serves_every_layer_and_is_allocated_once(converted):
     assert all(layer.scratch is scratch for layer in layers)
     assert scratch.allocations == 1
     c = ckpt.config
-    assert scratch.buffer.numel() == 3 * c.num_experts * c.moe_intermediate_size * c.hidden_size
+    # the gate_up bank [E, 2I, H]: down [E, H, I] goes into the same memory after it (not beside it)
+    assert scratch.buffer.numel() == 2 * c.num_experts * c.moe_intermediate_size * c.hidden_size
+    assert scratch.nbytes == qe.scratch_bytes(model) == scratch.buffer.numel() * 4
     pointer = scratch.buffer.data_ptr()
     for layer in layers[:3]:
-        gate_up, down = layer.dense_banks(torch.device("cpu"), torch.float32)
-        assert gate_up.data_ptr() == pointer and down.data_ptr() == pointer + gate_up.numel() * 4
-        assert torch.equal(gate_up, layer.dequantized(torch.float32).gate_up_proj)
+        dense = layer.dequantized(torch.float32)
+        gate_up = layer.dense_gate_up(torch.device("cpu"), torch.float32)
+        assert gate_up.data_ptr() == pointer and gate_up.numel() == scratch.buffer.numel()
+        assert torch.equal(gate_up, dense.gate_up_proj)
+        down = layer.dense_down(torch.device("cpu"), torch.float32)
+        assert down.data_ptr() == pointer and torch.equal(down, dense.down_proj)
     assert scratch.allocations == 1
     loaded_in_inference = qe.ExpertScratch()
     with torch.inference_mode():
         loaded_in_inference.allocate(8, "cpu", torch.float32)
     with torch.no_grad():  # a forward outside inference mode still writes it
-        loaded_in_inference.banks(1, 1, 2, torch.device("cpu"), torch.float32)[0].fill_(1.0)
+        loaded_in_inference.bank((2, 4), torch.device("cpu"), torch.float32).fill_(1.0)
     assert loaded_in_inference.allocations == 1
+
+
+def test_a_deferred_down_bank_is_asked_for_after_the_last_read_of_gate_up(converted):
+    """``routed_experts`` with ``down`` a function (what ``QuantExperts`` passes: down then overwrites gate_up in
+    the scratch): gate_up poisoned when down is produced changes nothing, bitwise."""
+    _, _, model = converted
+    dense = model.model.layers[2].mlp.experts.dequantized(torch.float32)
+    tokens = QUANT_MAX_TOKENS + 3
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(tokens, dense.gate_up_proj.shape[2], generator=gen)
+    weights = torch.rand(tokens, 2, generator=gen)
+    ids = torch.stack([torch.randperm(dense.gate_up_proj.shape[0], generator=gen)[:2] for _ in range(tokens)])
+    shared = torch.randn(tokens, x.shape[1], generator=gen)
+    gate_up = dense.gate_up_proj.clone()
+    asked = []
+
+    def down() -> torch.Tensor:
+        asked.append(True)
+        gate_up.fill_(float("nan"))
+        return dense.down_proj
+
+    with torch.inference_mode():
+        want = routed_experts(x, dense.gate_up_proj, dense.down_proj, weights, ids, shared)
+        got = routed_experts(x, gate_up, down, weights, ids, shared)
+        ref = moe_experts_ref(x, dense.gate_up_proj, dense.down_proj, weights, ids)
+        assert torch.equal(want, ref + shared)
+    assert asked == [True] and torch.equal(got, want)
+    with pytest.raises(AssertionError, match="a deferred down bank needs the many-token paths"):
+        routed_experts(x[:2], gate_up, down, weights[:2], ids[:2], shared[:2])
 
 
 def test_the_dequantized_switch_loads_dense_banks_with_the_same_prefill(converted, paged, monkeypatch):
@@ -201,5 +242,41 @@ def test_the_35b_a3b_profile_leaves_room_on_a_32_gib_card():
     routed = sum(s.bytes for s in specs if "/moe/routed_" in s.name)
     bank_pair = 3 * config.num_experts * config.moe_intermediate_size * config.hidden_size * 2  # bf16
     gib = 1024**3
-    assert stored + bank_pair < 22 * gib  # 19.6 + 1.5 GiB: ~10 GiB left for KV, GDN state, activations
+    e, h, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
+    payload = torch.empty(geometry(Q4, (e * 2 * i, h)).payload_bytes, dtype=torch.uint8, device="meta")
+    layer = QuantExperts(e, h, i, qe.QuantBank(Q4, payload, (e * 2 * i, h)), qe.ExpertScratch())
+    scratch = layer.scratch_numel * 2  # the scratch a layer sizes: its gate_up bank (down reuses that memory)
+    assert scratch == gib  # E 256 x 2I 1024 x H 2048 in bf16: 1.0 GiB (the two banks side by side: 1.5)
+    assert stored + scratch < 21 * gib  # 19.6 + 1.0 GiB: ~11 GiB left for KV, GDN state, activations
     assert stored - routed + config.num_hidden_layers * bank_pair > 32 * gib  # dense experts: 62 GiB
+
+
+def test_the_block_hands_its_shared_gate_to_the_quantized_experts(converted, monkeypatch):
+    """``NINFER_QUANT_MOE_SHARED=fused`` (the default): the MoE block passes its shared expert's output ungated
+    with the gate's weight, and the experts' decode adds ``sigmoid(gate . x) * shared`` (in fp32, rounded once);
+    ``separate``: the block gates it and the experts add it. The same block output to fp32 roundings, and the
+    prefill path (many tokens) bitwise either way."""
+    _, _, model = converted
+    block = model.model.layers[0].mlp
+    seen = []
+    forward = QuantExperts.forward
+
+    def spy(self, *args):
+        seen.append(len(args))
+        return forward(self, *args)
+
+    monkeypatch.setattr(QuantExperts, "forward", spy)
+    gen = torch.Generator().manual_seed(2)
+    hidden = block.experts.hidden_size
+    few, many = (
+        torch.randn(3, hidden, generator=gen),
+        torch.randn(QUANT_MAX_TOKENS + 6, hidden, generator=gen),
+    )
+    out = {}
+    with torch.inference_mode():
+        for mode in ("fused", "separate"):
+            monkeypatch.setattr(_dispatch, "QUANT_MOE_SHARED", mode)
+            out[mode] = (block(few), block(many))
+    assert seen == [5, 5, 4, 4]  # (x, weights, ids, shared, gate weight) fused; the gated shared separate
+    torch.testing.assert_close(out["fused"][0], out["separate"][0], rtol=1e-5, atol=1e-6)
+    assert torch.equal(out["fused"][1], out["separate"][1])
