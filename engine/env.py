@@ -128,6 +128,15 @@ def fp_one_row_mode() -> str:
     return _dispatch.FP_ONE_ROW
 
 
+def rollback_copy_mode() -> str:
+    """`NINFER_ROLLBACK_COPY`: `gather` (the default until an H200 measurement) or `skip`: how a speculative round's
+    rollback copies GDN state slots on the GPU (`kernels.state_copy`: `skip` is one Triton copy that moves nothing for
+    a row that kept all its drafts). Read once when `kernels` is imported (`kernels._dispatch.ROLLBACK_COPY`)."""
+    from kernels import _dispatch
+
+    return _dispatch.ROLLBACK_COPY
+
+
 def gemv_variants() -> dict[str, str | None]:
     """`NINFER_ONE_ROW`, `NINFER_FEW_ROWS`, `NINFER_W8_ONE_ROW`: a `kernels.quant.packed_linear.GEMV_VARIANTS` name
     every groupwise-int decode GEMV of one row (Q4/Q5/Q6), of 2..8 rows (Q4/Q5/Q6), of one W8 row takes instead of

@@ -60,6 +60,7 @@ from kernels.rope import (
     rope_cos_sin_ref,
     rope_inv_freq_ref,
 )
+from kernels.state_copy import copy_state_slots, copy_state_slots_ref
 
 __all__ = [
     "add_rms_norm",
@@ -77,6 +78,8 @@ __all__ = [
     "causal_conv1d_varlen_split_ref",
     "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_ref",
+    "copy_state_slots",
+    "copy_state_slots_ref",
     "gated_delta_rule_decode",
     "gated_delta_rule_decode_ref",
     "gated_delta_rule_varlen_ref",

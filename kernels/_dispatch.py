@@ -63,6 +63,11 @@ for the H200 measurement, and a way back).
 (``kernels.pdl``: a kernel may launch while its predecessor finishes and prefetch its weights before it waits):
 ``off`` (the default until an H200 measurement) or ``on``. Always off under Triton's interpreter.
 
+``NINFER_ROLLBACK_COPY`` picks how a speculative rollback copies GDN state slots where the kernels run Triton
+(``kernels.state_copy.copy_state_slots``): ``gather`` (the default: a gather and a scatter of every row, a row that
+kept all its drafts copying its own slot onto itself) or ``skip`` (the Triton copy: one read and one write a row,
+nothing for a row whose source is its own slot). Waits for an H200 measurement before it becomes the default.
+
 ``kernels`` may not import ``engine``, so this is the one place that reads these variables, once, at
 import; ``engine/env.py`` (every variable NInfer reads) reports the values parsed here.
 """
@@ -145,6 +150,11 @@ def parse_pdl_mode(value: str) -> str:
     return _parse("NINFER_PDL", value, ("off", "on"))
 
 
+def parse_rollback_copy_mode(value: str) -> str:
+    """``NINFER_ROLLBACK_COPY``'s value, normalised: ``gather`` or ``skip``; ValueError for anything else."""
+    return _parse("NINFER_ROLLBACK_COPY", value, ("gather", "skip"))
+
+
 def parse_gemv_variant(value: str | None) -> str | None:
     """A forced GEMV-layout tile variant (``NINFER_ONE_ROW``, ``NINFER_FEW_ROWS``, ``NINFER_W8_ONE_ROW``): None
     when unset or empty, else the name (``kernels.quant.packed_linear`` checks it against its variants)."""
@@ -166,6 +176,7 @@ QUANT_MOE_SHARED = parse_quant_moe_shared_mode(os.environ.get("NINFER_QUANT_MOE_
 INT8_ATTENTION = parse_int8_attention_mode(os.environ.get("NINFER_INT8_ATTENTION", "grouped"))
 PDL_MODE = parse_pdl_mode(os.environ.get("NINFER_PDL", "off"))
 FP_ONE_ROW = parse_fp_one_row_mode(os.environ.get("NINFER_FP_ONE_ROW", "rows"))
+ROLLBACK_COPY = parse_rollback_copy_mode(os.environ.get("NINFER_ROLLBACK_COPY", "gather"))
 
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:

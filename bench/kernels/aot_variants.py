@@ -494,4 +494,16 @@ VARIANTS: dict[str, list[Variant]] = {
     "_apply_token_bitmask_kernel": [
         Variant("V=248320 fp32", dict(logits_ptr="fp32", bitmask_ptr="i32"), dict(BLOCK=4096)),
     ],
+    # kernels/state_copy.py copy_state_slots (NINFER_ROLLBACK_COPY=skip): BLOCK 4096, 4 warps; the 27B's fp32
+    # recurrent stack (48 x 128 x 128 a slot) and bf16 conv stack (10240 x 3 a slot), int64 slot ids; slot and layer
+    # strides are multiples of 16 there
+    "_copy_state_slots_kernel": [
+        Variant(
+            f"27B {label}",
+            dict(stack_ptr=dtype, src_ptr="i64", dst_ptr="i64"),
+            dict(BLOCK=4096),
+            aligned=("layer_stride", "slot_stride", "numel"),
+        )
+        for label, dtype in (("recurrent fp32", "fp32"), ("conv bf16", "bf16"))
+    ],
 }

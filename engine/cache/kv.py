@@ -21,7 +21,8 @@ fp16 scale per `int8_group_size` values along head_dim.
 
 `allocate_cache` makes the GDN state lists views of one `[num_gdn_layers, num_slots, ...]` tensor per kind
 (`state_stacks`), so `copy_states` moves slots of every GDN layer in one gather and one scatter per kind (a
-speculative rollback) rather than two kernels per layer tensor.
+speculative rollback; `NINFER_ROLLBACK_COPY=skip`: one Triton copy per kind, `kernels/state_copy.py`) rather than
+two kernels per layer tensor.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import CacheConfig, KVDtype
+from kernels.state_copy import copy_state_slots
 
 CPU_AUTO_KV_BYTES = 256 * 1024**2  # `--kv-capacity auto` on the CPU: this much KV
 GPU_HEADROOM_BYTES = 1024**3  # `--kv-capacity auto` on CUDA: leave this much device memory free
@@ -107,10 +109,11 @@ class ModelCache:
 
     def copy_states(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Every GDN layer's conv and recurrent state of slots `src` into slots `dst` ([N] int64 on the
-        device; the dst slots distinct, and none of them the src of another entry: an entry may copy a slot onto
-        itself, as the state is gathered before it is scattered). No host sync."""
+        device; the dst slots distinct, and none of them the src of another entry: an entry may name one slot as
+        both, its state then stays). No host sync. `kernels.state_copy.copy_state_slots`: under
+        `NINFER_ROLLBACK_COPY=skip` on the GPU such an entry moves no byte (a speculative row that kept every draft)."""
         for stack in self.state_stacks:
-            stack.index_copy_(1, dst, stack.index_select(1, src))
+            copy_state_slots(stack, src, dst)
 
 
 def allocate_cache(

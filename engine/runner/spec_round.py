@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 Outcome = tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]
 
 
-def _greedy_plain(params: SamplingParams) -> bool:
+def greedy_plain(params: SamplingParams) -> bool:
     # the drafter's own on-device condition, and nothing the runner's sampler must see (grammar, logprobs)
     return device_draftable(params) and params.structured is None and params.logprobs is None
 
@@ -55,7 +55,7 @@ OneWaitRows = tuple[list[StaticRow], list[StaticRow]]
 
 
 def one_wait_width(
-    ex: SpecExecutor, rows: Sequence[RowPlan], plain: Callable[[SamplingParams], bool] = _greedy_plain
+    ex: SpecExecutor, rows: Sequence[RowPlan], plain: Callable[[SamplingParams], bool] = greedy_plain
 ) -> int | None:
     """The verify width of a round whose rows are all verify rows of one width whose params pass `plain` (default:
     greedy, the conditions of the module docstring before the static buffers'; DFlash's round too,
@@ -74,7 +74,7 @@ def one_wait_width(
 
 
 def one_wait_rows(
-    ex: SpecExecutor, rows: Sequence[RowPlan], plain: Callable[[SamplingParams], bool] = _greedy_plain
+    ex: SpecExecutor, rows: Sequence[RowPlan], plain: Callable[[SamplingParams], bool] = greedy_plain
 ) -> OneWaitRows | None:
     """The static rows of the one-wait round over `rows`, or None when they do not take it (see the module
     docstring for the conditions; `plain` as in `one_wait_width`)."""

@@ -27,9 +27,9 @@ rolled-back state is exactly the state of decoding the accepted tokens one per s
 Host waits of a round (tests/engine/test_spec_syncs.py): a greedy round whose rows fit the static buffers takes
 engine/runner/spec_round.py and waits once, for (accepted count, bonus, next drafts) per row; a sampled or
 penalized one engine/runner/spec_sampled.py (rejection sampling on the device, NINFER_SPEC_ONE_WAIT_SAMPLED), also
-once; any other round waits
-twice, for the verdict (engine/spec/verify.py: its catch-up's rows depend on how many drafts each row kept) and for
-the drafts (engine/spec/mtp.py). DFlash's greedy round takes engine/runner/dflash_round.py the same way (one wait);
+once; any other round waits twice, for the verdict (engine/spec/verify.py: its catch-up's rows depend on how many
+drafts each row kept) and for the drafts (engine/spec/mtp.py). DFlash's greedy and sampled rounds take
+engine/runner/dflash_round.py the same way (one wait; the sampled one shares spec_sampled.py's verdict and copy);
 its general round waits for the verdict and for the drafts (engine/spec/dflash_draft.py; its block on the drafter's
 static buffers when the rows are verify rows of one width, `static_proposals`). Every index and position goes up
 through `upload` (pinned, non-blocking).
@@ -48,7 +48,13 @@ from engine.env import spec_one_wait_sampled
 from engine.model.forward import ForwardBatch, ModelCache
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.request import SamplingParams
-from engine.runner.dflash_round import dflash_one_wait_rows, run_dflash_one_wait, static_proposals
+from engine.runner.dflash_round import (
+    dflash_one_wait_rows,
+    dflash_sampled_rows,
+    run_dflash_one_wait,
+    run_dflash_sampled,
+    static_proposals,
+)
 from engine.runner.inputs import eager_batch
 from engine.runner.spec_round import one_wait_rows, run_one_wait
 from engine.runner.spec_sampled import run_sampled, sampled_rows
@@ -237,6 +243,11 @@ class SpecExecutor:
             if verify_rows is not None:
                 self.num_one_wait_rounds += 1
                 return SpecOutcome(*run_dflash_one_wait(self, rows, verify_rows, history))
+            verify_rows = dflash_sampled_rows(self, rows) if self.one_wait_sampled else None
+            if verify_rows is not None:
+                self.num_one_wait_rounds += 1
+                self.num_sampled_one_wait_rounds += 1
+                return SpecOutcome(*run_dflash_sampled(self, rows, verify_rows, history))
         static = one_wait_rows(self, rows) if self.one_wait else None
         if static is not None:
             self.num_one_wait_rounds += 1

@@ -159,16 +159,19 @@ def _draws(
     gens: Sequence[torch.Generator | None], cols: int, device: torch.device, exponential: bool
 ) -> torch.Tensor:
     """[len(gens), cols] draws, row r from `gens[r]` (Exp(1) or uniform [0, 1)); a None row (greedy) gets ones
-    (Exp) or zeros (uniform). Rows that share one generator (unseeded requests) draw in one launch."""
+    (Exp) or zeros (uniform). Consecutive rows of one generator draw in one launch: the whole batch when no request is
+    seeded, a request's K positions of a DFlash block."""
     out = (torch.ones if exponential else torch.zeros)(len(gens), cols, device=device)
-    live = [r for r, g in enumerate(gens) if g is not None]
-    if len(live) == len(gens) and all(g is gens[0] for g in gens):
-        return out.exponential_(generator=gens[0]) if exponential else out.uniform_(generator=gens[0])
-    for r in live:
-        if exponential:
-            out[r].exponential_(generator=gens[r])
-        else:
-            out[r].uniform_(generator=gens[r])
+    start = 0
+    while start < len(gens):
+        gen, end = gens[start], start + 1
+        while end < len(gens) and gens[end] is gen:
+            end += 1
+        if gen is not None and exponential:
+            out[start:end].exponential_(generator=gen)
+        elif gen is not None:
+            out[start:end].uniform_(generator=gen)
+        start = end
     return out
 
 

@@ -70,3 +70,17 @@ def test_attn_fuse_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         _dispatch.parse_attn_fuse_mode("1")
     monkeypatch.setattr(_dispatch, "ATTN_FUSE", "on")
     assert env.attn_fuse_mode() == "on"
+
+
+def test_rollback_copy_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NINFER_ROLLBACK_COPY: gather or skip, normalised; anything else refused with the variable named; env reports
+    it, and the launcher follows it unless told."""
+    from kernels.state_copy import skips_own_slots
+
+    assert _dispatch.parse_rollback_copy_mode(" SKIP") == "skip"
+    with pytest.raises(ValueError, match=r"^NINFER_ROLLBACK_COPY='on': expected 'gather', 'skip'$"):
+        _dispatch.parse_rollback_copy_mode("on")
+    monkeypatch.setattr(_dispatch, "ROLLBACK_COPY", "gather")
+    assert env.rollback_copy_mode() == "gather" and not skips_own_slots() and skips_own_slots(True)
+    monkeypatch.setattr(_dispatch, "ROLLBACK_COPY", "skip")
+    assert env.rollback_copy_mode() == "skip" and skips_own_slots() and not skips_own_slots(False)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_harness import _root, one_thread, prompt, run, tiny_artifact, tiny_loaded
+from engine_harness import _root, agreeing_drafts, one_thread, prompt, run, tiny_artifact, tiny_loaded
 
 from engine.artifact.container import read_artifact, write_artifact
 from engine.config import EngineConfig
@@ -25,7 +25,6 @@ from engine.model.forward import allocate_model_cache, make_forward_batch
 from engine.request import SamplingParams
 from engine.runner import ModelRunner
 from engine.spec.dflash_draft import dflash_of
-from engine.spec.mtp import Proposal
 from engine.testing.tiny_dflash import TINY_DFLASH, tiny_dflash_resource, tiny_dflash_tensors
 
 LENGTHS = [5, 17, 40]  # the tiny companion's window is 8: the longer prompts run past it
@@ -111,24 +110,15 @@ def test_greedy_dflash_equals_plain_alone_and_batched(k):
 
 
 def test_drafts_that_always_agree_commit_k_plus_one_per_round():
-    """The acceptance path: the companion's proposals replaced by the true continuation."""
+    """The acceptance path: every round's proposals (the general round's and the one-wait rounds', which draw on the
+    device: these greedy rows carry the model's default presence penalty, so they take the sampled one) replaced by
+    the true continuation."""
     k, params = 4, SamplingParams(temperature=0.0, max_tokens=17)
     want = dict(zip(["r0", "r1", "r2"], _baseline(17), strict=True))
     engine = core(k, max_concurrency=3)
     spec = engine.runner.spec
     assert spec is not None
-    real = spec.drafter.proposals
-
-    def oracle(rows, hidden):
-        out = real(rows, hidden)
-        for i, (row, proposal) in enumerate(zip(rows, out, strict=True)):
-            if proposal.tokens:
-                n = len(row.history)
-                truth = want[row.request_id][n : n + len(proposal.tokens)]
-                out[i] = Proposal(tuple(truth) + (7,) * (len(proposal.tokens) - len(truth)), None)
-        return out
-
-    spec.drafter.proposals = oracle  # type: ignore[method-assign]
+    agreeing_drafts(spec, want)
     got = run(engine, [prompt(n, s) for s, n in enumerate(LENGTHS)], params)[0]
     assert got == list(want.values())
     stats = engine.scheduler.spec_stats

@@ -89,3 +89,50 @@ def test_bench_dflash_round_runs():
     assert (
         runner.spec_graphs_captured and got["graph_replays_per_round"] >= 2
     )  # the verify's and the drafter's
+
+
+def test_greedy_penalized_rows_through_the_sampled_dflash_round_equal_plain_on_the_gpu():
+    """The sampled one-wait DFlash round (engine/runner/dflash_round.py `run_dflash_sampled`) on the captured graphs
+    for greedy rows with presence and frequency penalties: the plain tokens, eight lanes, K 2 and 15."""
+    params = SamplingParams(temperature=0.0, presence_penalty=-2.0, frequency_penalty=0.5, max_tokens=17)
+    prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
+    want = run(core(max_concurrency=8, prefix_reuse=False), prompts, params)[0]
+    for k in (2, 15):
+        engine = core(max_concurrency=8, spec="dflash", draft_tokens=k)
+        spec = engine.runner.spec
+        assert spec is not None and engine.runner.spec_graphs_captured and spec.draft_graphs is not None
+        assert run(engine, prompts, params)[0] == want, k
+        assert spec.num_sampled_one_wait_rounds > 0 and spec.draft_graphs.num_replays > 0
+
+
+def test_the_server_preset_takes_the_sampled_dflash_round_on_graphs_and_a_seed_reproduces():
+    from dataclasses import replace
+
+    from engine.sampling import default_sampling
+
+    params = replace(default_sampling(moe=True, thinking=False), seed=11, max_tokens=24)
+    prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
+    outs = []
+    for _ in range(2):
+        engine = core(max_concurrency=8, spec="dflash", draft_tokens=7)
+        spec = engine.runner.spec
+        assert spec is not None and spec.draft_graphs is not None and spec.graphs is not None
+        outs.append(run(engine, prompts, params)[0])
+        assert spec.num_sampled_one_wait_rounds > 0
+        assert spec.draft_graphs.num_replays > 0 and spec.graphs.num_replays > 0
+    assert outs[0] == outs[1] and all(len(t) == 24 for t in outs[0])
+
+
+def test_bench_sampled_dflash_round_runs():
+    """`ninfer-bench --spec dflash --spec-sampled`'s round: every step after the width-1 first one takes the sampled
+    one-wait round and replays the verify's and the drafter's graphs."""
+    from engine.sampling import default_sampling
+    from engine.testing.bench.spec import make_spec_runner, run_spec_rounds
+
+    model = loaded(torch.bfloat16).model
+    runner = make_spec_runner(model, 64, 2, "bf16", 7, 1024, spec="dflash")
+    params = default_sampling(moe=True, thinking=False)
+    got = run_spec_rounds(runner, model.config.vocab_size, 2, 200, 2, 4, 7, params)
+    assert got["round_s"] > 0 and got["tokens_per_round"] >= 1.0
+    assert runner.spec_graphs_captured and got["graph_replays_per_round"] >= 2
+    assert runner.spec is not None and runner.spec.num_sampled_one_wait_rounds == 5

@@ -126,17 +126,24 @@ def test_static_rounds_equal_the_eager_round_by_round(k: int, mode: str) -> None
         assert k in seen, seen  # drafts accepted in full
 
 
-def test_sampled_rounds_on_the_static_buffers_equal_the_eager_rounds() -> None:
-    """Sampled rows take the general round, its blocks on the drafter's buffers and their proposals drawn from the
-    processed q as the eager drafter draws them: a seeded run gives the eager run's tokens."""
+@pytest.mark.parametrize("one_wait_sampled", [True, False])
+def test_sampled_rounds_on_the_static_buffers_equal_the_eager_rounds(one_wait_sampled: bool) -> None:
+    """Seeded sampled rows take the sampled one-wait round (engine/runner/dflash_round.py `run_dflash_sampled`), or
+    with it off the general round with its blocks on the drafter's buffers; either way their proposals are drawn from
+    the processed q as the eager drafter draws them, and each request's generator is drawn in the eager round's
+    order (per row: the acceptance uniforms, the residual's race, then the drafts' races): a seeded run gives the
+    eager run's tokens."""
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=12)
     prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
     static, eager = core(3, max_concurrency=3), core(3, max_concurrency=3)
     assert eager.runner.spec is not None and static.runner.spec is not None
     eager.runner.spec.graphs = eager.runner.spec.draft_graphs = None
+    static.runner.spec.one_wait_sampled = one_wait_sampled
     assert run(static, prompts, params)[0] == run(eager, prompts, params)[0]
-    graphs = static.runner.spec.draft_graphs
-    assert graphs is not None and graphs.runs > 0 and static.runner.spec.num_one_wait_rounds == 0
+    spec = static.runner.spec
+    assert spec.draft_graphs is not None and spec.draft_graphs.runs > 0
+    assert spec.num_one_wait_rounds == spec.num_sampled_one_wait_rounds
+    assert (spec.num_sampled_one_wait_rounds > 0) == one_wait_sampled
 
 
 def test_the_one_wait_round_runs_on_the_static_buffers() -> None:

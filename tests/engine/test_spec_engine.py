@@ -235,6 +235,81 @@ def test_rollback_is_bit_exact_in_the_layer(accepted):
     assert torch.equal(got[0], conv_ref[slots]) and torch.equal(got[1], rec_ref[slots])
 
 
+def verify_and_roll_back(model, accepted: list[int], skip: bool) -> tuple[list[torch.Tensor], ...]:
+    """A GDN layer's verify pass over W = 4 positions of len(accepted) rows on the model's device, rolled back by the
+    one-wait rounds' `roll_back` (engine/runner/spec_round.py: row i's working slot from snapshot accepted[i], or,
+    all kept, from itself; `NINFER_ROLLBACK_COPY` as `skip`). Returns (every slot of both stacks after the verify,
+    the same after the rollback, each row's working state after decoding its positions 0..accepted one step at a
+    time from the same inputs: [conv, recurrent])."""
+    from types import SimpleNamespace
+
+    from engine.model.forward import allocate_model_cache, make_forward_batch
+    from engine.runner.spec_round import roll_back
+    from kernels import _dispatch
+    from kernels.conv import causal_conv1d_decode
+    from kernels.gdn import gated_delta_rule_decode
+
+    config, dev = model.config, next(model.parameters()).device
+    layer = next(m.linear_attn for m in model.model.layers if m.layer_type == "linear_attention")
+    n, width = len(accepted), 4
+    slots = list(range(n))
+    cache = allocate_model_cache(config, 2 * n, 16, n + n * (width - 1), torch.float32, dev)
+    gen = torch.Generator().manual_seed(0)
+    for t in cache.state_stacks:
+        t.copy_(torch.randn(t.shape, generator=gen))
+    start = [cache.conv_state[0].clone(), cache.recurrent_state[0].clone()]
+    qkv = torch.randn(n * width, config.conv_dim, generator=gen).to(dev)
+    a = torch.randn(n * width, config.linear_num_value_heads, generator=gen).to(dev)
+    b = torch.randn(n * width, config.linear_num_value_heads, generator=gen).to(dev)
+    batch = make_forward_batch([[1] * width] * n, [5] * n, [[2 * i, 2 * i + 1] for i in slots], slots, 16,
+                               device=dev)  # fmt: skip
+    snap = torch.tensor([n + i * (width - 1) for i in slots], device=dev)
+    snaps = snap[:, None] + torch.arange(width - 1, device=dev)
+    batch = dataclasses.replace(batch, verify_width=width, snapshot_slots=snaps)
+    weight = layer.conv1d.weight.squeeze(1)
+    conv, rec = cache.conv_state[0], cache.recurrent_state[0]
+    layer._verify(qkv, a, b, weight, conv, rec, batch)
+    verified = [t.clone() for t in cache.state_stacks]
+    mode = _dispatch.ROLLBACK_COPY
+    _dispatch.ROLLBACK_COPY = "skip" if skip else "gather"
+    try:
+        roll_back(SimpleNamespace(cache=cache), torch.tensor(accepted, device=dev), width, snap,
+                  torch.tensor(slots, device=dev))  # fmt: skip
+    finally:
+        _dispatch.ROLLBACK_COPY = mode
+    rolled = [t.clone() for t in cache.state_stacks]
+    want = []
+    for i, kept in enumerate(accepted):
+        conv_ref, rec_ref = start[0][i : i + 1].clone(), start[1][i : i + 1].clone()
+        slot_t, cont = torch.tensor([0], device=dev), torch.ones(1, dtype=torch.bool, device=dev)
+        for j in range(kept + 1):
+            row = i * width + j
+            mixed = causal_conv1d_decode(qkv[row : row + 1], weight, conv_ref, slot_t, cont)
+            q, k, v = layer._heads(mixed)
+            gated_delta_rule_decode(q, k, v, a[row : row + 1], b[row : row + 1], layer.A_log, layer.dt_bias,
+                                    rec_ref, slot_t, cont)  # fmt: skip
+        want.append([conv_ref[0], rec_ref[0]])
+    return verified, rolled, want
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_row_that_kept_every_draft_keeps_its_state_through_the_rollback(skip):
+    """The one-wait rollback over rows that kept every draft (3 of 3), some (1) and none: each working slot is the
+    state of decoding the kept positions one step at a time, bit for bit; the all-kept rows' slots are exactly what
+    the verify left there (their rollback copies nothing: under `NINFER_ROLLBACK_COPY=skip` on the GPU it moves no
+    byte; here the reference runs either way), and only the working slots change."""
+    accepted = [3, 1, 0, 3]
+    verified, rolled, want = verify_and_roll_back(_loaded_mtp("dense").model, accepted, skip)
+    for i, kept in enumerate(accepted):
+        for kind in range(2):
+            assert torch.equal(rolled[kind][0, i], want[i][kind]), (i, kind)
+            if kept == 3:
+                assert torch.equal(rolled[kind][:, i], verified[kind][:, i]), (i, kind)
+    n = len(accepted)
+    for kind in range(2):  # the snapshot slots are read, never written
+        assert torch.equal(rolled[kind][:, n:], verified[kind][:, n:])
+
+
 def test_a_verify_padding_row_reads_and_writes_no_state():
     """A padding row of a verify batch (state slot -1, snapshot slots -1: the static buffers' padding) outputs
     zeros and touches no slot; the real row beside it gets what it gets alone (its working slot and its

@@ -10,13 +10,12 @@ rollback error); float32 keeps the comparison about the algorithm. Run on the de
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
 import pytest
 import torch
-from engine_harness import prompt, run, tiny_artifact
+from engine_harness import agreeing_drafts, prompt, run, tiny_artifact
 
 from engine.config import EngineConfig
 from engine.core import EngineCore, LoadedArtifact, load_artifact
@@ -74,26 +73,21 @@ def test_spec_graph_replay_equals_eager_and_plain(arch):
             assert k >= 2 or runs["draft"] == 0, runs
 
 
-def test_always_agreeing_drafts_on_the_gpu():
+@pytest.mark.parametrize("copy", ["gather", "skip"])
+def test_always_agreeing_drafts_on_the_gpu(copy, monkeypatch):
+    """Every round keeps every draft; under `NINFER_ROLLBACK_COPY=skip` (kernels/state_copy.py) no rollback copy then
+    moves a byte, and the tokens stay the plain ones."""
+    from kernels import _dispatch
+
+    monkeypatch.setattr(_dispatch, "ROLLBACK_COPY", copy)
     prompts = [prompt(n, s) for s, n in enumerate(LENGTHS[:4])]
     want = run(core("dense", max_concurrency=4, prefix_reuse=False), prompts, GREEDY)[0]
     engine = core("dense", max_concurrency=4, spec="mtp", draft_tokens=3)
     spec = engine.runner.spec
     assert spec is not None
-    real = spec.run
-    truth = {f"r{i}": w for i, w in enumerate(want)}
-
-    def run_step(rows, history, plain_sample):  # the drafts of every round (the one-wait round's too)
-        out = real(rows, history, plain_sample)
-        drafts = list(out.drafts)
-        for i, row in enumerate(rows):
-            if drafts[i]:
-                n = len(history[row.request_id])
-                t = truth[row.request_id][n : n + len(drafts[i])]
-                drafts[i] = tuple(t) + (7,) * (len(drafts[i]) - len(t))
-        return dataclasses.replace(out, drafts=tuple(drafts))
-
-    spec.run = run_step  # type: ignore[method-assign]
+    agreeing_drafts(
+        spec, {f"r{i}": w for i, w in enumerate(want)}
+    )  # every round's drafts, the one-wait rounds' too
     assert run(engine, prompts, GREEDY)[0] == want
     stats = engine.scheduler.spec_stats
     assert stats.accepted == stats.drafted > 0
@@ -177,3 +171,38 @@ def test_the_one_wait_round_with_graphs_gives_the_plain_tokens(arch, k):
         spec.one_wait = one_wait
         assert run(engine, prompts, params)[0] == want, one_wait
         assert (spec.num_one_wait_rounds > 0) == one_wait and spec.graphs.num_replays > 0
+
+
+def test_the_skipping_rollback_copy_equals_the_gather_on_the_gpu():
+    """The one-wait rollback (engine/runner/spec_round.py `roll_back`) of rows that kept every draft, some and none,
+    with `NINFER_ROLLBACK_COPY=skip` (the Triton copy) and `gather`: the same bits in every slot; each working slot
+    the state of decoding its kept positions one step at a time; the all-kept rows' slots as the verify left them."""
+    from test_spec_engine import verify_and_roll_back
+
+    accepted = [3, 1, 0, 3, 2]
+    model = loaded("dense").model
+    gathered = verify_and_roll_back(model, accepted, skip=False)
+    verified, rolled, want = verify_and_roll_back(model, accepted, skip=True)
+    for a, b in zip(gathered[1], rolled, strict=True):
+        assert torch.equal(a, b)
+    for i, kept in enumerate(accepted):
+        for kind in range(2):
+            torch.testing.assert_close(rolled[kind][0, i], want[i][kind], rtol=1e-5, atol=1e-6)
+            if kept == 3:
+                assert torch.equal(rolled[kind][:, i], verified[kind][:, i])
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+def test_spec_with_the_skipping_rollback_copy_equals_plain(arch, monkeypatch):
+    """`NINFER_ROLLBACK_COPY=skip` through the engine (graphs, one-wait rounds, drafts kept in full, in part and not
+    at all): the plain greedy tokens, eight lanes, K 3."""
+    from kernels import _dispatch
+
+    monkeypatch.setattr(_dispatch, "ROLLBACK_COPY", "skip")
+    params = SamplingParams(temperature=0.0, max_tokens=16, presence_penalty=0.0)
+    prompts = [prompt(n, s) for s, n in enumerate(LENGTHS)]
+    want = run(core(arch, max_concurrency=8, prefix_reuse=False), prompts, params)[0]
+    engine = core(arch, max_concurrency=8, spec="mtp", draft_tokens=3)
+    assert run(engine, prompts, params)[0] == want
+    spec = engine.runner.spec
+    assert spec is not None and spec.num_one_wait_rounds > 0

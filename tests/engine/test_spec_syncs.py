@@ -2,7 +2,9 @@
 (engine/runner/spec_round.py: accepted counts, bonus tokens and drafts in one copy) and twice on the general one:
 the verdict's host copy (engine/spec/verify.py) and the drafts' (engine/spec/mtp.py); a sampled, penalized round
 (the server's preset) once on the sampled one-wait path (engine/runner/spec_sampled.py), 2 + K times on the general
-one (the verdict's two copies, one per draft). Every other value the round sends to the device
+one (the verdict's two copies, one per draft); with `--spec dflash` once on either one-wait path
+(engine/runner/dflash_round.py), greedy twice and sampled three times on the general one (the block's K drafts are
+one copy). Every other value the round sends to the device
 goes up through `engine.transfer.upload` (pinned, non-blocking): no `torch.tensor(..., device=...)`, no tensor
 indexed with a host list (both copy with a stream sync on CUDA), and no other `.tolist()` / `.item()` / `.cpu()`.
 
@@ -166,35 +168,59 @@ SERVER_DEFAULT = SamplingParams(
 )  # non-thinking preset
 
 
-@pytest.mark.parametrize("arch", ["dense", "moe"])
-@pytest.mark.parametrize("one_wait", [True, False])
-def test_a_sampled_penalized_round_waits_once_on_the_sampled_path(
-    arch: str, one_wait: bool, monkeypatch: pytest.MonkeyPatch
+def _sampled_rounds(
+    runner: Any, k: int, one_wait: bool, drafts_copies: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The server's default sampling (temperature, top-p, top-k, a presence penalty): the sampled one-wait round
-    (engine/runner/spec_sampled.py) reads (accepted, bonus, drafts) once; the general round reads the verdict (the
-    greedy tokens, then the rejection's), then each of the K drafts. The first step of the counted run is a width-1
-    verify (the drafts it makes carry their q), which takes the general round either way."""
-    k, concurrency = 3, 3
-    runner = make_spec_runner(_model(arch), 3 * concurrency, concurrency, "bf16", k, 64, cuda_graph=False)
+    """ROUNDS + 1 steps of 3 rows with the server's default sampling through `runner` (the sampled one-wait round on
+    or off): the first step (a width-1 verify, whose drafts carry their q) takes the general round either way, which
+    reads the verdict (the greedy tokens, then the rejection's), then the drafts in `drafts_copies` copies; a sampled
+    one-wait round reads (accepted, bonus, drafts) once, in `finish_sampled` (engine/runner/spec_sampled.py)."""
     assert runner.spec is not None
     runner.spec.one_wait_sampled = one_wait
-    vocab, context = runner.config.vocab_size, 20
     counts, mode = _count_syncs(monkeypatch)
     try:
         with mode:
-            got = run_spec_rounds(runner, vocab, concurrency, context, 0, ROUNDS + 1, k, SERVER_DEFAULT)
+            got = run_spec_rounds(runner, runner.config.vocab_size, 3, 20, 0, ROUNDS + 1, k, SERVER_DEFAULT)
     finally:
         monkeypatch.undo()
     assert got["tokens_per_round"] >= 1
     general = {
         "tolist engine/spec/verify.py:verify": 1,
         "tolist engine/spec/verify.py:_rejection": 1,
-        "tolist engine/spec/verify.py:draft_tokens": k,
+        "tolist engine/spec/verify.py:draft_tokens": drafts_copies,
     }
     rounds = 1 if one_wait else ROUNDS + 1
     want = {name: n * rounds for name, n in general.items()}
     if one_wait:
-        want["tolist engine/runner/spec_sampled.py:run_sampled"] = ROUNDS
+        want["tolist engine/runner/spec_sampled.py:finish_sampled"] = ROUNDS
     assert dict(counts) == want
     assert runner.spec.num_sampled_one_wait_rounds == (ROUNDS if one_wait else 0)
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+@pytest.mark.parametrize("one_wait", [True, False])
+def test_a_sampled_penalized_round_waits_once_on_the_sampled_path(
+    arch: str, one_wait: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's default sampling (temperature, top-p, top-k, a presence penalty): the sampled one-wait MTP round
+    waits once; the general round 2 + K times (one copy per chained draft)."""
+    k = 3
+    runner = make_spec_runner(_model(arch), 9, 3, "bf16", k, 64, cuda_graph=False)
+    _sampled_rounds(runner, k, one_wait, k, monkeypatch)
+
+
+@pytest.mark.parametrize("one_wait", [True, False])
+def test_a_sampled_penalized_dflash_round_waits_once_on_the_sampled_path(
+    one_wait: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--spec dflash` with the server's default sampling: the sampled one-wait round (engine/runner/dflash_round.py
+    `run_dflash_sampled`: verify, rejection sampling, rollback, the drafter's block and its draws all on the device)
+    waits once; the general round three times (the block's K drafts are one copy). Every block runs on the drafter's
+    static buffers."""
+    from test_spec_dflash_engine import _loaded
+
+    k = 4
+    runner = make_spec_runner(_loaded().model, 9, 3, "bf16", k, 64, cuda_graph=False, spec="dflash")
+    assert runner.spec is not None and runner.spec.draft_graphs is not None
+    _sampled_rounds(runner, k, one_wait, 1, monkeypatch)
+    assert runner.spec.draft_graphs.runs == ROUNDS + 1

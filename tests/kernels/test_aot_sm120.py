@@ -72,6 +72,7 @@ KNOWN_KERNELS = {
     "_quant_gemv_nvfp4_ring_kernel",
     "_quant_gemv_fp8_ring_kernel",
     "_quant_gemv_w8_ring_kernel",
+    "_copy_state_slots_kernel",
 }
 # the PDL kernels that load their first step of WEIGHT planes before griddepcontrol.wait (kernels/pdl.py; the source
 # side: tests/kernels/test_pdl.py's WEIGHT_LOADS_BEFORE_WAIT), and the arguments those loads may read

@@ -114,7 +114,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "the drafts (default: greedy rounds wait once, engine/runner/spec_round.py)")  # fmt: skip
     p.add_argument("--spec-sampled", action="store_true",
                    help="--spec-rounds rows sample with the server's non-thinking preset (temperature 0.7, top-p 0.8, "
-                   "top-k 20, presence penalty 1.5): the sampled one-wait round (engine/runner/spec_sampled.py), or "
+                   "top-k 20, presence penalty 1.5): the sampled one-wait round (engine/runner/spec_sampled.py; DFlash: "
+                   "engine/runner/dflash_round.py), or "
                    "the general round with --spec-two-waits or NINFER_SPEC_ONE_WAIT_SAMPLED=off")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--vs-hf", action="store_true", help="also time HF transformers on the same geometry")
