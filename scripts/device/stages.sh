@@ -8,6 +8,7 @@
 # compiles) or carry .carry/tcache.tgz (a call's $OUT/tcache.tgz, under 16 MB: it is unpacked into .tcache/).
 # Usage: git rev-parse HEAD > .carry/commit; then on the device:
 #   scripts/device/stages.sh PLAN_FILE[:STAGE,STAGE...] [PLAN_FILE[:...] ...] [--budget SECONDS (default 570)]
+#   scripts/device/stages.sh --order scripts/device/plans/DATE-sN-ORDER.md CALL   (that file's CALL-th call line)
 # Several plans run in the order given, each whole or only the named stages (a session's ORDER file composes its
 # calls this way; tests/engine/test_device_plans.py checks the names and the budget).
 # Before spending device time: tests/engine/test_device_plans.py checks the newest session's plans on the CPU (flags,
@@ -15,6 +16,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUDGET=570 PLANS=()
+# --order ORDER_FILE N: run the N-th `scripts/device/stages.sh ...` line of a session's ORDER file (its call N)
+if [[ ${1:-} == --order ]]; then
+  line=$(grep -E '^[[:space:]]*scripts/device/stages\.sh ' "${2:?--order needs ORDER_FILE N}" | sed -n "${3:?--order needs N}p")
+  [[ -n $line ]] || { echo "stages.sh: $2 has no call $3" >&2; exit 2; }
+  shift 3
+  set -- ${line#*stages.sh} "$@"
+fi
 while (($#)); do
   case $1 in
     --budget) BUDGET=${2:?--budget needs seconds}; shift 2 ;;
