@@ -108,7 +108,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="--spec-rounds with a random 131,072-row reduced proposal head (as --lm-head-draft)")  # fmt: skip
     p.add_argument("--spec", choices=("mtp", "dflash"), default="mtp",
                    help="--spec-rounds drafter: 'dflash' attaches a random DFlash companion (35B-A3B only; K "
-                   "1..15; eager) and projects at its published 4.95 tokens per round")  # fmt: skip
+                   "1..15; static buffers and CUDA graphs, engine/spec/dflash_graphs.py) and projects at its published 4.95 tokens per round")  # fmt: skip
     p.add_argument("--spec-two-waits", action="store_true",
                    help="--spec-rounds: every round takes the general path, which waits for the verdict and then for "
                    "the drafts (default: greedy rounds wait once, engine/runner/spec_round.py)")  # fmt: skip
