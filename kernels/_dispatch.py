@@ -38,7 +38,8 @@ order, ``kernels.quant.triton_group``).
 launches) or ``fused`` (``kernels.moe_router.moe_router``: the router GEMV and the routing in one launch; bitwise
 ``split`` under ``NINFER_GEMV=on``).
 
-``NINFER_SPLITK_REDUCE`` picks how the Triton GEMV (``kernels.linear``) sums a split K's fp32 partials: ``launch``
+``NINFER_SPLITK_REDUCE`` picks how the Triton GEMV (``kernels.linear``) and the quantized ring GEMVs
+(``kernels.quant.gluon_gemv``'s ``_ring_store``) sum a split K's fp32 partials: ``launch``
 (the default: ``_linear_reduce_kernel``, one more launch) or ``last`` (the last split of each row tile to finish
 sums them in the same order: no reduce launch, bitwise the same outputs).
 

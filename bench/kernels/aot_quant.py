@@ -140,6 +140,8 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                     "high_ptr": {5: "u8", 6: "i16"}.get(bits, "i32"),
                     "scales_ptr": "i32",
                     "out_ptr": "fp32" if units_split < units else "bf16",
+                    "final_ptr": "bf16",
+                    "count_ptr": "i32",
                 },
                 dict(
                     BITS=bits,
@@ -148,19 +150,21 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                     NUM_WARPS=warps,
                     STEP=step,
                     STAGES=stages,
+                    LAST=last,
                 ),
                 aligned=("codes_stride", "high_stride"),
                 num_warps=warps,
             )  # fmt: skip
-            for label, bits, units, units_split, block_n, step, stages, warps in (
-                ("27B Q4 7168x5120 split 5, ring_n64s2", 4, 40, 8, 64, 2, 4, 4),
-                ("27B Q5 5120x17408 split 4, ring_n64s2", 5, 136, 34, 64, 2, 4, 4),
-                ("27B Q6 head K=5120, ring_n64s2", 6, 40, 40, 64, 2, 4, 4),
-                ("27B Q5 5120x6144 split 6, ring_n64s2st3", 5, 48, 8, 64, 2, 3, 4),
-                ("27B Q6 head K=5120, ring_n64s1", 6, 40, 40, 64, 1, 4, 4),
-                ("27B Q4 34816x5120 split 2, ring_n32w2s2", 4, 40, 20, 32, 2, 4, 2),
-                ("27B Q4 4096x5120 split 10, ring_n128s1", 4, 40, 4, 128, 1, 4, 4),
-                ("one unit a program (empty copy groups)", 4, 40, 1, 64, 1, 4, 4),
+            for label, bits, units, units_split, block_n, step, stages, warps, last in (
+                ("27B Q4 7168x5120 split 5, ring_n64s2", 4, 40, 8, 64, 2, 4, 4, False),
+                ("27B Q4 7168x5120 split 5, ring_n64s2, the last split reduces", 4, 40, 8, 64, 2, 4, 4, True),
+                ("27B Q5 5120x17408 split 4, ring_n64s2", 5, 136, 34, 64, 2, 4, 4, False),
+                ("27B Q6 head K=5120, ring_n64s2", 6, 40, 40, 64, 2, 4, 4, False),
+                ("27B Q5 5120x6144 split 6, ring_n64s2st3", 5, 48, 8, 64, 2, 3, 4, False),
+                ("27B Q6 head K=5120, ring_n64s1", 6, 40, 40, 64, 1, 4, 4, False),
+                ("27B Q4 34816x5120 split 2, ring_n32w2s2", 4, 40, 20, 32, 2, 4, 2, False),
+                ("27B Q4 4096x5120 split 10, ring_n128s1", 4, 40, 4, 128, 1, 4, 4, False),
+                ("one unit a program (empty copy groups)", 4, 40, 1, 64, 1, 4, 4, False),
             )
         ],
         # the tensor-core GEMV (1..8 rows of x) through the same cp.async ring (packed_linear "mmaring_*" tiles)
@@ -198,14 +202,32 @@ def variants(variant: Any) -> dict[str, list[Any]]:
         "_quant_gemv_w8_ring_kernel": [
             variant(
                 label,
-                {"x_ptr": "bf16", "codes_ptr": "i32", "scales_ptr": "i32", "out_ptr": out},
-                dict(UNITS_SPLIT=units_split, BLOCK_N=block_n, NUM_WARPS=4, STEP=step, STAGES=stages),
+                {
+                    "x_ptr": "bf16",
+                    "codes_ptr": "i32",
+                    "scales_ptr": "i32",
+                    "out_ptr": out,
+                    "final_ptr": "bf16",
+                    "count_ptr": "i32",
+                },
+                dict(
+                    UNITS_SPLIT=units_split, BLOCK_N=block_n, NUM_WARPS=4, STEP=step, STAGES=stages, LAST=last
+                ),
                 aligned=("codes_stride",),
             )  # fmt: skip
-            for label, units_split, out, block_n, step, stages in (
-                ("35B-A3B W8 GDN in_proj K=2048, ring_n32s2", 16, "bf16", 32, 2, 4),
-                ("35B-A3B W8 o_proj 2048x4096 split 4, ring_n32s2", 8, "fp32", 32, 2, 4),
-                ("W8 one pass, ring_n64s1", 2, "fp32", 64, 1, 4),
+            for label, units_split, out, block_n, step, stages, last in (
+                ("35B-A3B W8 GDN in_proj K=2048, ring_n32s2", 16, "bf16", 32, 2, 4, False),
+                (
+                    "35B-A3B W8 GDN in_proj K=2048, ring_n32s2, the last split reduces",
+                    16,
+                    "bf16",
+                    32,
+                    2,
+                    4,
+                    True,
+                ),
+                ("35B-A3B W8 o_proj 2048x4096 split 4, ring_n32s2", 8, "fp32", 32, 2, 4, False),
+                ("W8 one pass, ring_n64s1", 2, "fp32", 64, 1, 4, False),
             )
         ],
         # the tensor-core one-row GEMV on the same loads (packed_linear "mma" tiles: 64 or 128 rows, 4 warps)
@@ -276,28 +298,58 @@ def variants(variant: Any) -> dict[str, list[Any]]:
         "_quant_gemv_nvfp4_ring_kernel": [
             variant(
                 label,
-                {"xw_ptr": "i32", "codes_ptr": "i32", "scales_ptr": "u8", "out_ptr": out},
-                dict(STEPS_SPLIT=steps, BLOCK_N=64, NUM_WARPS=4, STEP=step, STAGES=stages),
+                {
+                    "xw_ptr": "i32",
+                    "codes_ptr": "i32",
+                    "scales_ptr": "u8",
+                    "out_ptr": out,
+                    "final_ptr": "bf16",
+                    "count_ptr": "i32",
+                },
+                dict(STEPS_SPLIT=steps, BLOCK_N=64, NUM_WARPS=4, STEP=step, STAGES=stages, LAST=last),
                 aligned=("codes_stride", "tile_stride"),
                 floats=("out_scale",),
             )  # fmt: skip
-            for label, steps, out, step, stages in (
-                ("27B NVFP4 34816x5120 split 2, 2 steps x 4 slots", 20, "fp32", 2, 4),
-                ("NVFP4 K=5120, 1 step x 4 slots", 40, "bf16", 1, 4),
-                ("NVFP4 K=5120 split 10, one pass", 4, "fp32", 1, 4),
+            for label, steps, out, step, stages, last in (
+                ("27B NVFP4 34816x5120 split 2, 2 steps x 4 slots", 20, "fp32", 2, 4, False),
+                (
+                    "27B NVFP4 34816x5120 split 2, 2 steps x 4 slots, the last split reduces",
+                    20,
+                    "fp32",
+                    2,
+                    4,
+                    True,
+                ),
+                ("NVFP4 K=5120, 1 step x 4 slots", 40, "bf16", 1, 4, False),
+                ("NVFP4 K=5120 split 10, one pass", 4, "fp32", 1, 4, False),
             )
         ],
         # FP8 rows' one-row GEMV through the cp.async ring (quant_linear "rows_ring" tiles)
         "_quant_gemv_fp8_ring_kernel": [
             variant(
                 label,
-                {"xw_ptr": "i32", "codes_ptr": "i32", "scales_ptr": "bf16", "out_ptr": out},
-                dict(STEPS_SPLIT=steps, BLOCK_N=64, NUM_WARPS=4, STEP=step, STAGES=stages),
+                {
+                    "xw_ptr": "i32",
+                    "codes_ptr": "i32",
+                    "scales_ptr": "bf16",
+                    "out_ptr": out,
+                    "final_ptr": "bf16",
+                    "count_ptr": "i32",
+                },
+                dict(STEPS_SPLIT=steps, BLOCK_N=64, NUM_WARPS=4, STEP=step, STAGES=stages, LAST=last),
                 aligned=("codes_stride",),
             )  # fmt: skip
-            for label, steps, out, step, stages in (
-                ("Qwen3.8 FP8 attention 7168x5120 split 4, 2 steps x 4 slots", 20, "fp32", 2, 4),
-                ("FP8 K=5120, 1 step x 4 slots", 80, "bf16", 1, 4),
+            for label, steps, out, step, stages, last in (
+                ("Qwen3.8 FP8 attention 7168x5120 split 4, 2 steps x 4 slots", 20, "fp32", 2, 4, False),
+                (
+                    "Qwen3.8 FP8 attention 7168x5120 split 4, 2 steps x 4 slots, the last split reduces",
+                    20,
+                    "fp32",
+                    2,
+                    4,
+                    True,
+                ),
+                ("FP8 K=5120, 1 step x 4 slots", 80, "bf16", 1, 4, False),
             )
         ],
         "_quant_dequant_packed_kernel": [

@@ -93,6 +93,27 @@ if HAS_GLUON:
         gl.store(out_ptr + gl.program_id(1) * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
 
     @gluon.jit
+    def _ring_store(out_ptr, final_ptr, count_ptr, acc, scale, rows, N, LAST: gl.constexpr, L: gl.constexpr):
+        # _store_rows; then (LAST: NINFER_SPLITK_REDUCE=last, K split) the row tile's last split to finish sums the
+        # tile's fp32 partials in split order into final_ptr ([N] in x's dtype; bitwise _linear_reduce_kernel's)
+        # and resets its ticket counter (count_ptr: kernels.linear.ticket_counters; the pattern and its
+        # release/acquire as kernels/linear.py's LAST_REDUCES): no reduce launch follows
+        _store_rows(out_ptr, acc, scale, rows, N)
+        if LAST:
+            gl.thread_barrier()  # every thread's partial stored before the ticket (release, GPU scope)
+            tile = gl.program_id(0)
+            ticket = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if ticket == gl.num_programs(1) - 1:
+                gl.store(count_ptr + tile, 0)  # the next launch starts from 0 (kernel boundaries order it)
+                gl.thread_barrier()
+                total = gl.zeros(rows.shape, gl.float32, layout=gl.SliceLayout(1, L))
+                for split in range(gl.num_programs(1)):
+                    total += gl.load(
+                        out_ptr + split * N + rows, mask=rows < N, other=0.0, cache_modifier=".cg"
+                    )
+                gl.store(final_ptr + rows, total.to(final_ptr.dtype.element_ty), mask=rows < N)
+
+    @gluon.jit
     def _pairs_word(w, g, magic, s: gl.constexpr, BITS: gl.constexpr):
         # pair plane s: lanes 32s + 2i (low half) and 32s + 2i + 1 (high half) of word i as bf16 bits of 128 + u
         c = magic
@@ -404,6 +425,8 @@ if HAS_GLUON:
         high_ptr,
         scales_ptr,
         out_ptr,
+        final_ptr,  # LAST: the outputs [N] (x's dtype); out_ptr the fp32 partials
+        count_ptr,  # LAST: int32 ticket counters, one a row tile
         N,
         codes_stride,
         high_stride,
@@ -415,6 +438,7 @@ if HAS_GLUON:
         STEP: gl.constexpr,  # units a stage
         STAGES: gl.constexpr,  # ring slots, 2..4: STAGES - 1 stages in flight while one is computed
         PDL: gl.constexpr,
+        LAST: gl.constexpr,  # the last split sums the partials (NINFER_SPLITK_REDUCE=last)
     ):
         # _quant_gemv_pairs_kernel's arithmetic (the same layout L, _pairs_unit), its weight bytes streamed
         # through a ring of STAGES shared-memory slots by cp.async instead of a register prefetch: the bytes in
@@ -443,7 +467,7 @@ if HAS_GLUON:
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
         acc = _ring_loop(acc, ring, src, xw_ptr, u0, i, consts, UNITS_SPLIT // STEP, STAGES, STEP, BITS, BLOCK_N, L,
                          "")  # fmt: skip
-        _store_rows(out_ptr, acc, 1.0, rows, N)
+        _ring_store(out_ptr, final_ptr, count_ptr, acc, 1.0, rows, N, LAST, L)
 
     @gluon.jit(do_not_specialize=["N"])
     def _quant_gemv_nvfp4_ring_kernel(
@@ -451,6 +475,8 @@ if HAS_GLUON:
         codes_ptr,
         scales_ptr,
         out_ptr,
+        final_ptr,  # LAST: the outputs [N] (x's dtype); out_ptr the fp32 partials
+        count_ptr,  # LAST: int32 ticket counters, one a row tile
         N,
         codes_stride,
         tile_stride,
@@ -461,6 +487,7 @@ if HAS_GLUON:
         STEP: gl.constexpr,  # 128-lane steps a stage
         STAGES: gl.constexpr,  # ring slots, 2..4
         PDL: gl.constexpr,
+        LAST: gl.constexpr,  # the last split sums the partials (NINFER_SPLITK_REDUCE=last)
     ):
         # _quant_gemv_nvfp4_rows_kernel's arithmetic (_nvfp4_unit), its code words and block scales streamed
         # through a ring of STAGES shared-memory slots by cp.async (_ring_start / _ring_loop; see _quant_gemv_ring_kernel). A
@@ -488,7 +515,7 @@ if HAS_GLUON:
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
         acc = _ring_loop(acc, ring, src, xw_ptr, u0, i, 0, STEPS_SPLIT // STEP, STAGES, STEP, 0, BLOCK_N, L,
                          "")  # fmt: skip
-        _store_rows(out_ptr, acc, out_scale, rows, N)
+        _ring_store(out_ptr, final_ptr, count_ptr, acc, out_scale, rows, N, LAST, L)
 
     @gluon.jit(do_not_specialize=["N"])
     def _quant_gemv_mma_ring_kernel(
@@ -544,6 +571,8 @@ if HAS_GLUON:
         codes_ptr,
         scales_ptr,
         out_ptr,
+        final_ptr,  # LAST: the outputs [N] (x's dtype); out_ptr the fp32 partials
+        count_ptr,  # LAST: int32 ticket counters, one a row tile
         N,
         codes_stride,
         STEPS_SPLIT: gl.constexpr,
@@ -552,6 +581,7 @@ if HAS_GLUON:
         STEP: gl.constexpr,  # 64-lane steps a stage
         STAGES: gl.constexpr,  # ring slots, 2..4
         PDL: gl.constexpr,
+        LAST: gl.constexpr,  # the last split sums the partials (NINFER_SPLITK_REDUCE=last)
     ):
         # _quant_gemv_fp8_rows_kernel's arithmetic (_fp8_step), its code words streamed through a ring of STAGES
         # shared-memory slots by cp.async (_ring_start / _ring_loop; see _quant_gemv_ring_kernel); the row's bf16 scale
@@ -569,7 +599,9 @@ if HAS_GLUON:
         acc = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
         acc = _ring_loop(acc, ring, src, xw_ptr, u0, i, 0, STEPS_SPLIT // STEP, STAGES, STEP, 1, BLOCK_N, L,
                          "")  # fmt: skip
-        _store_rows(out_ptr, acc, gl.load(scales_ptr + rows_c).to(gl.float32), rows, N)
+        _ring_store(
+            out_ptr, final_ptr, count_ptr, acc, gl.load(scales_ptr + rows_c).to(gl.float32), rows, N, LAST, L
+        )
 
     @gluon.jit(do_not_specialize=["N"])
     def _quant_gemv_w8_ring_kernel(
@@ -577,6 +609,8 @@ if HAS_GLUON:
         codes_ptr,
         scales_ptr,
         out_ptr,
+        final_ptr,  # LAST: the outputs [N] (x's dtype); out_ptr the fp32 partials
+        count_ptr,  # LAST: int32 ticket counters, one a row tile
         N,
         codes_stride,
         scales_stride,
@@ -586,6 +620,7 @@ if HAS_GLUON:
         STEP: gl.constexpr,  # units a stage
         STAGES: gl.constexpr,  # ring slots, 2..4
         PDL: gl.constexpr,
+        LAST: gl.constexpr,  # the last split sums the partials (NINFER_SPLITK_REDUCE=last)
     ):
         # _quant_gemv_w8_pairs_kernel's arithmetic (_w8_group), its code words (32 a row and unit) and scale words
         # (int32 [N, K_pad / 64]: a unit's 4 fp16 group scales in 2 words; scales_stride in words) streamed through
@@ -612,7 +647,7 @@ if HAS_GLUON:
         acc = gl.zeros([BLOCK_N, 32], gl.float32, layout=L)
         acc = _ring_loop(acc, ring, src, x_ptr, u0, i, magic, UNITS_SPLIT // STEP, STAGES, STEP, 8, BLOCK_N, L,
                          "")  # fmt: skip
-        _store_rows(out_ptr, acc, 1.0, rows, N)
+        _ring_store(out_ptr, final_ptr, count_ptr, acc, 1.0, rows, N, LAST, L)
 
     @gluon.jit
     def _mma_unit(acc, w, g, s0, s1, x_ptrs, x_mask, unit, magic, BITS: gl.constexpr, ASM: gl.constexpr):

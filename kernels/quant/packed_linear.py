@@ -25,7 +25,7 @@ from kernels.quant.weight import QuantWeight
 if HAS_TRITON:
     import triton
 
-    from kernels.linear import REDUCE_BLOCK, _linear_reduce_kernel
+    from kernels.linear import REDUCE_BLOCK, TICKET_COUNTERS, _linear_reduce_kernel, ticket_counters
     from kernels.quant.gluon_gemv import HAS_GLUON
     from kernels.quant.triton_gemv import _quant_dequant_packed_kernel, _quant_gemv_packed_kernel
 
@@ -323,11 +323,17 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
     words, high = _planes(qw)
     bits = GROUP_FORMATS[qw.format].bits
     grid = (triton.cdiv(n, tiles.block_n), tiles.split_k)
+    # NINFER_SPLITK_REDUCE=last: the ring kernels' last split of a row tile sums the partials (no reduce launch)
+    last = last_reduces(gluon in ("ring", "w8_ring"), tiles.split_k, grid[0])
+    counts = (
+        ticket_counters(x.device) if gluon in ("ring", "w8_ring") else target
+    )  # (LAST off too: one compile)
     if gluon == "w8_ring":
         _quant_gemv_w8_ring_kernel[grid](
-            x[0], words, qw.scales.view(torch.int32), target, n, words.stride(0), qw.scales.stride(0) // 2,
-            UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,
-            STEP=tiles.step_units, STAGES=tiles.num_stages, num_warps=tiles.num_warps, **pdl_args(x.device),
+            x[0], words, qw.scales.view(torch.int32), target, out, counts, n, words.stride(0),
+            qw.scales.stride(0) // 2, UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n,
+            NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, STAGES=tiles.num_stages, LAST=last,
+            num_warps=tiles.num_warps, **pdl_args(x.device),
         )  # fmt: skip
     elif gluon == "w8":
         _quant_gemv_w8_pairs_kernel[grid](
@@ -340,10 +346,11 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
             high = qw.high.view(torch.uint8)  # the Gluon kernels read Q5's high plane a byte a word
         if gluon == "ring":
             _quant_gemv_ring_kernel[grid](
-                x[0].view(torch.int32), words, high, qw.scales.view(torch.int32), target, n, words.stride(0),
-                high.stride(0), qw.scales.stride(0) // 2, BITS=bits, UNITS_SPLIT=units // tiles.split_k,
-                BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, STAGES=tiles.num_stages,
-                num_warps=tiles.num_warps, **pdl_args(x.device),
+                x[0].view(torch.int32), words, high, qw.scales.view(torch.int32), target, out, counts, n,
+                words.stride(0), high.stride(0), qw.scales.stride(0) // 2, BITS=bits,
+                UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,
+                STEP=tiles.step_units, STAGES=tiles.num_stages, LAST=last, num_warps=tiles.num_warps,
+                **pdl_args(x.device),
             )  # fmt: skip
         elif gluon == "mma_ring":
             xw = x.view(torch.int32) if rows > 1 else x[0].view(torch.int32)[None, :]
@@ -374,11 +381,17 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
             STEP_UNITS=tiles.step_units, BLOCK_N=tiles.block_n, MODE=MODES[tiles.mode], EVEN_K=k % UNIT == 0,
             ASM=not INTERPRET, num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(x.device),
         )  # fmt: skip
-    if tiles.split_k > 1:
+    if tiles.split_k > 1 and not last:
         _linear_reduce_kernel[(triton.cdiv(n, REDUCE_BLOCK), rows)](
             target, out, n, SPLIT_K=tiles.split_k, BLOCK=REDUCE_BLOCK, num_warps=4, **pdl_args(x.device)
         )
     return out
+
+
+def last_reduces(ring: bool, split_k: int, row_tiles: int) -> bool:
+    """Whether a ring GEMV's last split sums its row tile's partials itself (``NINFER_SPLITK_REDUCE=last``, K split,
+    a ticket counter for every row tile) instead of the reduce launch after it."""
+    return ring and split_k > 1 and _dispatch.SPLITK_REDUCE == "last" and row_tiles <= TICKET_COUNTERS
 
 
 def dequantize_packed_to(qw: QuantWeight, out: torch.Tensor) -> torch.Tensor:

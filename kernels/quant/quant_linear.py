@@ -40,6 +40,7 @@ from kernels.quant.packed_linear import (
     dequantize_packed_to,
     device_sms,
     gemv_packed,
+    last_reduces,
     packed_tiles,
 )
 from kernels.quant.weight import QuantWeight, dequantize
@@ -47,7 +48,7 @@ from kernels.quant.weight import QuantWeight, dequantize
 if HAS_TRITON:
     import triton
 
-    from kernels.linear import REDUCE_BLOCK, _linear_reduce_kernel
+    from kernels.linear import REDUCE_BLOCK, _linear_reduce_kernel, ticket_counters
 
     if HAS_GLUON:
         from kernels.quant.gluon_gemv import (
@@ -271,6 +272,7 @@ def _gemv(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor
         target = torch.empty(tiles.split_k, rows, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, tiles.block_n), tiles.split_k)
     common = dict(BLOCK_N=tiles.block_n, NUM_STAGES=tiles.num_stages, num_warps=tiles.num_warps)
+    last = False  # the ring kernels' last split reduces (below)
     if qw.format in GROUP_FORMATS:
         spec = GROUP_FORMATS[qw.format]
         groups = qw.k_pad // spec.group_size
@@ -296,24 +298,21 @@ def _gemv(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor
             assert steps // tiles.split_k % tiles.step_units == 0, (
                 f"{tiles}: a split is no whole number of slots"
             )
+            last = last_reduces(True, tiles.split_k, grid[0])  # (NINFER_SPLITK_REDUCE=last: no reduce launch)
+            counts = ticket_counters(x.device)  # (also when unused: one signature, one compile)
             ring = dict(
                 STEPS_SPLIT=steps // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,
-                STEP=tiles.step_units, STAGES=tiles.num_stages, num_warps=tiles.num_warps,
+                STEP=tiles.step_units, STAGES=tiles.num_stages, LAST=last, num_warps=tiles.num_warps,
             )  # fmt: skip
             if qw.format == FP8:
                 _quant_gemv_fp8_ring_kernel[grid](
-                    x[0].view(torch.int32),
-                    words,
-                    qw.scales,
-                    target,
-                    n,
-                    words.stride(0),
-                    **ring,
+                    x[0].view(torch.int32), words, qw.scales, target, out, counts, n, words.stride(0), **ring,
                     **pdl_args(x.device),
-                )
+                )  # fmt: skip
             else:
                 _quant_gemv_nvfp4_ring_kernel[grid](
-                    x[0].view(torch.int32), words, qw.scales, target, n, words.stride(0), qw.scales.stride(0),
+                    x[0].view(torch.int32), words, qw.scales, target, out, counts, n, words.stride(0),
+                    qw.scales.stride(0),
                     16384.0 / qw.divisor, **ring, **pdl_args(x.device),
                 )  # fmt: skip
         elif qw.format == FP8:
@@ -342,7 +341,7 @@ def _gemv(x: torch.Tensor, qw: QuantWeight, tiles: QuantTiles, out: torch.Tensor
             x, qw.codes, qw.scales, target, n, rows, x.stride(0), qw.codes.stride(0),
             K_SPLIT=k // tiles.split_k, BLOCK_K=tiles.block_k, **common, **pdl_args(x.device),
         )  # fmt: skip
-    if tiles.split_k > 1:
+    if tiles.split_k > 1 and not last:
         _linear_reduce_kernel[(triton.cdiv(n, REDUCE_BLOCK), rows)](
             target, out, n, SPLIT_K=tiles.split_k, BLOCK=REDUCE_BLOCK, num_warps=4, **pdl_args(x.device)
         )

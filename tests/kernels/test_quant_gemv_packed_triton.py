@@ -166,6 +166,38 @@ def test_mma_mode(fmt, device, assert_close):
     )
 
 
+@pytest.mark.parametrize("fmt", [Q4, Q6, W8])
+def test_ring_last_split_reduces(fmt, device, assert_close, monkeypatch):
+    """NINFER_SPLITK_REDUCE=last on the ring kernels: no reduce launch, the same bits as the reduce launch's (the
+    last split of each row tile sums the fp32 partials in split order), every ticket counter back at zero, launch
+    after launch (on the GPU 50 in a row, the splits racing for their tickets). The interpreter runs the Triton
+    modes and the reduce launch (no ring kernel there): the reference check alone."""
+    import importlib
+
+    import kernels._dispatch
+    from kernels.linear import ticket_counters
+
+    n, k, variant = 300, 2048, "ring_n32s2"
+    qw = _weight(fmt, n, k, device)
+    tiles = packed_tiles(fmt, n, k, variant)
+    assert tiles.mode == "ring" and tiles.split_k > 1, tiles
+    module = importlib.import_module("kernels.quant.packed_linear")
+    for i in range(50 if device == "cuda" else 2):
+        x = torch.randn(1, k, device=device).bfloat16()
+        monkeypatch.setattr(kernels._dispatch, "SPLITK_REDUCE", "launch")
+        expected = quant_linear(x, qw, route="gemv", tiles=tiles)
+        monkeypatch.setattr(kernels._dispatch, "SPLITK_REDUCE", "last")
+        if device == "cuda":
+            monkeypatch.setattr(module, "_linear_reduce_kernel", None)  # a reduce launch would fail
+        got = quant_linear(x, qw, route="gemv", tiles=tiles)
+        monkeypatch.undo()
+        _check(f"{fmt} {tiles} launch {i}", got, x, qw, assert_close)
+        if device == "cuda":
+            assert torch.equal(got, expected), f"{fmt} {tiles} launch {i}: not the reduce launch's bits"
+    if device == "cuda":
+        assert not bool(ticket_counters(x.device).any()), "a counter was left non-zero"
+
+
 @pytest.mark.parametrize("fmt", [Q4, Q5, Q6])
 def test_mma_ring_mode(fmt, device, assert_close):
     """The "mma_ring" tiles (on a GPU _quant_gemv_mma_ring_kernel: the tensor-core kernel's arithmetic, its weight

@@ -123,6 +123,15 @@ def test_one_row_gemv(fmt, n, k, cut, device, assert_close):
         _check(f"{fmt} one row ring {part.shape}", ring_out, x, part, "gemv", assert_close)
         same_split = quant_linear(x, part, route="gemv", tiles=rows._replace(split_k=ring.split_k))
         assert torch.equal(ring_out, same_split), f"{fmt} {part.shape}: ring differs from rows on {ring}"
+        if ring.split_k > 1:  # NINFER_SPLITK_REDUCE=last: the ring's last split sums the partials, same bits
+            import kernels._dispatch
+            from kernels.linear import ticket_counters
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(kernels._dispatch, "SPLITK_REDUCE", "last")
+                last_out = quant_linear(x, part, route="gemv", tiles=ring)
+            assert torch.equal(last_out, ring_out), f"{fmt} {part.shape}: the last split's sum differs"
+            assert not bool(ticket_counters(x.device).any()), "a counter was left non-zero"
 
 
 def test_fp8_scaled_mm_route(device, assert_close):
