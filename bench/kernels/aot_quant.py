@@ -177,6 +177,8 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                     "high_ptr": {5: "u8", 6: "i16"}.get(bits, "i32"),
                     "scales_ptr": "i32",
                     "out_ptr": "fp32" if units_split < units else "bf16",
+                    "final_ptr": "bf16",
+                    "count_ptr": "i32",
                 },
                 dict(
                     T=t,
@@ -187,15 +189,28 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                     STEP=step,
                     STAGES=stages,
                     ASM=_mma_group_asm(bits),
+                    LAST=last,
                 ),
                 aligned=("xw_stride", "codes_stride", "high_stride"),
                 num_warps=warps,
             )  # fmt: skip
-            for label, t, bits, units, units_split, block_n, step, stages, warps in (
-                ("27B Q4 7168x5120 T=8 split 5, mmaring_n64s2", 8, 4, 40, 8, 64, 2, 4, 4),
-                ("27B Q5 5120x17408 T=4 split 4, mmaring_n64s2", 4, 5, 136, 34, 64, 2, 4, 4),
-                ("27B Q6 head K=5120 T=4, mmaring_n128s1", 4, 6, 40, 40, 128, 1, 4, 4),
-                ("27B Q4 34816x5120 T=8 split 2, mmaring_n32w2s2", 8, 4, 40, 20, 32, 2, 4, 2),
+            for label, t, bits, units, units_split, block_n, step, stages, warps, last in (
+                ("27B Q4 7168x5120 T=8 split 5, mmaring_n64s2", 8, 4, 40, 8, 64, 2, 4, 4, False),
+                (
+                    "27B Q4 7168x5120 T=8 split 5, mmaring_n64s2, the last split reduces",
+                    8,
+                    4,
+                    40,
+                    8,
+                    64,
+                    2,
+                    4,
+                    4,
+                    True,
+                ),
+                ("27B Q5 5120x17408 T=4 split 4, mmaring_n64s2", 4, 5, 136, 34, 64, 2, 4, 4, False),
+                ("27B Q6 head K=5120 T=4, mmaring_n128s1", 4, 6, 40, 40, 128, 1, 4, 4, False),
+                ("27B Q4 34816x5120 T=8 split 2, mmaring_n32w2s2", 8, 4, 40, 20, 32, 2, 4, 2, False),
             )
         ],
         # W8's one-row GEMV through the cp.async ring (packed_linear "ring_*" tiles for W8)

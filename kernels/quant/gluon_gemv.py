@@ -325,9 +325,8 @@ if HAS_GLUON:
                 acc = _nvfp4_unit(acc, w, sc, xw_ptr, unit0 + u, i, BLOCK_N, L)
             elif KIND == 1:
                 acc = _fp8_step(acc, w, xw_ptr, unit0 + u, i)
-            elif (
-                KIND == 8
-            ):  # W8: _quant_gemv_w8_pairs_kernel's unit, its 4 group scales from the slot's 2 words
+            elif KIND == 8:
+                # W8: _quant_gemv_w8_pairs_kernel's unit, its 4 group scales from the slot's 2 words
                 words = scales.slice(u * BLOCK_N, BLOCK_N)
                 for j in gl.static_range(4):
                     sw = words.slice(j // 2, 1, dim=1).load(L)  # [BLOCK_N, 1]
@@ -524,6 +523,8 @@ if HAS_GLUON:
         high_ptr,
         scales_ptr,
         out_ptr,
+        final_ptr,  # LAST: the outputs [T, N] (x's dtype); out_ptr the fp32 partials [SPLIT_K, T, N]
+        count_ptr,  # LAST: int32 ticket counters, one a row tile
         N,
         xw_stride,
         codes_stride,
@@ -538,6 +539,7 @@ if HAS_GLUON:
         STAGES: gl.constexpr,  # ring slots, 2..4
         ASM: gl.constexpr,  # MMA_GROUP_ASM[BITS]
         PDL: gl.constexpr,
+        LAST: gl.constexpr,  # the last split sums the partials (NINFER_SPLITK_REDUCE=last)
     ):
         # _quant_gemv_mma_kernel's arithmetic (_mma_unit on the tensor cores, 1..8 rows of x, a row's output the
         # same bits whatever T), its weight bytes streamed through a ring of STAGES shared-memory slots by
@@ -564,6 +566,19 @@ if HAS_GLUON:
         acc = _ring_loop(acc, ring, src, xw_ptr, u0, i, consts, UNITS_SPLIT // STEP, STAGES, STEP, BITS, BLOCK_N, L,
                          ASM)  # fmt: skip
         _mma_store(out_ptr, acc, rows, i, N, split, T)
+        if LAST:  # as _ring_store, on the MMA kernels' C layout (each row of x, each weight row of the tile)
+            gl.thread_barrier()
+            ticket = gl.atomic_add(count_ptr + gl.program_id(0), 1, sem="acq_rel", scope="gpu")
+            if ticket == gl.num_programs(1) - 1:
+                gl.store(count_ptr + gl.program_id(0), 0)
+                gl.thread_barrier()
+                out_row = (i // 4) * 2 + i % 4
+                mask = (rows < N)[:, None] & ((i % 4 < 2) & (out_row < T))[None, :]
+                offs = out_row[None, :] * N + rows[:, None]
+                total = gl.zeros([BLOCK_N, 16], gl.float32, layout=L)
+                for s in range(gl.num_programs(1)):
+                    total += gl.load(out_ptr + s * (T * N) + offs, mask=mask, other=0.0, cache_modifier=".cg")
+                gl.store(final_ptr + offs, total.to(final_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit(do_not_specialize=["N"])
     def _quant_gemv_fp8_ring_kernel(

@@ -324,9 +324,9 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
     bits = GROUP_FORMATS[qw.format].bits
     grid = (triton.cdiv(n, tiles.block_n), tiles.split_k)
     # NINFER_SPLITK_REDUCE=last: the ring kernels' last split of a row tile sums the partials (no reduce launch)
-    last = last_reduces(gluon in ("ring", "w8_ring"), tiles.split_k, grid[0])
+    last = last_reduces(gluon in ("ring", "w8_ring", "mma_ring"), tiles.split_k, grid[0])
     counts = (
-        ticket_counters(x.device) if gluon in ("ring", "w8_ring") else target
+        ticket_counters(x.device) if gluon in ("ring", "w8_ring", "mma_ring") else target
     )  # (LAST off too: one compile)
     if gluon == "w8_ring":
         _quant_gemv_w8_ring_kernel[grid](
@@ -355,10 +355,11 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
         elif gluon == "mma_ring":
             xw = x.view(torch.int32) if rows > 1 else x[0].view(torch.int32)[None, :]
             _quant_gemv_mma_ring_kernel[grid](
-                xw, words, high, qw.scales.view(torch.int32), target, n, xw.stride(0), words.stride(0),
-                high.stride(0), qw.scales.stride(0) // 2, T=rows, BITS=bits, UNITS_SPLIT=units // tiles.split_k,
-                BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps, STEP=tiles.step_units, STAGES=tiles.num_stages,
-                ASM=MMA_GROUP_ASM[bits], num_warps=tiles.num_warps, **pdl_args(x.device),
+                xw, words, high, qw.scales.view(torch.int32), target, out, counts, n, xw.stride(0),
+                words.stride(0), high.stride(0), qw.scales.stride(0) // 2, T=rows, BITS=bits,
+                UNITS_SPLIT=units // tiles.split_k, BLOCK_N=tiles.block_n, NUM_WARPS=tiles.num_warps,
+                STEP=tiles.step_units, STAGES=tiles.num_stages, ASM=MMA_GROUP_ASM[bits], LAST=last,
+                num_warps=tiles.num_warps, **pdl_args(x.device),
             )  # fmt: skip
         elif gluon == "mma":
             xw = x.view(torch.int32) if rows > 1 else x[0].view(torch.int32)[None, :]
@@ -389,7 +390,7 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
 
 
 def last_reduces(ring: bool, split_k: int, row_tiles: int) -> bool:
-    """Whether a ring GEMV's last split sums its row tile's partials itself (``NINFER_SPLITK_REDUCE=last``, K split,
+    """Whether a ring GEMV's (one-row or MMA) last split sums its row tile's partials itself (``NINFER_SPLITK_REDUCE=last``, K split,
     a ticket counter for every row tile) instead of the reduce launch after it."""
     return ring and split_k > 1 and _dispatch.SPLITK_REDUCE == "last" and row_tiles <= TICKET_COUNTERS
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kernels._dispatch
 from kernels.quant import Q4, Q5, Q6, W8, dequantize, encode, quant_linear, quant_linear_ref, view_planes
 from kernels.quant.packed_linear import GEMV_VARIANTS, PackedTiles, packed_tiles
 
@@ -203,7 +204,8 @@ def test_mma_ring_mode(fmt, device, assert_close):
     """The "mma_ring" tiles (on a GPU _quant_gemv_mma_ring_kernel: the tensor-core kernel's arithmetic, its weight
     bytes through the cp.async ring; the interpreter runs the Triton modes): fewer stages than slots, several
     passes with a partial last one, split K, N below a tile, 1 / 3 / 8 rows of x; on the GPU bitwise the "mma"
-    kernel on the same tiles, and each row of a batch bitwise the row alone."""
+    kernel on the same tiles, each row of a batch bitwise the row alone, and with NINFER_SPLITK_REDUCE=last (the
+    last split sums the partials, no reduce launch) the same bits."""
     from kernels.quant.gluon_gemv import HAS_GLUON
 
     assert HAS_GLUON or device == "cpu", "the GPU's Triton has no Gluon: the ring tiles would not run it"
@@ -231,6 +233,12 @@ def test_mma_ring_mode(fmt, device, assert_close):
                     assert torch.equal(out[t], alone[t][0]), (
                         f"{fmt} {n}x{k} T{rows} row {t} differs from alone"
                     )
+                # NINFER_SPLITK_REDUCE=last: the last split sums the partials, the same bits
+                if tiles.split_k > 1:
+                    with pytest.MonkeyPatch.context() as patch:
+                        patch.setattr(kernels._dispatch, "SPLITK_REDUCE", "last")
+                        last = quant_linear(x, qw, route="gemv", tiles=tiles)
+                    assert torch.equal(last, out), f"{fmt} {n}x{k} T{rows}: the last split's sum differs"
 
 
 @pytest.mark.parametrize("fmt", [Q4, Q6, W8])
