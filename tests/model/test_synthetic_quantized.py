@@ -136,3 +136,35 @@ def test_an_unknown_or_mismatched_weights_id_is_refused(dense_config):
         synthetic_profile("int3", dense_config)
     with pytest.raises(ValueError, match="MoE profile"):
         synthetic_profile("qwen3.6-35b-a3b/groupwise-int", dense_config)
+
+
+def test_gdn_a_and_b_load_as_one_gemv(groupwise, dense_config, paged, monkeypatch):
+    """The 27B groupwise-int profile stores a GDN layer's BF16 a and b projections apart; loading fuses them into one
+    ``a_b_projection`` (rows a then b: one decode GEMV instead of two), and the model computes what the unfused one
+    does (rows of one GEMM: the same dot products)."""
+    from engine.model import profile_load
+    from engine.model.gdn import GatedDeltaNet
+    from engine.model.linear import DenseMethod
+
+    layers = [m for m in groupwise.modules() if isinstance(m, GatedDeltaNet)]
+    assert layers
+    for gdn in layers:
+        assert "a_b_projection" in gdn.input_projections
+        assert not {"a_projection", "b_projection"} & set(gdn.input_projections)
+        assert not hasattr(gdn, "a_projection") and not hasattr(gdn, "b_projection")
+        fused = gdn.a_b_projection
+        assert isinstance(fused.method, DenseMethod) and [name for name, _ in fused.outputs] == ["a", "b"]
+    monkeypatch.setattr(profile_load, "fuse_gdn_gates", lambda model: 0)
+    apart, _, _ = load_synthetic(
+        "tiny-dense", device="cpu", dtype=torch.float32, weights_id="qwen3.6-27b/groupwise-int"
+    )
+    assert all("a_projection" in m.input_projections for m in apart.modules() if isinstance(m, GatedDeltaNet))
+    tokens = torch.randint(
+        0, dense_config.vocab_size, (24,), generator=torch.Generator().manual_seed(2)
+    ).tolist()
+    with torch.inference_mode():
+        ours, theirs = (
+            _logits(groupwise, dense_config, paged, tokens),
+            _logits(apart, dense_config, paged, tokens),
+        )
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
