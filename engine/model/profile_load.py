@@ -332,8 +332,10 @@ def fuse_gdn_gates(model: nn.Module) -> int:
         names: tuple[str, ...] = gdn.input_projections
         if "a_projection" not in names or "b_projection" not in names:
             continue
-        a, b = getattr(gdn, "a_projection"), getattr(gdn, "b_projection")
-        if not all(isinstance(p, Linear) and isinstance(p.method, DenseMethod) for p in (a, b)):
+        a, b = gdn.a_projection, gdn.b_projection
+        if not (isinstance(a, Linear) and isinstance(b, Linear)):
+            continue
+        if not (isinstance(a.method, DenseMethod) and isinstance(b.method, DenseMethod)):
             continue
         gdn.a_b_projection = concat_linears(a, b)
         del gdn.a_projection, gdn.b_projection
