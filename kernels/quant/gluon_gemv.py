@@ -93,6 +93,20 @@ if HAS_GLUON:
         gl.store(out_ptr + gl.program_id(1) * N + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
 
     @gluon.jit
+    def _last_split(count_ptr):
+        # after this program stored its split's partials: whether it is the last split of its row tile to finish
+        # (then it has reset the tile's ticket counter and may read every split's partials). kernels/linear.py's
+        # LAST_REDUCES pattern: a CTA barrier, a ticket at GPU scope (acq_rel), the reset, a barrier.
+        gl.thread_barrier()  # every thread's partial stored before the ticket (release, GPU scope)
+        tile = gl.program_id(0)
+        ticket = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        last = ticket == gl.num_programs(1) - 1
+        if last:
+            gl.store(count_ptr + tile, 0)  # the next launch starts from 0 (kernel boundaries order it)
+            gl.thread_barrier()
+        return last
+
+    @gluon.jit
     def _ring_store(out_ptr, final_ptr, count_ptr, acc, scale, rows, N, LAST: gl.constexpr, L: gl.constexpr):
         # _store_rows; then (LAST: NINFER_SPLITK_REDUCE=last, K split) the row tile's last split to finish sums the
         # tile's fp32 partials in split order into final_ptr ([N] in x's dtype; bitwise _linear_reduce_kernel's)
@@ -100,12 +114,7 @@ if HAS_GLUON:
         # release/acquire as kernels/linear.py's LAST_REDUCES): no reduce launch follows
         _store_rows(out_ptr, acc, scale, rows, N)
         if LAST:
-            gl.thread_barrier()  # every thread's partial stored before the ticket (release, GPU scope)
-            tile = gl.program_id(0)
-            ticket = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if ticket == gl.num_programs(1) - 1:
-                gl.store(count_ptr + tile, 0)  # the next launch starts from 0 (kernel boundaries order it)
-                gl.thread_barrier()
+            if _last_split(count_ptr):
                 total = gl.zeros(rows.shape, gl.float32, layout=gl.SliceLayout(1, L))
                 for split in range(gl.num_programs(1)):
                     total += gl.load(
@@ -567,11 +576,7 @@ if HAS_GLUON:
                          ASM)  # fmt: skip
         _mma_store(out_ptr, acc, rows, i, N, split, T)
         if LAST:  # as _ring_store, on the MMA kernels' C layout (each row of x, each weight row of the tile)
-            gl.thread_barrier()
-            ticket = gl.atomic_add(count_ptr + gl.program_id(0), 1, sem="acq_rel", scope="gpu")
-            if ticket == gl.num_programs(1) - 1:
-                gl.store(count_ptr + gl.program_id(0), 0)
-                gl.thread_barrier()
+            if _last_split(count_ptr):
                 out_row = (i // 4) * 2 + i % 4
                 mask = (rows < N)[:, None] & ((i % 4 < 2) & (out_row < T))[None, :]
                 offs = out_row[None, :] * N + rows[:, None]

@@ -291,6 +291,9 @@ def _gluon_mode(tiles: PackedTiles, x: torch.Tensor, qw: QuantWeight) -> str | N
     return "pairs" if pairs_ok(x, qw) else None
 
 
+RING_KERNELS = ("ring", "w8_ring", "mma_ring")  # _gluon_mode's cp.async ring kernels
+
+
 def ring_ok(qw: QuantWeight) -> bool:
     """Whether the ring kernel's copies can take this weight: the scales read as int32 words (a unit's two fp16
     scales: an even row stride and offset), the planes 16-byte aligned (the cp.async widths: 16 bytes of code
@@ -324,10 +327,9 @@ def gemv_packed(x: torch.Tensor, qw: QuantWeight, tiles: PackedTiles, out: torch
     bits = GROUP_FORMATS[qw.format].bits
     grid = (triton.cdiv(n, tiles.block_n), tiles.split_k)
     # NINFER_SPLITK_REDUCE=last: the ring kernels' last split of a row tile sums the partials (no reduce launch)
-    last = last_reduces(gluon in ("ring", "w8_ring", "mma_ring"), tiles.split_k, grid[0])
-    counts = (
-        ticket_counters(x.device) if gluon in ("ring", "w8_ring", "mma_ring") else target
-    )  # (LAST off too: one compile)
+    ring = gluon in RING_KERNELS
+    last = last_reduces(ring, tiles.split_k, grid[0])
+    counts = ticket_counters(x.device) if ring else target  # (also with LAST off: one signature, one compile)
     if gluon == "w8_ring":
         _quant_gemv_w8_ring_kernel[grid](
             x[0], words, qw.scales.view(torch.int32), target, out, counts, n, words.stride(0),

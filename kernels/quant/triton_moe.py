@@ -47,6 +47,24 @@ if HAS_TRITON:
     )
 
     @triton.jit
+    def _chunk_values(ca, cb, BITS: tl.constexpr, A: tl.constexpr, B: tl.constexpr, PAIRS: tl.constexpr,
+                      HIGH: tl.constexpr):  # fmt: skip
+        # a chunk's code bytes [A, B, PAIRS] (and cb: Q5/Q6's high bytes [A, B, HIGH], W8's odd lanes) -> the even
+        # and odd lanes' signed codes as fp32 [A, B, PAIRS] (Q4 elementwise, no reshape)
+        if BITS == 8:
+            ev = _w8_values(ca)
+            od = _w8_values(cb)
+        elif BITS == 4:
+            ev, od = _nibble_values(ca.to(tl.int32), ca.to(tl.int32), BITS)
+        else:
+            ev, od = _nibble_values(
+                tl.reshape(ca.to(tl.int32), [A * B, PAIRS]), tl.reshape(cb.to(tl.int32), [A * B, HIGH]), BITS
+            )
+            ev = tl.reshape(ev, [A, B, PAIRS])
+            od = tl.reshape(od, [A, B, PAIRS])
+        return ev, od
+
+    @triton.jit
     def _bf16_pairs(w):
         # int32 words holding two bf16 (the even lane in the low half) -> (even, odd) fp32, exactly
         return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
@@ -138,19 +156,7 @@ if HAS_TRITON:
             else:
                 xe = xa.to(tl.float32)
                 xo = xb.to(tl.float32)
-            if BITS == 8:
-                ev = _w8_values(ca)
-                od = _w8_values(cb)
-            elif BITS == 4:  # elementwise: no reshape
-                ev, od = _nibble_values(ca.to(tl.int32), ca.to(tl.int32), BITS)
-            else:
-                ev, od = _nibble_values(
-                    tl.reshape(ca.to(tl.int32), [2 * BLOCK_N, PAIRS]),
-                    tl.reshape(cb.to(tl.int32), [2 * BLOCK_N, HIGH]),
-                    BITS,
-                )
-                ev = tl.reshape(ev, [BLOCK_N, 2, PAIRS])
-                od = tl.reshape(od, [BLOCK_N, 2, PAIRS])
+            ev, od = _chunk_values(ca, cb, BITS, BLOCK_N, 2, PAIRS, HIGH)
             prod = tl.reshape(
                 ev * xe[None, None, :] + od * xo[None, None, :], [BLOCK_N, 2, GROUPS, GROUP // 2]
             )
@@ -200,7 +206,6 @@ if HAS_TRITON:
         PAIRS: tl.constexpr = BLOCK_K // 2  # lane pairs (code bytes for Q4/Q5/Q6) an expert a chunk
         HIGH: tl.constexpr = PAIRS * (BITS - 4) // 4  # high bytes an expert a chunk (Q5, Q6)
         GROUPS: tl.constexpr = BLOCK_K // GROUP
-        ROWS: tl.constexpr = BLOCK_H * BLOCK_TOPK
         pdl_wait(PDL)  # kernels/pdl.py: before any read of a predecessor's output or any write
         pdl_launch_dependents(PDL)
         token = tl.program_id(0)
@@ -237,19 +242,7 @@ if HAS_TRITON:
             ae, ao = _f32_pairs(a)
             if INTER % 2 == 1:  # the last pair's odd lane is the row's padding
                 ao = tl.where((2 * (c * PAIRS + tl.arange(0, PAIRS)) + 1 < INTER)[None, :], ao, 0.0)
-            if BITS == 8:
-                ev = _w8_values(ca)
-                od = _w8_values(cb)
-            elif BITS == 4:  # elementwise: no reshape
-                ev, od = _nibble_values(ca.to(tl.int32), ca.to(tl.int32), BITS)
-            else:
-                ev, od = _nibble_values(
-                    tl.reshape(ca.to(tl.int32), [ROWS, PAIRS]),
-                    tl.reshape(cb.to(tl.int32), [ROWS, HIGH]),
-                    BITS,
-                )
-                ev = tl.reshape(ev, [BLOCK_H, BLOCK_TOPK, PAIRS])
-                od = tl.reshape(od, [BLOCK_H, BLOCK_TOPK, PAIRS])
+            ev, od = _chunk_values(ca, cb, BITS, BLOCK_H, BLOCK_TOPK, PAIRS, HIGH)
             prod = ev * ae[None, :, :] + od * ao[None, :, :]
             prod = tl.reshape(prod, [BLOCK_H, BLOCK_TOPK, GROUPS, GROUP // 2])
             acc += tl.sum(tl.sum(prod * s.to(tl.float32), axis=3), axis=2)
