@@ -328,19 +328,18 @@ class EngineCore:
             )
 
         warm = config.warmup if config.warmup is not None else param.device.type == "cuda"
-        # measured: engine/runner/sizing.py (under --gpu-memory-limit the pool is sized within the cap instead)
-        if config.cache.kv_capacity == "auto" and param.device.type == "cuda" and limit is None:
+        # measured: engine/runner/sizing.py (under --gpu-memory-limit, within the cap)
+        if config.cache.kv_capacity == "auto" and param.device.type == "cuda":
             num_pages = measure_auto_pages(
                 make_runner,
                 lambda probe: probe.warm_up(config.scheduler.prefill_chunk) if warm else None,
                 min_pages=config.cache.num_pages(config.scheduler.max_context, auto_pages=0),
                 page_bytes=spec.page_bytes(config.cache.page_size),
                 device=param.device,
+                memory_limit=limit,
             )
         else:
-            num_pages = resolve_num_pages(
-                config.cache, config.scheduler.max_context, spec, device=param.device, memory_limit=limit
-            )
+            num_pages = resolve_num_pages(config.cache, config.scheduler.max_context, spec)
         if limit is not None:
             check_pool_fits(config, num_pages * spec.page_bytes(config.cache.page_size), param.device)
         # None: on with CUDA (validated on the H200: tests/engine/test_overlap_gpu.py), off on the CPU, where a

@@ -35,7 +35,7 @@ from engine.config import CacheConfig, KVDtype
 from kernels.state_copy import copy_state_slots
 
 CPU_AUTO_KV_BYTES = 256 * 1024**2  # `--kv-capacity auto` on the CPU: this much KV
-GPU_HEADROOM_BYTES = 1024**3  # `--kv-capacity auto` on CUDA: leave this much device memory free
+GPU_HEADROOM_BYTES = 1024**3  # `--kv-capacity auto` on CUDA: leave this much free (plus 2%, sizing.py)
 
 
 @dataclass(frozen=True)
@@ -149,29 +149,10 @@ def allocate_cache(
     )
 
 
-def auto_num_pages(bytes_per_page: int, device: torch.device, memory_limit: int | None = None) -> int:
-    """Pages for `--kv-capacity auto`: free memory after the weights minus headroom (CPU: a default); with
-    `memory_limit` (bytes, `--gpu-memory-limit`) free memory within that cap."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        if memory_limit is not None:
-            free = min(free, memory_limit - torch.cuda.memory_reserved(device))
-        budget = free - GPU_HEADROOM_BYTES
-    else:
-        budget = CPU_AUTO_KV_BYTES
-    return max(0, budget // bytes_per_page)
-
-
-def resolve_num_pages(
-    cache_config: CacheConfig,
-    max_context: int,
-    spec: KVSpec,
-    *,
-    device: torch.device,
-    memory_limit: int | None = None,
-) -> int:
-    """The KV pool's page count for this config (fixed at startup)."""
+def resolve_num_pages(cache_config: CacheConfig, max_context: int, spec: KVSpec) -> int:
+    """The KV pool's page count for this config (fixed at startup). `--kv-capacity auto` here is the CPU's
+    default budget (`CPU_AUTO_KV_BYTES`); on CUDA the engine measures it instead (engine/runner/sizing.py)."""
     auto_pages = None
     if cache_config.kv_capacity == "auto":
-        auto_pages = auto_num_pages(spec.page_bytes(cache_config.page_size), device, memory_limit)
+        auto_pages = CPU_AUTO_KV_BYTES // spec.page_bytes(cache_config.page_size)
     return cache_config.num_pages(max_context, auto_pages=auto_pages)

@@ -72,7 +72,6 @@ def test_int8_engine_runs_and_keeps_page_accounting():
 
 def test_kv_capacity_resolution():
     config = tiny_loaded("dense").model.config
-    cpu = torch.device("cpu")
     per_page = kv_spec(config, torch.float32, "bf16").page_bytes(64)
     # 2 attention layers x (K + V) x 64 tokens x 2 heads x 32 dims x 4 bytes
     assert per_page == 2 * 2 * 64 * 2 * 32 * 4
@@ -86,7 +85,7 @@ def test_kv_capacity_resolution():
     def pages(**kw: object) -> int:
         cache_config = CacheConfig(**kw)  # type: ignore[arg-type]
         spec = kv_spec(config, torch.float32, cache_config.kv_dtype)
-        return resolve_num_pages(cache_config, 1000, spec, device=cpu)
+        return resolve_num_pages(cache_config, 1000, spec)
 
     assert pages() == 16  # omitted: one max_context worth (ceil(1000 / 64))
     assert pages(kv_capacity=4096) == 64

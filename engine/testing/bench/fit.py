@@ -1,10 +1,11 @@
 """`ninfer-bench --gpu-memory-limit GiB`: what fits a smaller card (the RTX 5090's 32 GiB) under the engine's cap.
 
 With the cap applied (``engine.core.apply_memory_limit``, as ``ninfer-serve --gpu-memory-limit`` does) after the
-weights are built, ``fit_report`` sizes the largest KV pool that still runs: pages from the room left under the
-cap less ``GPU_HEADROOM_BYTES`` (what ``--kv-capacity auto`` leaves), every lane's GDN state slot plus the
-engine's default prefix checkpoints, then proves it by building that runner (CUDA graphs captured, as served)
-and running one ``--prefill-chunk`` prefill and one decode step of every lane; on out-of-memory the pool shrinks
+weights are built, ``fit_report`` sizes the largest KV pool that still runs, as ``--kv-capacity auto`` sizes it under
+the cap (``engine.runner.sizing.measure_auto_pages``): a probe runner with a small pool, 8 lanes' GDN state slots
+plus the engine's default prefix checkpoints and CUDA graphs runs one ``--prefill-chunk`` prefill and one decode step
+of every lane; what is left under the cap after that, less the headroom, becomes pages. It then proves the pool by
+building that runner (graphs captured, as served) and running the same steps; on out-of-memory the pool shrinks
 by 5% and it tries again. Reported: the pool's tokens (the longest one context), and per lane count the longest
 context every lane can hold at once (pool / lanes, at most the model's ``max_position_embeddings``). The weights
 are what the device holds after the build (``memory_reserved``): quantized payloads as stored, plus the one
@@ -18,11 +19,11 @@ from typing import Any
 
 import torch
 
-from engine.cache.kv import GPU_HEADROOM_BYTES
 from engine.config import MAX_CONCURRENCY_LIMIT, CacheConfig, KVDtype
 from engine.model.quant_experts import scratch_bytes
 from engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from engine.runner import ModelRunner
+from engine.runner.sizing import measure_auto_pages
 from engine.testing.bench.steps import (
     PAGE_SIZE,
     kv_bytes_per_token,
@@ -42,11 +43,10 @@ def fit_report(
     lanes = MAX_CONCURRENCY_LIMIT
     slots = lanes + CacheConfig().max_checkpoints
     per_token = kv_bytes_per_token(config, kv_dtype)
+    page_bytes = int(per_token * PAGE_SIZE)
     gc.collect()
     torch.cuda.empty_cache()  # the weights' build temporaries are not the weights
     weights = torch.cuda.memory_reserved()
-    room = limit_bytes - weights - GPU_HEADROOM_BYTES - slots * lane_state_bytes(config)
-    pages = max(1, int(room // (per_token * PAGE_SIZE)))
     report: dict[str, Any] = {
         "limit_GiB": round(limit_bytes / 1024**3, 2),
         "weights_reserved_GiB": round(weights / 1024**3, 3),  # the quantized experts' shared scratch included
@@ -57,20 +57,32 @@ def fit_report(
         "state_bytes_per_slot": lane_state_bytes(config),
         "proved": False,
     }
+
+    def build(num_pages: int) -> ModelRunner:
+        return make_runner(model, num_pages, slots, kv_dtype, True, num_pages * PAGE_SIZE)
+
+    def exercise(runner: ModelRunner) -> None:  # a prefill chunk, then one decode step of every lane
+        chunk = min(prefill_chunk, (runner.cache.num_pages - 1) * PAGE_SIZE)
+        run_prefill(runner, config.vocab_size, chunk, chunk)
+        run_decode(runner, config.vocab_size, lanes, 0, 1, 1)
+
+    probe_pages = max(lanes, -(-prefill_chunk // PAGE_SIZE)) + 1
+    pages = measure_auto_pages(build, exercise, min_pages=probe_pages, page_bytes=page_bytes,
+                               device=torch.device("cuda", torch.cuda.current_device()), memory_limit=limit_bytes)  # fmt: skip
+    report["measured_pages"] = pages
     runner: ModelRunner | None = None
     for attempt in range(MAX_TRIES):
-        tokens = pages * PAGE_SIZE
-        chunk = min(prefill_chunk, tokens - PAGE_SIZE)
         report["attempts"] = attempt + 1
         try:
-            runner = make_runner(model, pages, slots, kv_dtype, True, tokens)
-            run_prefill(runner, config.vocab_size, chunk, chunk)
-            run_decode(runner, config.vocab_size, lanes, 0, 1, 1)
+            runner = build(pages)
+            exercise(runner)
             report["proved"] = True
             report["peak_reserved_GiB"] = round(torch.cuda.max_memory_reserved() / 1024**3, 3)
             break
         except torch.OutOfMemoryError:
-            log(f"fit: {pages} pages ({tokens} tokens) ran out of memory under the cap; trying 5% fewer")
+            log(
+                f"fit: {pages} pages ({pages * PAGE_SIZE} tokens) ran out of memory under the cap; trying 5% fewer"
+            )
             pages = int(pages * 0.95)
         finally:
             runner = None
