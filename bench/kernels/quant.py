@@ -308,8 +308,9 @@ def bench_moe(read_gbps: float, variants: list[str]) -> None:
     """The 35B-A3B routed experts at decode (T = 1, 8; E 256, H 2048, I 512, top_k 8): ``quant_moe_experts`` v1
     and v2 (``NINFER_QUANT_MOE``; v2 also with the tile ``variants`` of ``QUANT_MOE_V2_VARIANTS`` on the Q5 stacks)
     on the profile's Q4 gate_up with Q5 and Q6 down stacks, against ``kernels.moe.moe_experts`` on bf16 experts, over
-    distinct layers (each call reads its experts from HBM); bytes = the chosen experts' payload (the distinct
-    ones of the step), and the time those bytes take at 4 TB/s. Each v2 row checks v2 against the reference and
+    distinct layers (each call reads its experts from HBM), the quantized kernels with the shared expert's gated
+    term added inside (as decode runs them); bytes = the chosen experts' payload (the distinct ones of the step),
+    and the time those bytes take at 4 TB/s. Each v2 row checks v2 against the reference and
     that every row of T = 8 is bitwise the row alone."""
     experts, hidden, inter, top_k = MOE_GEOMETRY
     layers = 4
@@ -337,7 +338,11 @@ def bench_moe(read_gbps: float, variants: list[str]) -> None:
         for tokens in (1, 8):
             x = torch.randn(tokens, hidden, device=DEV, dtype=BF16)
             weights, ids = moe_route_ref(torch.randn(tokens, experts, device=DEV), top_k)
-            expected = quant_moe_experts_ref(x, *stacks[0], weights, ids)
+            # the shared expert's ungated output and its gate's weight, added inside the kernels as the model runs
+            # them by default (NINFER_QUANT_MOE_SHARED=fused)
+            shared = torch.randn(tokens, hidden, device=DEV, dtype=BF16)
+            score = torch.randn(1, hidden, device=DEV, dtype=BF16) * hidden**-0.5
+            expected = quant_moe_experts_ref(x, *stacks[0], weights, ids, shared, score)
             nbytes = per_expert * ids.unique().numel()
             t_bf16 = _per_call(lambda d: moe_experts(x, *d, weights, ids), dense)
             shape = f"35B-A3B Q4/{down_fmt} T{tokens} E256 H2048 I512 top8"
@@ -354,7 +359,9 @@ def bench_moe(read_gbps: float, variants: list[str]) -> None:
                     )
 
                 def call(st: tuple[QuantWeight, QuantWeight]) -> torch.Tensor:
-                    return quant_moe_experts(x, *st, weights, ids, version=version, tiles_v2=tiles)
+                    return quant_moe_experts(
+                        x, *st, weights, ids, shared, score, version=version, tiles_v2=tiles
+                    )
 
                 out = call(stacks[0])
                 check = _err(out, expected)
@@ -362,7 +369,7 @@ def bench_moe(read_gbps: float, variants: list[str]) -> None:
                     check["batch_invariant"] = all(
                         torch.equal(
                             quant_moe_experts(x[i : i + 1], *stacks[0], weights[i : i + 1], ids[i : i + 1],
-                                              version=version, tiles_v2=tiles)[0],
+                                              shared[i : i + 1], score, version=version, tiles_v2=tiles)[0],
                             out[i],
                         )
                         for i in range(tokens)
