@@ -39,6 +39,45 @@ def _check(name, got, x, qw, assert_close):
 SHAPES = [(37, 130), (64, 320), (20, 1024)]
 
 
+def _check_row_view(fmt, variant, device, assert_close, scale=1.0):
+    """``variant``'s tiles on rows 100:150 of a fused parent [300, 640] (a row view), x a column slice."""
+    part = _weight(fmt, 300, 640, device).rows(100, 150)
+    x = torch.randn(1, 640, device=device).bfloat16() * scale
+    tiles = packed_tiles(fmt, 50, 640, variant)
+    _check(
+        f"{fmt} rows 100:150 {tiles}", quant_linear(x, part, route="gemv", tiles=tiles), x, part, assert_close
+    )
+
+
+def _check_tensor_core_rows(fmt, n, k, variant, device, assert_close):
+    """A tensor-core variant ("mma" or "mma_ring") on 1, 3 and 8 rows of x (a column slice): against the reference;
+    on the GPU each row of a batch bitwise the row alone (the interpreter runs "fma" for one row, "dot" for several),
+    and a ring bitwise the "mma" kernel on the same tiles, also with NINFER_SPLITK_REDUCE=last where K is split."""
+    qw = _weight(fmt, n, k, device)
+    tiles = packed_tiles(fmt, n, k, variant)
+    assert tiles.mode in ("mma", "mma_ring") and tiles.block_n % (16 * tiles.num_warps) == 0, tiles
+    x8 = torch.randn(8, k + 8, device=device).bfloat16()[:, 4 : 4 + k]
+    alone = [quant_linear(x8[t : t + 1], qw, route="gemv", tiles=tiles) for t in range(8)]
+    for rows in (1, 3, 8):
+        x = x8[:rows]
+        out = quant_linear(x, qw, route="gemv", tiles=tiles)
+        _check(f"{fmt} {n}x{k} T{rows} {tiles}", out, x, qw, assert_close)
+        if device == "cpu":
+            continue
+        for t in range(rows):
+            assert torch.equal(out[t], alone[t][0]), f"{fmt} {n}x{k} T{rows} row {t} differs from alone"
+        if tiles.mode == "mma_ring":
+            mma = tiles._replace(mode="mma", num_stages=1)
+            assert torch.equal(out, quant_linear(x, qw, route="gemv", tiles=mma)), f"{fmt} {n}x{k} T{rows}"
+            if (
+                tiles.split_k > 1
+            ):  # NINFER_SPLITK_REDUCE=last: the last split sums the partials, the same bits
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setattr(kernels._dispatch, "SPLITK_REDUCE", "last")
+                    last = quant_linear(x, qw, route="gemv", tiles=tiles)
+                assert torch.equal(last, out), f"{fmt} {n}x{k} T{rows}: the last split's sum differs"
+
+
 @pytest.mark.parametrize("rows", [1, 2, 5, 8])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gemv(fmt, rows, device, assert_close):
@@ -81,12 +120,7 @@ def test_pairs_mode(fmt, device, assert_close):
         x = torch.randn(1, k + 8, device=device).bfloat16()[:, 4 : 4 + k]
         tiles = packed_tiles(fmt, n, k, variant)
         _check(f"{fmt} {n}x{k} {tiles}", quant_linear(x, qw, route="gemv", tiles=tiles), x, qw, assert_close)
-    part = _weight(fmt, 300, 640, device).rows(100, 150)
-    x = torch.randn(1, 640, device=device).bfloat16()
-    tiles = packed_tiles(fmt, 50, 640, "pairs")
-    _check(
-        f"{fmt} rows 100:150 {tiles}", quant_linear(x, part, route="gemv", tiles=tiles), x, part, assert_close
-    )
+    _check_row_view(fmt, "pairs", device, assert_close)
 
 
 @pytest.mark.parametrize("fmt", [Q4, Q5, Q6, W8])
@@ -118,12 +152,7 @@ def test_ring_mode(fmt, device, assert_close):
         if device != "cpu":
             pairs = tiles._replace(mode="pairs", num_stages=1)
             assert torch.equal(got, quant_linear(x, qw, route="gemv", tiles=pairs)), f"{fmt} {n}x{k} {tiles}"
-    part = _weight(fmt, 300, 640, device).rows(100, 150)
-    x = torch.randn(1, 640, device=device).bfloat16()
-    tiles = packed_tiles(fmt, 50, 640, "ring_n64s1")
-    _check(
-        f"{fmt} rows 100:150 {tiles}", quant_linear(x, part, route="gemv", tiles=tiles), x, part, assert_close
-    )
+    _check_row_view(fmt, "ring_n64s1", device, assert_close)
 
 
 @pytest.mark.parametrize("fmt", [Q4, Q5, Q6])
@@ -145,26 +174,8 @@ def test_mma_mode(fmt, device, assert_close):
         (70, 512, "mma_n32w2"),
         (130, 640, "mma_n128w8"),
     ):
-        qw = _weight(fmt, n, k, device)
-        tiles = packed_tiles(fmt, n, k, variant)
-        assert tiles.mode == "mma" and tiles.block_n % (16 * tiles.num_warps) == 0, tiles
-        x8 = torch.randn(8, k + 8, device=device).bfloat16()[:, 4 : 4 + k]
-        alone = [quant_linear(x8[t : t + 1], qw, route="gemv", tiles=tiles) for t in range(8)]
-        for rows in (1, 3, 8):
-            x = x8[:rows]
-            out = quant_linear(x, qw, route="gemv", tiles=tiles)
-            _check(f"{fmt} {n}x{k} T{rows} {tiles}", out, x, qw, assert_close)
-            if device != "cpu":  # the interpreter runs "fma" for one row, "dot" for several
-                for t in range(rows):
-                    assert torch.equal(out[t], alone[t][0]), (
-                        f"{fmt} {n}x{k} T{rows} row {t} differs from alone"
-                    )
-    part = _weight(fmt, 300, 640, device).rows(100, 150)
-    x = torch.randn(1, 640, device=device).bfloat16() * 30  # large activations: the fp32 accumulation holds
-    tiles = packed_tiles(fmt, 50, 640, "mma_n64")
-    _check(
-        f"{fmt} rows 100:150 {tiles}", quant_linear(x, part, route="gemv", tiles=tiles), x, part, assert_close
-    )
+        _check_tensor_core_rows(fmt, n, k, variant, device, assert_close)
+    _check_row_view(fmt, "mma_n64", device, assert_close, scale=30.0)  # large x: the fp32 accumulation holds
 
 
 @pytest.mark.parametrize("fmt", [Q4, Q6, W8])
@@ -215,30 +226,7 @@ def test_mma_ring_mode(fmt, device, assert_close):
         (20, 2048, "mmaring_n32w2s2"),
         (200, 1280, "mmaring_n128s1"),
     ):
-        qw = _weight(fmt, n, k, device)
-        tiles = packed_tiles(fmt, n, k, variant)
-        assert tiles.mode == "mma_ring" and tiles.block_n % (16 * tiles.num_warps) == 0, tiles
-        x8 = torch.randn(8, k + 8, device=device).bfloat16()[:, 4 : 4 + k]
-        alone = [quant_linear(x8[t : t + 1], qw, route="gemv", tiles=tiles) for t in range(8)]
-        for rows in (1, 3, 8):
-            x = x8[:rows]
-            out = quant_linear(x, qw, route="gemv", tiles=tiles)
-            _check(f"{fmt} {n}x{k} T{rows} {tiles}", out, x, qw, assert_close)
-            if device != "cpu":
-                mma = tiles._replace(mode="mma", num_stages=1)
-                assert torch.equal(out, quant_linear(x, qw, route="gemv", tiles=mma)), (
-                    f"{fmt} {n}x{k} T{rows}"
-                )
-                for t in range(rows):
-                    assert torch.equal(out[t], alone[t][0]), (
-                        f"{fmt} {n}x{k} T{rows} row {t} differs from alone"
-                    )
-                # NINFER_SPLITK_REDUCE=last: the last split sums the partials, the same bits
-                if tiles.split_k > 1:
-                    with pytest.MonkeyPatch.context() as patch:
-                        patch.setattr(kernels._dispatch, "SPLITK_REDUCE", "last")
-                        last = quant_linear(x, qw, route="gemv", tiles=tiles)
-                    assert torch.equal(last, out), f"{fmt} {n}x{k} T{rows}: the last split's sum differs"
+        _check_tensor_core_rows(fmt, n, k, variant, device, assert_close)
 
 
 @pytest.mark.parametrize("fmt", [Q4, Q6, W8])
