@@ -2,6 +2,9 @@
 
 The kernel switches are parsed by `kernels/_dispatch.py` (kernels import nothing of ours, so they cannot read
 them here); the functions below report what it parsed, so there is one reading and one set of rules.
+Two more are read where they are used: `NINFER_API_KEY` (the server's API key when neither `--api-key` nor
+`--api-key-file` is given; api/serve.py) and `NINFER_COMMIT` (the commit `ninfer-bench` records in its results
+when `git rev-parse HEAD` would be wrong or fail, as on the device machine; engine/testing/bench/cli.py).
 """
 
 from __future__ import annotations
