@@ -66,7 +66,7 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ninfer-bench", description=_DESCRIPTION)
     p.add_argument("--synthetic", required=True, choices=SYNTHETIC_NAMES,
                    help=f"geometry, random weights ({TINY_GEOMETRY}: --server only, runs on the CPU)")  # fmt: skip
@@ -140,7 +140,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--server-log", type=Path, default=None, help="ninfer-serve's output (default: a temp file)"
     )
     srv.add_argument("--server-timeout", type=float, default=900.0, help="seconds to wait for /ready")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 # ---- main ----------------------------------------------------------------------------------------
