@@ -84,7 +84,7 @@ class EngineFlag:
 
 ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--max-context", "max_context", "longest prompt + output, in tokens"),
-    EngineFlag("--kv-capacity", "kv_capacity", "auto | N tokens (>= max-context)"),
+    EngineFlag("--kv-capacity", "kv_capacity", "auto | N tokens (>= max-context; default: one max-context)"),
     EngineFlag("--prefill-chunk", "prefill_chunk", "prefill tokens of one step, a multiple of 128"),
     EngineFlag(
         "--prefill-chunk-decoding",
