@@ -82,6 +82,8 @@ def _api_key(args: argparse.Namespace) -> str | None:
         return None
     if not key.strip():
         raise ValueError(f"{source}: the API key must not be empty")
+    if "\n" in key or "\r" in key:
+        raise ValueError(f"{source}: the API key must be a single line")
     if not (key.isascii() and key.isprintable()):
         raise ValueError(f"{source}: the API key must be printable ASCII (HTTP headers carry no other bytes)")
     return str(key)

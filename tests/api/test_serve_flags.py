@@ -116,6 +116,10 @@ def test_api_key_comes_from_the_flag_a_file_or_the_environment(
     assert "$NINFER_API_KEY: the API key must be printable ASCII" in capsys.readouterr().err
     monkeypatch.delenv("NINFER_API_KEY")
     assert parse_args([])[2].api_key is None
+    key_file.write_text("first\nsecond\n")  # surrounding whitespace is stripped, a second line is refused
+    with pytest.raises(SystemExit):
+        parse_args(["--api-key-file", str(key_file)])
+    assert "the API key must be a single line" in capsys.readouterr().err
 
 
 def test_request_size_limit_defaults_from_the_context() -> None:
