@@ -567,6 +567,7 @@ class Scheduler:
             num_admission_scans=self.num_admission_scans,
             num_preemptions=self.num_preemptions,
             num_recomputed_tokens=self.num_recomputed_tokens,
+            num_pages_cached=self.prefix.num_pages_held if self.prefix is not None else 0,
         )
 
     def check_integrity(self) -> None:
