@@ -97,3 +97,25 @@ def test_a_session_preempted_and_restored_from_the_host_keeps_its_earlier_checkp
     drv.run()
     assert drv.reason("a2").num_host_cached_tokens == 8
     assert drv.tokens["a2"] == cold_tokens(turn, 2)
+
+
+def test_a_device_match_short_of_its_copy_on_write_page_is_restored_from_the_host() -> None:
+    """A session's checkpoint ends inside a page, so reusing it needs one new page for the copy-on-write; the
+    pool lacks exactly that page while another lane runs. Admission gives the match up and reclaims cold,
+    which parks the checkpoint: the request must restore it from the host, not prefill all of it again."""
+    sched = make_scheduler(lanes=2, num_pages=8, page_size=PAGE, max_context=32)
+    index = HostIndex(GEOMETRY, HostBudget(64 * 32, slab_bytes=64 * 32, block_bytes=32))
+    sched.attach_host(index)
+    drv = Driver(sched)
+    a = list(range(100, 106))
+    drv.add(request("a", a, max_tokens=1))
+    drv.run()  # retained: 6 tokens on two pages, the second partial
+    drv.add(request("x", list(range(500, 517)), max_tokens=12))  # five pages, decoding
+    while sched.lanes[0] is None or sched.lanes[0].request.num_computed_tokens < 17:
+        drv.step()
+    assert sched.pages.num_free == 1  # the match shares one full page and needs two new ones
+    turn = a + [300, 301, 302, 303, 304, 305]
+    drv.add(request("a2", turn, max_tokens=2))
+    drv.run()
+    assert drv.reason("a2").num_cached_tokens == 6 == drv.reason("a2").num_host_cached_tokens
+    assert drv.tokens["a2"] == cold_tokens(turn, 2)
