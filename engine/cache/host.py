@@ -43,6 +43,11 @@ from engine.cache.host_blocks import HostBlockPool, HostBudget
 from engine.cache.host_layout import CacheGeometry, ExtraSpec
 from engine.cache.prefix import extend_page_hashes
 
+# Why entries leave the index other than by a restore (`drop`): "lru" (evicted for a new park's blocks),
+# "replaced" (parked again under its key), "mismatch" / "corrupt" (the runner could not restore it). The
+# `/stats` `host_kv_evictions` keys; monitor/metrics.py pre-creates the same label values.
+EVICTION_REASONS = ("lru", "replaced", "mismatch", "corrupt")
+
 
 @dataclass(slots=True, eq=False)
 class HostEntry:
