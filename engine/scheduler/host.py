@@ -43,9 +43,10 @@ Admission probes of a request that is not admitted therefore move no bytes.
 
 Readiness. The restoring lane gets no row until the runner reports its copies complete
 (`HostRestoreReport` in the `StepResult` handed to `Scheduler.commit`, which calls `finished`): other
-lanes keep decoding while the bytes move. Only then is the entry unpinned and, unless it holds checkpoints besides the restored one, freed. A
-failed restore (an entry that does not fit the cache or is corrupt) drops the entry here and re-plans
-the lane as a cold prefill in the pages and slot it already holds (`Scheduler._restore_failed`).
+lanes keep decoding while the bytes move. Only then is the entry unpinned and, unless it holds
+checkpoints besides the restored one, freed. A failed restore (an entry that does not fit the cache or
+is corrupt) drops the entry here and re-plans the lane as a cold prefill in the pages and slot it
+already holds (`Scheduler._restore_failed`).
 """
 
 from __future__ import annotations
