@@ -449,6 +449,11 @@ class StreamingParser:
             pass
         return events
 
+    def in_tool_call(self) -> bool:
+        """Whether the text fed so far ends inside a tool call's block, or in the answer on what may still
+        open one (a held prefix of `<tool_call>`): text there is markup, not the answer."""
+        return self._mode == "tool" or (self._mode == "content" and bool(self._buf))
+
     def finish(self) -> list[StreamEvent]:
         events: list[StreamEvent] = []
         while self._step(events, final=True):
