@@ -15,6 +15,7 @@ template's `\n</think>\n\n` once the budget is spent, and those tokens stream up
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -38,6 +39,8 @@ from engine.request import (
 from engine.tokenizer import IncrementalDetokenizer, StopMatcher, Tokenizer
 
 logger = logging.getLogger("ninfer.api")
+
+_END = object()  # read_ahead(): the events are all read
 
 _REJECT_STATUS = {
     RejectCode.OVERLOADED: 429,
@@ -135,6 +138,7 @@ class Generation:
         self._think_end_id = tokenizer.special_ids.think_end_id
         self._in_reasoning = prompt.in_reasoning
         self._stream: AsyncIterator[Any] | None = None
+        self._ahead: tuple[asyncio.Queue[Any], asyncio.Future[None]] | None = None  # read_ahead()
         self._first: Any = None
         self._done = False
         self.outcome = Outcome(prompt_tokens=len(prompt.token_ids))
@@ -174,7 +178,40 @@ class Generation:
             )
         )
 
+    def read_ahead(self) -> None:
+        """Consume the engine's events from now on (parsing, stop strings, logprobs) into a buffer that
+        `events()` replays: a choice whose answer cannot be sent yet (n > 1: later choices wait for a lane)
+        still ends in the engine at its stop string, instead of running to max_tokens unread."""
+        assert self._ahead is None, "read_ahead() once"
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for event in self._read():
+                    queue.put_nowait(event)
+            except Exception as exc:  # re-raised by events(), as reading directly would
+                queue.put_nowait(exc)
+            queue.put_nowait(_END)
+
+        self._ahead = (queue, asyncio.ensure_future(pump()))
+
     async def events(self) -> AsyncIterator[StreamEvent]:
+        if self._ahead is None:
+            async for event in self._read():
+                yield event
+            return
+        queue, task = self._ahead
+        try:
+            while (item := await queue.get()) is not _END:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            if not task.done():  # left early: stop reading (the reader's exit aborts the engine request)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _read(self) -> AsyncIterator[StreamEvent]:
         assert self._stream is not None, "call start() first"
         try:
             event = self._first

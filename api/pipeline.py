@@ -185,6 +185,7 @@ async def _start_extras(
     """Choices 1..n-1 of `first`'s prompt, submitted once the first one was admitted: its prompt is then in
     the prefix index, so each of them prefills nothing but the prompt's partial last page. A seeded request
     gives choice i the seed + i."""
+    first.read_ahead()  # its stop strings end it while the others wait for a lane
     extras = [
         Generation(
             state.engine,
@@ -200,6 +201,7 @@ async def _start_extras(
     try:
         for generation in extras:
             await generation.start()
+            generation.read_ahead()
     except BaseException:
         for generation in extras:
             generation.abort()
