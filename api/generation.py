@@ -191,7 +191,8 @@ class Generation:
                     queue.put_nowait(event)
             except Exception as exc:  # re-raised by events(), as reading directly would
                 queue.put_nowait(exc)
-            queue.put_nowait(_END)
+            finally:  # (also when cancelled: a reader waiting on the queue is never left hanging)
+                queue.put_nowait(_END)
 
         self._ahead = (queue, asyncio.ensure_future(pump()))
 
