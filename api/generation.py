@@ -4,7 +4,8 @@
 refuses (overloaded, queue timeout, context) becomes an HTTP error before any stream byte is sent.
 `Generation.events()` then yields `ReasoningDelta` / `ContentDelta` / `ToolCallEvent` from the streaming
 parser. Stop strings are matched on the detokenized answer only (never on the reasoning: matching starts
-after `</think>`); a match ends the request in the engine at once. Leaving the iteration early (client
+after `</think>`; never inside a tool call's markup, so a call arrives whole); a match ends the request in
+the engine at once. Leaving the iteration early (client
 disconnect, cancellation) aborts the engine request, so no lane stays held (DESIGN invariant 5).
 
 Thinking budget (Anthropic `thinking.budget_tokens`, effort tiers, `--thinking-budget`): a field of the
@@ -14,6 +15,7 @@ template's `\n</think>\n\n` once the budget is spent, and those tokens stream up
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -34,9 +36,11 @@ from engine.request import (
     TokenEvent,
     TokenLogprob,
 )
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.tokenizer import IncrementalDetokenizer, StopMatcher, Tokenizer
 
 logger = logging.getLogger("ninfer.api")
+
+_END = object()  # read_ahead(): the events are all read
 
 _REJECT_STATUS = {
     RejectCode.OVERLOADED: 429,
@@ -119,11 +123,12 @@ class Generation:
         if thinking_budget is not None:
             self.params = replace(self.params, thinking_budget=thinking_budget)
         tokenizer = engine.tokenizer
-        self._stop = params.stop
-        # While in the reasoning, text comes through a detokenizer without stops; `</think>` (a whole token)
-        # switches to one that matches them.
+        # Stop strings are matched on the answer's text: not in the reasoning (they are armed by `</think>`, a
+        # whole token) and not inside a tool call's markup (`_feed`).
+        self._stops = StopMatcher(params.stop) if params.stop else None
         self._stops_armed = not prompt.in_reasoning
-        self._detok = IncrementalDetokenizer(tokenizer, stop=params.stop if self._stops_armed else ())
+        self._stop_matched: str | None = None
+        self._detok = IncrementalDetokenizer(tokenizer)
         self._parser = StreamingParser(
             tools or None,
             in_reasoning=prompt.in_reasoning,
@@ -133,6 +138,7 @@ class Generation:
         self._think_end_id = tokenizer.special_ids.think_end_id
         self._in_reasoning = prompt.in_reasoning
         self._stream: AsyncIterator[Any] | None = None
+        self._ahead: tuple[asyncio.Queue[Any], asyncio.Future[None]] | None = None  # read_ahead()
         self._first: Any = None
         self._done = False
         self.outcome = Outcome(prompt_tokens=len(prompt.token_ids))
@@ -172,7 +178,41 @@ class Generation:
             )
         )
 
+    def read_ahead(self) -> None:
+        """Consume the engine's events from now on (parsing, stop strings, logprobs) into a buffer that
+        `events()` replays: a choice whose answer cannot be sent yet (n > 1: later choices wait for a lane)
+        still ends in the engine at its stop string, instead of running to max_tokens unread."""
+        assert self._ahead is None, "read_ahead() once"
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for event in self._read():
+                    queue.put_nowait(event)
+            except Exception as exc:  # re-raised by events(), as reading directly would
+                queue.put_nowait(exc)
+            finally:  # (also when cancelled: a reader waiting on the queue is never left hanging)
+                queue.put_nowait(_END)
+
+        self._ahead = (queue, asyncio.ensure_future(pump()))
+
     async def events(self) -> AsyncIterator[StreamEvent]:
+        if self._ahead is None:
+            async for event in self._read():
+                yield event
+            return
+        queue, task = self._ahead
+        try:
+            while (item := await queue.get()) is not _END:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            if not task.done():  # left early: stop reading (the reader's exit aborts the engine request)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _read(self) -> AsyncIterator[StreamEvent]:
         assert self._stream is not None, "call start() first"
         try:
             event = self._first
@@ -206,9 +246,9 @@ class Generation:
         outcome = self.outcome
         if outcome.first_token_at is None:
             outcome.first_token_at = time.monotonic()
-        if self._detok.stop_matched is not None:
+        if self._stop_matched is not None:
             return []  # already stopped; the engine's finish is on its way
-        text = []
+        events: list[StreamEvent] = []
         for k, tid in enumerate(token_ids):
             outcome.completion_tokens += 1
             if self._in_reasoning or (outcome.completion_tokens == 1 and tid == self._think_start_id()):
@@ -218,20 +258,30 @@ class Generation:
                 outcome.logprobs.append(
                     logprob_entry(self.engine.tokenizer, logprobs[k])
                 )  # answer tokens only
-            text.append(self._detok.add(tid))
-            if self._detok.stop_matched is not None:
-                outcome.stop_sequence = self._detok.stop_matched
+            events += self._feed(self._detok.add(tid))
+            if self._stop_matched is not None:
+                outcome.stop_sequence = self._stop_matched
                 self.engine.abort(self.request_id)
-                break
-            if not self._in_reasoning and not self._stops_armed:
-                self._stops_armed = True
-                if self._stop:  # the reasoning ended: the answer is matched from here
-                    text.append(self._detok.finish())
-                    self._detok = IncrementalDetokenizer(self.engine.tokenizer, stop=self._stop)
-        events = self._parser.feed("".join(text))
-        if self._detok.stop_matched is not None:
-            events += self._parser.finish()
+                return events + self._parser.finish()
+            self._stops_armed = self._stops_armed or not self._in_reasoning  # the reasoning ended here
         return events
+
+    def _feed(self, text: str, *, final: bool = False) -> list[StreamEvent]:
+        """Parse `text`, matching the stop strings where they are armed. A match is passed over while the
+        parser is inside a tool call's markup (or on what may still open one): the call arrives whole."""
+        if self._stops is None or not self._stops_armed:
+            return self._parser.feed(text)
+        events: list[StreamEvent] = []
+        while True:
+            before, matched = self._stops.push(text, final=final)
+            events += self._parser.feed(before)
+            if matched is None:
+                return events
+            if not self._parser.in_tool_call():
+                self._stop_matched = matched
+                return events
+            text = self._stops.skip(matched)
+            events += self._parser.feed(matched)
 
     def _think_start_id(self) -> int | None:
         return self.engine.tokenizer.special_ids.think_start_id
@@ -247,12 +297,13 @@ class Generation:
         outcome.speculative = event.speculative
         outcome.queue, outcome.prefill = event.queue_seconds, event.prefill_seconds
         events: list[StreamEvent] = []
-        if self._detok.stop_matched is None:
-            events += self._parser.feed(self._detok.finish())
+        if self._stop_matched is None:
+            events += self._feed(self._detok.finish(), final=True)
             events += self._parser.finish()
             kind = event.reason.kind
             outcome.finish = kind.value if kind is not FinishKind.REJECTED else "aborted"
-        else:
+        if self._stop_matched is not None:  # (also one found only in the text held back to the end)
+            outcome.stop_sequence = self._stop_matched
             outcome.finish = "stop"
         outcome.tool_parse_fallbacks = tuple(self._parser.fallbacks)
         return events

@@ -163,8 +163,7 @@ async def run(state: ServerState, request: Request, turn: Turn, adapter: Adapter
         try:
             extras = await _start_extras(state, turn, params, generation)
         except BaseException as exc:
-            generation.abort()
-            tracker.finish(generation, exc)
+            _extras_failed(tracker, generation, exc)
             raise
         frames = _frames_many([generation, *extras], adapter)
     else:
@@ -186,6 +185,7 @@ async def _start_extras(
     """Choices 1..n-1 of `first`'s prompt, submitted once the first one was admitted: its prompt is then in
     the prefix index, so each of them prefills nothing but the prompt's partial last page. A seeded request
     gives choice i the seed + i."""
+    first.read_ahead()  # its stop strings end it while the others wait for a lane
     extras = [
         Generation(
             state.engine,
@@ -201,11 +201,23 @@ async def _start_extras(
     try:
         for generation in extras:
             await generation.start()
+            generation.read_ahead()
     except BaseException:
         for generation in extras:
             generation.abort()
         raise
     return extras
+
+
+def _extras_failed(tracker: Tracker, first: Generation, exc: BaseException) -> None:
+    """Choices 1..n-1 could not start: the first choice is aborted. An engine refusal of a later choice
+    (overloaded, queue timeout) is the request's answer, so the request counts as rejected with that code,
+    not as the first choice's ending; a client that left while they queued counts as disconnected."""
+    first.abort()
+    if isinstance(exc, ApiError) and not isinstance(exc, ClientDisconnected):
+        tracker.refused(exc)
+    else:
+        tracker.finish(first, exc)
 
 
 async def _many(
@@ -221,8 +233,7 @@ async def _many(
     try:
         extras = await _start_extras(state, turn, params, first)
     except BaseException as exc:
-        first.abort()
-        tracker.finish(first, exc)
+        _extras_failed(tracker, first, exc)
         raise
     try:
         results = await asyncio.gather(collect(tracker, first, request), *(_events(g) for g in extras))

@@ -35,7 +35,7 @@ class Tracker:
         state.num_requests += 1
         state.log("request_start", request_id=request_id, protocol=protocol, **fields)
 
-    def rejected(self, error: ApiError) -> None:
+    def rejected(self, error: ApiError, phase: str = "prepare") -> None:
         if self.span is not None:
             self.span.rejected(error)
         self.state.num_errors += 1
@@ -46,7 +46,7 @@ class Tracker:
             "request_rejected",
             request_id=self.request_id,
             protocol=self.protocol,
-            phase="prepare",
+            phase=phase,
             status=anthropic_status(error) if self.protocol == "anthropic.messages" else error.status,
             code=error.code,
             param=error.param,
@@ -65,6 +65,14 @@ class Tracker:
         self._open = True
         self.state.in_flight += 1
         self.state.max_in_flight = max(self.state.max_in_flight, self.state.in_flight)
+
+    def refused(self, error: ApiError) -> None:
+        """An admitted request answered with `error` after all (n > 1: a later choice was refused): closes
+        its in-flight count and records it as rejected, as a request refused before admission is."""
+        if self._open:
+            self._open = False
+            self.state.in_flight -= 1
+        self.rejected(error, phase="admission")
 
     def finish(self, generation: Generation, error: BaseException | None = None) -> None:
         if not self._open:

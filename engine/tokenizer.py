@@ -241,6 +241,52 @@ class Tokenizer:
         )
 
 
+class StopMatcher:
+    """The first stop string in a text that arrives in pieces.
+
+    `push(text)` returns the text that can be released now and the stop string found right after it (None
+    when there is none yet); a tail that could still begin a stop string is held back (all of it with
+    `final`). After a match the stop string and what follows it stay held: a caller that passes over the
+    match (it is not one, e.g. it lies inside a tool call's markup) takes them back with `skip(matched)`.
+    """
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        if any(not s for s in stop):
+            raise ValueError("stop strings must be non-empty")
+        self.stop = tuple(stop)
+        self._held = ""
+
+    def push(self, text: str, *, final: bool = False) -> tuple[str, str | None]:
+        held = self._held + text
+        match_at, matched = -1, None
+        for s in self.stop:
+            i = held.find(s)
+            if i >= 0 and (match_at < 0 or i < match_at or (i == match_at and len(s) > len(matched or ""))):
+                match_at, matched = i, s
+        if matched is not None:
+            self._held = held[match_at:]
+            return held[:match_at], matched
+        keep = 0 if final else self._partial_stop_len(held)
+        self._held = held[len(held) - keep :]
+        return held[: len(held) - keep], None
+
+    def skip(self, matched: str) -> str:
+        """Pass over the match `push` just returned: the text held after the stop string (push it again)."""
+        assert self._held.startswith(matched), "skip() follows a push() that matched"
+        rest, self._held = self._held[len(matched) :], ""
+        return rest
+
+    def _partial_stop_len(self, text: str) -> int:
+        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+        best = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+
 class IncrementalDetokenizer:
     """Text deltas for one request's generated ids, fed one (or a few) at a time.
 
@@ -260,15 +306,12 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         include_stop: bool = False,
     ) -> None:
-        if any(not s for s in stop):
-            raise ValueError("stop strings must be non-empty")
         self._tokenizer = tokenizer
         self._table = tokenizer.token_bytes
         self._skip_special = skip_special_tokens
-        self._stop = tuple(stop)
+        self._stops = StopMatcher(stop)
         self._include_stop = include_stop
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._held = ""
         self.stop_matched: str | None = None
         self.finished = False
 
@@ -296,29 +339,11 @@ class IncrementalDetokenizer:
         return text
 
     def _release(self, text: str, *, final: bool) -> str:
-        held = self._held + text
-        match_at, matched = -1, None
-        for s in self._stop:
-            i = held.find(s)
-            if i >= 0 and (match_at < 0 or i < match_at or (i == match_at and len(s) > len(matched or ""))):
-                match_at, matched = i, s
+        out, matched = self._stops.push(text, final=final)
         if matched is not None:
             self.stop_matched = matched
-            self._held = ""
-            return held[:match_at] + (matched if self._include_stop else "")
-        keep = 0 if final else self._partial_stop_len(held)
-        self._held = held[len(held) - keep :]
-        return held[: len(held) - keep]
-
-    def _partial_stop_len(self, text: str) -> int:
-        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
-        best = 0
-        for s in self._stop:
-            for n in range(min(len(s) - 1, len(text)), best, -1):
-                if text.endswith(s[:n]):
-                    best = n
-                    break
-        return best
+            return out + (matched if self._include_stop else "")
+        return out
 
 
 @functools.lru_cache(maxsize=2)

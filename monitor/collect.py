@@ -49,12 +49,15 @@ class Update:
     labels: tuple[tuple[str, str], ...] = ()
 
 
-# request-log `protocol` -> the `api` label
+# request-log `protocol` -> the `api` label (the routes write "chat.completions", "openai.responses" and
+# "anthropic.messages"; the short names are older logs')
 API_LABELS = {
     "chat.completions": "openai_chat",
     "openai_chat": "openai_chat",
+    "openai.responses": "openai_responses",
     "responses": "openai_responses",
     "openai_responses": "openai_responses",
+    "anthropic.messages": "anthropic",
     "messages": "anthropic",
     "anthropic": "anthropic",
 }

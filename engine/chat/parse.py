@@ -449,6 +449,14 @@ class StreamingParser:
             pass
         return events
 
+    def in_tool_call(self) -> bool:
+        """Whether the text fed so far ends inside a tool call's block, or in the answer on what may still
+        open one (a held prefix of `<tool_call>`): text there is markup, not the answer."""
+        if self._mode == "start":  # undecided: a held "<" may open <think> or a call
+            held = self._buf.lstrip()
+            return bool(held) and any(tag.startswith(held) for tag in self._opens)
+        return self._mode == "tool" or (self._mode == "content" and bool(self._buf))
+
     def finish(self) -> list[StreamEvent]:
         events: list[StreamEvent] = []
         while self._step(events, final=True):

@@ -3,6 +3,7 @@ the SDKs raise their own exception types; never a 500 for bad input."""
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -174,3 +175,26 @@ def test_keepalive_comment_during_silence(scripted_server: Server) -> None:
         lines = [line for line in r.iter_lines() if line]
     assert ": keep-alive" in lines
     assert lines[-1] == "data: [DONE]"
+
+
+def _counter(server: Server, name: str, labels: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    match = re.search(rf"^{name}\{{{re.escape(labels)}\}} ([0-9.e+-]+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_n_choices_whose_later_choice_is_refused_count_as_rejected(
+    scripted_server: Server, oa: openai.OpenAI
+) -> None:
+    """One lane, no pending place: choice 0 takes the lane, choice 1 is refused (429). The client got the
+    refusal, so /metrics counts a rejection (not choice 0's ending) and nothing stays in flight."""
+    rejected = ("ninfer_requests_rejected_total", 'api="openai_chat",code="server_overloaded"')
+    stopped = ("ninfer_requests_total", 'api="openai_chat",finish_reason="stop"')
+    before = [_counter(scripted_server, *c) for c in (rejected, stopped)]
+    for stream in (True, False):
+        with pytest.raises(openai.RateLimitError) as info:
+            chat(oa, messages=[{"role": "user", "content": "[[long]] x"}], n=2, stream=stream)
+        assert info.value.body["code"] == "server_overloaded"
+    after = [_counter(scripted_server, *c) for c in (rejected, stopped)]
+    assert after[0] - before[0] == 2 and after[1] == before[1]
+    assert httpx.get(f"{scripted_server.url}/stats", timeout=10).json()["http"]["in_flight"] == 0

@@ -208,3 +208,28 @@ def test_real_engine_context_length_exceeded(real: openai.OpenAI) -> None:
         real.chat.completions.create(model="tiny-alias", messages=user("word " * 600), max_tokens=2)
     assert info.value.body["code"] == "context_length_exceeded"
     assert info.value.status_code == 400
+
+
+def test_n_choices_waiting_for_a_lane_still_end_at_their_stop_string(real: openai.OpenAI) -> None:
+    """Two lanes, three choices: choice 2 waits for a lane while choices 0 and 1 run before the stream can begin.
+    Their stop strings are matched as they generate, so they end (and free a lane) after a few tokens, not
+    after all of max_tokens (usage counted ~900 tokens for a few characters of text)."""
+    stream = real.chat.completions.create(
+        model="tiny-alias",
+        messages=[{"role": "user", "content": "Name three animals."}],
+        n=3,
+        max_tokens=300,
+        stop=["a", "e", "o", " "],
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    chunks = list(stream)
+    finish = {
+        c.choices[0].index: c.choices[0].finish_reason
+        for c in chunks
+        if c.choices and c.choices[0].finish_reason
+    }
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens < 150, usage
+    assert set(finish) == {0, 1, 2}

@@ -82,6 +82,47 @@ def test_a_stop_string_in_the_reasoning_does_not_cut_it(client: openai.OpenAI) -
         assert content == "one two" and finish == "stop"  # the answer is
 
 
+def test_a_stop_string_inside_a_tool_call_does_not_cut_it(
+    client: openai.OpenAI, scripted_server: Server
+) -> None:
+    """ "a" occurs in the call's markup (`<tool_call>`, `get_weather`, `<parameter=days>`, "Paris") but not in the
+    answer's text: the call arrives whole (it used to end as the content "...<tool_c", no call); Anthropic's
+    stop_sequences the same. A stop string in the text after a call still ends the answer there."""
+    tools = [{"type": "function", "function": FUNCTION}]
+    for stream in (False, True):
+        kwargs: dict[str, Any] = dict(
+            model=MODEL, messages=user("[[tool]] weather?"), tools=tools, stop=["a"]
+        )
+        if stream:
+            chunks = list(client.chat.completions.create(stream=True, **kwargs))
+            deltas = [c.choices[0].delta for c in chunks if c.choices]
+            content = "".join(d.content or "" for d in deltas)
+            calls = [c.function for d in deltas for c in d.tool_calls or ()]
+            finish = next(
+                c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+            )
+        else:
+            choice = client.chat.completions.create(**kwargs).choices[0]
+            content, finish = choice.message.content or "", choice.finish_reason
+            calls = [c.function for c in choice.message.tool_calls or ()]  # type: ignore[misc]
+        assert content == "Let me check." and finish == "tool_calls"
+        assert calls and calls[0].name == "get_weather" and json.loads(calls[0].arguments or "") == ARGS
+    claude = anthropic.Anthropic(base_url=scripted_server.url, api_key=API_KEY, max_retries=0)
+    message = claude.messages.create(
+        model=MODEL,
+        max_tokens=200,
+        messages=user("[[tool]] weather?"),
+        tools=[{"name": "get_weather", "input_schema": FUNCTION["parameters"]}],  # type: ignore[list-item]
+        stop_sequences=["a"],
+    )
+    assert message.stop_reason == "tool_use" and [b.type for b in message.content] == ["text", "tool_use"]
+    cut = client.chat.completions.create(
+        model=MODEL, messages=user("[[tool]] weather?"), tools=tools, stop=["che"]
+    )
+    assert cut.choices[0].message.content == "Let me" and cut.choices[0].finish_reason == "stop"
+    assert not cut.choices[0].message.tool_calls
+
+
 def test_legacy_functions_are_tools_and_answer_with_function_call(client: openai.OpenAI) -> None:
     reply = client.chat.completions.create(
         model=MODEL, messages=user("[[tool]] weather?"), functions=[FUNCTION]

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
 
+import anthropic
+import httpx
 import openai
 import pytest
 from api_helpers import Server
 
 from api.request_log import RequestLog
+from monitor.metrics import APIS
 
 
 def test_rotation_loses_no_line_and_keeps_n_files(tmp_path: Path) -> None:
@@ -89,3 +93,19 @@ def test_real_server_logs_request_events_without_text(real_server: Server) -> No
     assert set(done["timings_seconds"]) >= {"ttft", "decode", "total"}
     rejected = [r for r in records if r["event"] == "request_rejected"][-1]
     assert rejected["status"] == 400 and rejected["code"] == "context_length_exceeded"
+
+
+def test_metrics_label_each_api_by_its_declared_name(real_server: Server) -> None:
+    """Responses and Anthropic requests count under api="openai_responses" / api="anthropic" (the names
+    monitor.metrics declares and the dashboards filter on), not under the request log's protocol string."""
+    openai.OpenAI(base_url=real_server.v1, api_key="unused", max_retries=0).responses.create(
+        model="tiny-alias", input="hi", max_output_tokens=1
+    )
+    anthropic.Anthropic(base_url=real_server.url, api_key="unused", max_retries=0).messages.create(
+        model="tiny-alias", max_tokens=1, messages=[{"role": "user", "content": "hi"}]
+    )
+    text = httpx.get(f"{real_server.url}/metrics").text
+    labels = set(re.findall(r'^ninfer_requests_total\{api="([^"]*)"', text, re.MULTILINE))
+    assert labels <= set(APIS), labels
+    for api in ("openai_responses", "anthropic"):
+        assert re.search(rf'^ninfer_requests_total\{{api="{api}",finish_reason="length"}} [1-9]', text, re.M)

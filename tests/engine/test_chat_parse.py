@@ -372,3 +372,22 @@ def test_streaming_emits_reasoning_before_the_end_tag_arrives() -> None:
     assert reasoning == "Thinking about it"
     reasoning, content, _ = collect(parser.feed(" more</think>\n\nDone"))
     assert (reasoning, content) == (" more", "Done")
+
+
+@pytest.mark.parametrize(
+    ("pieces", "inside"),
+    [
+        (["Let me check.\n\n<tool_c"], True),  # a held prefix of the open tag
+        (["<tool_c"], True),  # the same as the very first output (a forced call, thinking off)
+        (["<"], True),  # may still open a call (or <think>)
+        (["Let me check.\n\n<tool_call>\n<function=get_we"], True),  # in the block
+        (["<tool_call>\n<function=f>\n</function>\n</tool_call>", "\n\nDone"], False),  # after it
+        (["Let me check."], False),
+        (["  \n"], False),  # nothing decided yet, but nothing that opens a call either
+    ],
+)
+def test_in_tool_call_tells_markup_from_the_answer(pieces: list[str], inside: bool) -> None:
+    parser = StreamingParser([{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    for piece in pieces:
+        parser.feed(piece)
+    assert parser.in_tool_call() is inside
