@@ -349,6 +349,9 @@ class EngineCore:
         # launch computes at once and overlap would only add a step of latency
         overlap = config.overlap if config.overlap is not None else param.device.type == "cuda"
         self.overlap = overlap and config.spec is None  # speculative steps are synchronous
+        if overlap and not self.overlap:
+            logger.info("overlap scheduling is off under --spec %s (a speculative round ends in its own sync)",
+                        config.spec)  # fmt: skip
         self.scheduler = Scheduler(
             config.scheduler,
             config.cache,

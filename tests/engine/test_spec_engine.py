@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable
 
 import pytest
@@ -478,12 +479,16 @@ def test_round_statistics_per_request_and_in_engine_stats():
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
-def test_speculative_engine_warms_up_with_overlap_on(arch: str) -> None:
+def test_speculative_engine_warms_up_with_overlap_on(arch: str, caplog: pytest.LogCaptureFixture) -> None:
     """A speculative engine's warm-up runs plain steps with a penalized sampled row while overlap is on (the
     CUDA default): its penalties come from the host history, not the device counts a plain engine keeps. On
     the H200 this crashed every `--spec mtp` start (an assertion on the missing device counts)."""
     cold = spec_core(arch, 2, max_concurrency=4)
-    warm = spec_core(arch, 2, max_concurrency=4, warmup=True, overlap=True, prefill_chunk=96)
+    with caplog.at_level(logging.INFO, logger="engine.core"):
+        warm = spec_core(arch, 2, max_concurrency=4, warmup=True, overlap=True, prefill_chunk=96)
     assert warm.warmup is not None and warm.warmup.steps == 4
+    assert (
+        not warm.overlap and "overlap scheduling is off under --spec mtp" in caplog.text
+    )  # said, not silent
     prompts = [prompt(n, seed) for seed, n in enumerate((7, 40, 3, 66))]
     assert run(warm, prompts, GREEDY)[0] == run(cold, prompts, GREEDY)[0]
