@@ -83,6 +83,22 @@ def quant_moe_grouped_tiles(pairs: int, num_experts: int) -> QuantMoeGroupedTile
     return QuantMoeGroupedTiles(block_m, 64, 128, 64, 8, 3)
 
 
+# Alternatives to time on a GPU (``bench/kernels/quant.py --moe-prefill-only --moe-prefill-variants all``): overrides
+# of ``quant_moe_grouped_tiles``' fields. AOT at the 35B-A3B, registers / shared memory, sm_90 (sm_120), no spills
+# anywhere: default gate_up M128 147 / 56 KiB (172 / 40 KiB), down Q5 M128 124 / 62 KiB (198 / 58 KiB); m64 gate_up
+# 112 / 32 KiB; n128 gate_up M128 223 / 64 KiB (255 / 48 KiB); k128 gate_up M128 213 / 112 KiB, down M128 194 /
+# 124 KiB (down 116 KiB on sm_120: over an RTX 5090's 99 KiB a block, so H200 only); s4 gate_up 147 / 76 KiB, down
+# 124 / 83 KiB; w4 gate_up M128 247, down M128 255.
+QUANT_MOE_GROUPED_VARIANTS: dict[str, dict[str, int]] = {
+    "default": {},
+    "m64": dict(block_m=64),  # at most 64 rows a tile whatever T
+    "n128": dict(block_n_gate_up=128),  # 128 gate + 128 up rows a gate_up program: half the x tile reads
+    "k128": dict(block_k=128),  # two groups a K step
+    "s4": dict(num_stages=4),
+    "w4": dict(num_warps=4),
+}
+
+
 def tiles_bound(rows: int, pairs: int, num_experts: int, block_m: int) -> int:
     """Programs along M enough for any routing: the padded layout's ``rows`` in BLOCK_M tiles, plus one partial
     tile for each group that can be non-empty (at most min(E, pairs))."""

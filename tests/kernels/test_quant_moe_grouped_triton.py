@@ -130,3 +130,39 @@ def test_programs_past_the_last_tile_write_nothing(device, monkeypatch):
     assert end < act.shape[0]
     assert torch.isnan(act[end:].float()).all() and torch.isnan(expert_out[end:].float()).all()
     assert not torch.isnan(act[:end].float()).any() and not torch.isnan(out.float()).any()
+
+
+def _random_stack(fmt: str, n: int, k: int, device: str):
+    """A valid random [n, k] stack of ``fmt`` built on the device (no encoder pass: K a multiple of 128, so no
+    padding lanes): random code and high bytes, fp16 scales giving weights of magnitude ~k^-0.5."""
+    from kernels.quant import GROUP_FORMATS, geometry, view_planes
+
+    geo, spec = geometry(fmt, (n, k)), GROUP_FORMATS[fmt]
+    payload = torch.randint(0, 256, (geo.payload_bytes,), dtype=torch.uint8, device=device)
+    scales = torch.rand(n * geo.groups_per_row, device=device) * 2 * k**-0.5 / spec.qmax
+    payload[geo.scales_offset :] = scales.half().view(torch.uint8)
+    return view_planes(fmt, payload, (n, k))
+
+
+@pytest.mark.skipif(INTERPRET, reason="the real geometry: minutes under the interpreter")
+@pytest.mark.parametrize(("dn", "tokens"), [(Q5, 128), (Q6, 1024), (Q5, 7680)])
+def test_real_geometry_matches_the_scratch_path(dn, tokens, device, assert_close):
+    """The 35B-A3B (E 256, H 2048, I 512, top_k 8; T = 128, 1024, 7680: BLOCK_M 16, 32, 128): against the
+    reference, and against ``NINFER_MOE_PREFILL=scratch``'s math (the banks dequantized to bf16, the dense grouped
+    path; it rounds gate and up to bf16 before the activation, the kernel does not)."""
+    from engine.model.mlp import _experts_grouped
+    from kernels.quant.quant_linear import dequantize_to
+
+    experts, hidden, inter, top_k = 256, 2048, 512, 8
+    gate_up = _random_stack(Q4, experts * 2 * inter, hidden, device)
+    down = _random_stack(dn, experts * hidden, inter, device)
+    x = torch.randn(tokens, hidden, device=device).bfloat16()
+    shared = (torch.randn(tokens, hidden, device=device) * 0.1).bfloat16()
+    weights, ids = moe_route_ref(torch.randn(tokens, experts, device=device), top_k)
+    got = quant_moe_grouped(x, gate_up, down, weights, ids, _expert_groups(ids, experts), shared)
+    expected = quant_moe_grouped_ref(x, gate_up, down, weights, ids, shared)
+    assert_close(f"35B-A3B Q4/{dn} T{tokens}", got, expected, RMS[torch.bfloat16], 0.0)
+    gu = dequantize_to(gate_up, torch.bfloat16).view(experts, 2 * inter, hidden)
+    dn_bank = dequantize_to(down, torch.bfloat16).view(experts, hidden, inter)
+    scratch = _experts_grouped(x, gu, dn_bank, weights, ids, shared)
+    assert_close(f"35B-A3B Q4/{dn} T{tokens} vs scratch", got, scratch, 1e-2, 0.0)
