@@ -76,26 +76,26 @@ class QuantMoeGroupedTiles(NamedTuple):
 def quant_moe_grouped_tiles(pairs: int, num_experts: int) -> QuantMoeGroupedTiles:
     """The tiles for ``pairs`` (token, expert) rows over ``num_experts``: BLOCK_M the rows an expert gets on
     average, as a power of two in [16, 128] (35B-A3B: T = 128 -> 16 rows, 1024 -> 32, 7680 -> 128); 64 gate and 64
-    up rows a gate_up program, 128 output rows a down program, K steps of 64 (one group), 8 warps, 3 stages. Chosen
-    by registers (sm_90 AOT, no spills), not yet timed (``bench/kernels/quant.py --moe-prefill``)."""
+    up rows a gate_up program (one 128-row weight tile: 64 rows a warpgroup), 128 output rows a down program, K steps
+    of 64 (one group), 8 warps, 3 stages. Chosen by registers (sm_90 AOT, no spills), not yet timed
+    (``bench/kernels/quant.py --moe-prefill-only``)."""
     per_expert = -(-max(pairs, 1) // num_experts)
     block_m = min(128, max(16, 1 << (per_expert - 1).bit_length()))
     return QuantMoeGroupedTiles(block_m, 64, 128, 64, 8, 3)
 
 
 # Alternatives to time on a GPU (``bench/kernels/quant.py --moe-prefill-only --moe-prefill-variants all``): overrides
-# of ``quant_moe_grouped_tiles``' fields. AOT at the 35B-A3B, registers / shared memory, sm_90 (sm_120), no spills
-# anywhere: default gate_up M128 147 / 56 KiB (172 / 40 KiB), down Q5 M128 124 / 62 KiB (198 / 58 KiB); m64 gate_up
-# 112 / 32 KiB; n128 gate_up M128 223 / 64 KiB (255 / 48 KiB); k128 gate_up M128 213 / 112 KiB, down M128 194 /
-# 124 KiB (down 116 KiB on sm_120: over an RTX 5090's 99 KiB a block, so H200 only); s4 gate_up 147 / 76 KiB, down
-# 124 / 83 KiB; w4 gate_up M128 247, down M128 255.
+# of ``quant_moe_grouped_tiles``' fields. AOT at the 35B-A3B, registers / shared memory on sm_90 (sm_120), no spills
+# anywhere: default gate_up M128 135 / 64 KiB (170 / 48 KiB), M32 73 / 16 KiB, M16 59 / 10 KiB; down Q5 M128 128 /
+# 52 KiB (162 / 48 KiB), Q6 M128 134; m64 gate_up 101 / 32 KiB, down 101 / 28 KiB; n128 gate_up M128 223 / 52 KiB
+# (251), M32 121; k128 gate_up M128 181 / 104 KiB (178 / 96 KiB), down 202 / 104 KiB (255 / 96 KiB); s4 gate_up 135
+# / 68 KiB, down 128 / 68 KiB. (4 warps at M128: 251-255 registers; not a variant.)
 QUANT_MOE_GROUPED_VARIANTS: dict[str, dict[str, int]] = {
     "default": {},
     "m64": dict(block_m=64),  # at most 64 rows a tile whatever T
     "n128": dict(block_n_gate_up=128),  # 128 gate + 128 up rows a gate_up program: half the x tile reads
     "k128": dict(block_k=128),  # two groups a K step
     "s4": dict(num_stages=4),
-    "w4": dict(num_warps=4),
 }
 
 

@@ -1,13 +1,15 @@
 """The Triton grouped GEMM of the groupwise-int routed experts for prefill: the quantized expert stacks read in
 place (stored row-split layout, ``QuantWeight`` planes), each weight tile dequantized in registers before
-``tl.dot`` (``triton_group._dequant_tile``: the dense ``_quant_gemm_group_kernel``'s technique), over the
+``tl.dot`` (``triton_group``'s ``_tile_planes`` / ``_tile_values``: the dense ``_quant_gemm_group_kernel``'s
+technique, the next K step's weight bytes loaded before the current step's decode), over the
 expert-sorted padded rows of ``engine.model.mlp.ExpertGroups`` (``offs``: each expert's padded group end;
 ``token_idx``: the token of each row). Launcher and reference: ``moe_prefill.py``.
 
 One kernel, two launches a layer (``GATE_UP`` a constexpr):
 
 * gate_up (``GATE_UP``): ``act[r] = silu(gate_e . x[token_idx[r]]) * (up_e . x[token_idx[r]])`` for the rows r of
-  expert e's group, gate and up each an fp32 accumulator ``[BLOCK_N, BLOCK_M]`` (x's rows gathered through
+  expert e's group, BLOCK_N gate rows stacked over the same up rows in one weight tile and one fp32 accumulator
+  ``[2 * BLOCK_N, BLOCK_M]``, split in the epilogue (x's rows gathered through
   ``token_idx``: no copy of x in the padded layout), the activation in fp32, rounded once to x's dtype;
 * down: ``out[r] = down_e . act[r]``, rounded once to x's dtype; ``kernels.moe.moe_combine`` then sums each
   token's rows with the shared expert's output.
@@ -30,7 +32,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from kernels.quant.triton_group import _dequant_tile
+    from kernels.quant.triton_group import _tile_planes, _tile_values
 
     @triton.jit
     def _expert_tile(offs_ptr, tile, NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -87,23 +89,31 @@ if HAS_TRITON:
             a_rows = tl.load(token_ptr + ms, mask=m_mask, other=0).to(tl.int64) * a_stride
         else:
             a_rows = ms.to(tl.int64) * a_stride
-        ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        ns_c = tl.minimum(ns, N - 1).to(tl.int64)
-        w_rows = expert.to(tl.int64) * (2 * N if GATE_UP else N) + ns_c
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # GATE_UP only
+        # the weight tile's rows: BLOCK_N of N (down), or BLOCK_N gate rows stacked over the same BLOCK_N up rows
+        # (gate_up: one [2 * BLOCK_N, BLOCK_K] tile, one dot; at 8 warps each warpgroup owns 64 rows of it, where
+        # two 64-row tiles would each be decoded by both warpgroups)
+        ROWS: tl.constexpr = 2 * BLOCK_N if GATE_UP else BLOCK_N
+        r = tl.arange(0, ROWS)
+        ns = tl.program_id(1) * BLOCK_N + r % BLOCK_N
+        w_rows = expert.to(tl.int64) * (2 * N if GATE_UP else N) + (r // BLOCK_N) * N + tl.minimum(ns, N - 1)
+        acc = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
+        # the weight bytes are loaded one K step ahead (registers): their latency overlaps a step's decode and dot
+        c, h, s = _tile_planes(codes_ptr, high_ptr, scales_ptr, w_rows, codes_stride, high_stride, scales_stride, 0,
+                               BITS, GROUP, BLOCK_K)  # fmt: skip
         for k0 in tl.range(0, K_PAD, BLOCK_K, num_stages=NUM_STAGES):
             cols = k0 + tl.arange(0, BLOCK_K)
             at = tl.load(a_ptr + a_rows[None, :] + cols[:, None], mask=m_mask[None, :] & (cols < K)[:, None],
                          other=0.0)  # fmt: skip
-            w = _dequant_tile(codes_ptr, high_ptr, scales_ptr, w_rows, codes_stride, high_stride, scales_stride,
-                              k0, BITS, GROUP, BLOCK_K)  # fmt: skip
+            w = _tile_values(c, h, s, BITS, GROUP, BLOCK_K)
+            k_next = tl.minimum(k0 + BLOCK_K, K_PAD - BLOCK_K)  # the last step reloads itself (never decoded)
+            c, h, s = _tile_planes(codes_ptr, high_ptr, scales_ptr, w_rows, codes_stride, high_stride,
+                                   scales_stride, k_next, BITS, GROUP, BLOCK_K)  # fmt: skip
             acc = tl.dot(w.to(dtype), at, acc)
-            if GATE_UP:
-                w_up = _dequant_tile(codes_ptr, high_ptr, scales_ptr, w_rows + N, codes_stride, high_stride,
-                                     scales_stride, k0, BITS, GROUP, BLOCK_K)  # fmt: skip
-                acc_up = tl.dot(w_up.to(dtype), at, acc_up)
-        if GATE_UP:
-            acc = acc / (1.0 + tl.exp(-acc)) * acc_up
-        out_ptrs = out_ptr + ms[None, :].to(tl.int64) * N + ns[:, None]
-        tl.store(out_ptrs, acc.to(dtype), mask=(ns < N)[:, None] & m_mask[None, :])
+        n_out = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        if GATE_UP:  # rows [0, BLOCK_N) gate, [BLOCK_N, 2 * BLOCK_N) up
+            gate, up = tl.split(tl.permute(tl.reshape(acc, [2, BLOCK_N, BLOCK_M]), (1, 2, 0)))
+            out = gate / (1.0 + tl.exp(-gate)) * up
+        else:
+            out = acc
+        out_ptrs = out_ptr + ms[None, :].to(tl.int64) * N + n_out[:, None]
+        tl.store(out_ptrs, out.to(dtype), mask=(n_out < N)[:, None] & m_mask[None, :])

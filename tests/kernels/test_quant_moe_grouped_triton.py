@@ -16,6 +16,7 @@ from kernels._dispatch import INTERPRET
 from kernels.moe import moe_route_ref
 from kernels.quant import Q4, Q5, Q6
 from kernels.quant.moe_prefill import (
+    QUANT_MOE_GROUPED_VARIANTS,
     quant_moe_grouped,
     quant_moe_grouped_ref,
     quant_moe_grouped_tiles,
@@ -42,15 +43,14 @@ def _routing(kind: str, tokens: int, experts: int, top_k: int, device: str):
     return weights.to(device), ids.to(device)
 
 
-def _check(
-    gu, dn, experts, top_k, tokens, kind, device, assert_close, block_m=None, shared=False, dtype=None
-):
+def _check(gu, dn, experts, top_k, tokens, kind, device, assert_close, block_m=None, shared=False, dtype=None,
+           variant="default"):  # fmt: skip
     dtype = dtype or torch.float16
     gate_up, down, _, _ = make_experts(gu, dn, device, e=experts, h=H, inter=INTER)
     x = torch.randn(tokens, H, device=device).to(dtype)
     weights, ids = _routing(kind, tokens, experts, top_k, device)
     term = (torch.randn(tokens, H, device=device) * 0.5).to(dtype) if shared else None
-    tiles = quant_moe_grouped_tiles(tokens * top_k, experts)
+    tiles = quant_moe_grouped_tiles(tokens * top_k, experts)._replace(**QUANT_MOE_GROUPED_VARIANTS[variant])
     if block_m is not None:
         tiles = tiles._replace(block_m=block_m)
     groups = _expert_groups(ids, experts)
@@ -58,7 +58,7 @@ def _check(
     assert got.dtype == x.dtype and got.shape == x.shape
     expected = quant_moe_grouped_ref(x, gate_up, down, weights, ids, term)
     assert expected.float().abs().mean() > 0
-    name = f"{gu}/{dn} E{experts} k{top_k} T{tokens} {kind} M{tiles.block_m} {dtype}"
+    name = f"{gu}/{dn} E{experts} k{top_k} T{tokens} {kind} {variant} M{tiles.block_m} {dtype}"
     assert_close(name, got, expected, RMS[dtype], 0.0)
 
 
@@ -94,6 +94,13 @@ def test_shared_term_and_one_token(device, assert_close):
 def test_bf16(gu, dn, device, assert_close):
     """The model's dtype (the other cases run fp16, which the interpreter rounds as the GPU does)."""
     _check(gu, dn, 8, 2, 37, "random", device, assert_close, shared=True, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("variant", [v for v in QUANT_MOE_GROUPED_VARIANTS if v != "default"])
+def test_tile_variants_match_reference(variant, device, assert_close):
+    """The tile alternatives the H200 run times (``QUANT_MOE_GROUPED_VARIANTS``: 64-row M tiles, 128 gate/up rows,
+    K steps of two groups, 4 stages) compute the same function (Q5 gate_up: high planes at a 128-lane step)."""
+    _check(Q5, Q6, 8, 3, 29, "random", device, assert_close, variant=variant)
 
 
 def test_no_tokens(device):
