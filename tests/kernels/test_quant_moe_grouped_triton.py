@@ -1,7 +1,8 @@
 """The Triton grouped GEMM of the quantized routed experts (``kernels/quant/triton_moe_grouped.py``, prefill under
 ``NINFER_MOE_PREFILL=quant``) vs ``quant_moe_grouped_ref``: Q4/Q5/Q6 stacks at E 8-16, H 256, I 128, top_k 2-4;
 routings with empty experts, one expert taking every token's first slot, T not a multiple of the M tile (padding
-rows in every group, tiles that end past their group), several M tiles an expert (BLOCK_M 16), the shared term;
+rows in every group, tiles that end past their group), several M tiles an expert (BLOCK_M 16), the shared term,
+odd H and I (padded K, masked weight rows), the tile variants;
 fp16 and bf16; and that the grid's programs past the last tile leave the unused rows alone (GPU; or CPU under TRITON_INTERPRET=1).
 """
 
@@ -44,12 +45,12 @@ def _routing(kind: str, tokens: int, experts: int, top_k: int, device: str):
 
 
 def _check(gu, dn, experts, top_k, tokens, kind, device, assert_close, block_m=None, shared=False, dtype=None,
-           variant="default"):  # fmt: skip
+           variant="default", h=H, inter=INTER):  # fmt: skip
     dtype = dtype or torch.float16
-    gate_up, down, _, _ = make_experts(gu, dn, device, e=experts, h=H, inter=INTER)
-    x = torch.randn(tokens, H, device=device).to(dtype)
+    gate_up, down, _, _ = make_experts(gu, dn, device, e=experts, h=h, inter=inter)
+    x = torch.randn(tokens, h, device=device).to(dtype)
     weights, ids = _routing(kind, tokens, experts, top_k, device)
-    term = (torch.randn(tokens, H, device=device) * 0.5).to(dtype) if shared else None
+    term = (torch.randn(tokens, h, device=device) * 0.5).to(dtype) if shared else None
     tiles = quant_moe_grouped_tiles(tokens * top_k, experts)._replace(**QUANT_MOE_GROUPED_VARIANTS[variant])
     if block_m is not None:
         tiles = tiles._replace(block_m=block_m)
@@ -58,7 +59,7 @@ def _check(gu, dn, experts, top_k, tokens, kind, device, assert_close, block_m=N
     assert got.dtype == x.dtype and got.shape == x.shape
     expected = quant_moe_grouped_ref(x, gate_up, down, weights, ids, term)
     assert expected.float().abs().mean() > 0
-    name = f"{gu}/{dn} E{experts} k{top_k} T{tokens} {kind} {variant} M{tiles.block_m} {dtype}"
+    name = f"{gu}/{dn} E{experts} H{h} I{inter} k{top_k} T{tokens} {kind} {variant} M{tiles.block_m} {dtype}"
     assert_close(name, got, expected, RMS[dtype], 0.0)
 
 
@@ -101,6 +102,13 @@ def test_tile_variants_match_reference(variant, device, assert_close):
     """The tile alternatives the H200 run times (``QUANT_MOE_GROUPED_VARIANTS``: 64-row M tiles, 128 gate/up rows,
     K steps of two groups, 4 stages) compute the same function (Q5 gate_up: high planes at a 128-lane step)."""
     _check(Q5, Q6, 8, 3, 29, "random", device, assert_close, variant=variant)
+
+
+@pytest.mark.parametrize(("h", "inter"), [(132, 40), (72, 136)])
+def test_odd_geometry(h, inter, device, assert_close):
+    """K not a multiple of 128 (H 132 / 72 -> K_pad 256 / 128, I 136 -> 256: padded lanes masked in x / act, zero
+    codes in the weights) and N not a multiple of the row tiles (I 40 of 64 gate rows, H 132 of 128 output rows)."""
+    _check(Q4, Q5, 5, 3, 23, "random", device, assert_close, shared=True, h=h, inter=inter)
 
 
 def test_no_tokens(device):
