@@ -58,7 +58,7 @@ for the H200 measurement, and a way back).
 ``NINFER_MOE_PREFILL`` picks how a quantized MoE layer (``engine/model/quant_experts.py``) runs more than
 ``QUANT_MAX_TOKENS`` tokens (prefill chunks): ``scratch`` (the default: both banks dequantized to a shared bf16
 scratch, then the dense grouped GEMMs) or ``quant`` (``kernels.quant.quant_moe_grouped``: a grouped GEMM that
-dequantizes weight tiles in registers, no dense copy of the banks). ``quant`` waits for an H200 measurement
+dequantizes weight tiles in registers, no dense copy of the banks, no scratch allocated). ``quant`` waits for an H200 measurement
 (``scripts/device/plans/2026-12-05-s13-qgroup.txt``) before it becomes the default.
 
 ``NINFER_INT8_ATTENTION`` picks the build of the grouped INT8 decode attention (int8 KV with 16-bit queries,

@@ -29,8 +29,7 @@ is the ungated output and the term added is ``sigmoid(shared_gate . x) * shared`
   ``kernels.quant.quant_moe_grouped`` instead: the same expert-sorted padded rows (``engine.model.mlp``'s
   ``ExpertGroups``), a grouped GEMM that dequantizes weight tiles in registers (gate_up with the activation in its
   epilogue, then down), then ``moe_combine`` with the shared term; no host sync, the scratch neither read nor
-  written (it is still allocated at load: dropping it under ``quant`` waits for the measurement that makes
-  ``quant`` the default). On the CPU its reference: bitwise the scratch path in fp32.
+  written (nor allocated at load: ``allocate_scratch``). On the CPU its reference: bitwise the scratch path in fp32.
 
 Must not touch: routing, the shared expert, the router (``SparseMoeBlock`` owns them).
 """
@@ -247,9 +246,11 @@ def allocate_scratch(
     model: nn.Module, device: torch.device | str, dtype: torch.dtype
 ) -> ExpertScratch | None:
     """Allocate the scratch the model's quantized expert layers share, once, for the largest of them (None when
-    the model has none). Called by the loader after every layer is bound."""
+    the model has none, and under ``NINFER_MOE_PREFILL=quant``, whose prefill never reads it: 1.0 GiB at the
+    35B-A3B left to the KV pool; ``ExpertScratch.bank`` would still allocate it on a first scratch-path call).
+    Called by the loader after every layer is bound."""
     layers = quant_experts(model)
-    if not layers:
+    if not layers or _dispatch.MOE_PREFILL == "quant":
         return None
     scratch = layers[0].scratch
     assert all(layer.scratch is scratch for layer in layers), "layers with different scratches"

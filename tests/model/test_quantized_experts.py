@@ -331,3 +331,19 @@ def test_the_quant_prefill_reference_in_bf16_rounds_as_the_dense_path(converted)
         want = routed_experts(x, dense.gate_up_proj, dense.down_proj, weights, ids, shared)
         got = quant_moe_grouped_ref(x, experts.gate_up.qweight, experts.down.qweight, weights, ids, shared)
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_the_quant_prefill_switch_loads_no_scratch(converted, paged, monkeypatch):
+    """Under ``NINFER_MOE_PREFILL=quant`` the loader allocates no scratch (prefill never reads it) and the logits are
+    the default's; switched back to ``scratch`` at run time, the first prefill allocates it (``ExpertScratch.bank``)."""
+    ckpt, artifact, model = converted
+    monkeypatch.setattr(_dispatch, "MOE_PREFILL", "quant")
+    lean = load_model(artifact, dtype=torch.float32)
+    assert quant_experts(lean) and qe.scratch_bytes(lean) == 0 and qe.scratch_bytes(model) > 0
+    with torch.inference_mode():
+        want = _logits(model, ckpt.config, paged, [])[0]
+        assert torch.equal(_logits(lean, ckpt.config, paged, [])[0], want)
+        assert qe.scratch_bytes(lean) == 0
+        monkeypatch.setattr(_dispatch, "MOE_PREFILL", "scratch")
+        assert torch.equal(_logits(lean, ckpt.config, paged, [])[0], want)
+    assert qe.scratch_bytes(lean) == qe.scratch_bytes(model)
