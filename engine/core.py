@@ -112,6 +112,9 @@ class EngineStats:
     # tokens computed before a preemption that the resumes computed again (not restored from a checkpoint).
     num_preemptions: int = 0
     num_recomputed_tokens: int = 0
+    # Of num_pages_used, the distinct pages prefix checkpoints hold (reclaimable unless a running request shares
+    # them): with nothing running the two are equal, so free + cached pages is the whole pool (no page leaked).
+    num_pages_cached: int = 0
     # Steps that computed prompt tokens, and of those the ones that also decoded other rows (a prefill beside
     # decoding lanes); a burst admitted together prefills in one step when its prompts fit the prefill budget and
     # carry no message boundary to checkpoint at (engine/serving.py, engine/scheduler/scheduler.py).
@@ -566,6 +569,7 @@ class EngineCore:
             num_requests_finished=dict(self.finished),
             num_preemptions=s.num_preemptions,
             num_recomputed_tokens=s.num_recomputed_tokens,
+            num_pages_cached=s.num_pages_cached,
             num_prefill_steps=s.num_prefill_steps,
             num_mixed_steps=s.num_mixed_steps,
             burst_wait_ms=self.config.burst_wait_ms,

@@ -14,6 +14,7 @@ The engine never imports `monitor`; it hands up plain data, and these functions 
 Engine statistics fields read (all optional except where the engine already has them):
 
     num_running, num_waiting, max_concurrency, num_pages, num_pages_used, num_checkpoints    gauges
+    num_pages_cached                                                                         gauge
     num_steps, num_forward_steps, num_admission_scans, num_prefill_tokens, num_decode_tokens counters
     num_prefill_steps, num_mixed_steps, num_burst_holds, num_burst_timeouts                  counters
     num_preemptions, num_recomputed_tokens                                                   counters
@@ -63,6 +64,7 @@ _GAUGES = (
     ("max_concurrency", "lanes"),
     ("num_pages", "kv_pages"),
     ("num_pages_used", "kv_pages_used"),
+    ("num_pages_cached", "kv_pages_cached"),
     ("num_checkpoints", "checkpoints"),
     ("host_kv_used_bytes", "host_used"),
     ("host_kv_capacity_bytes", "host_capacity"),

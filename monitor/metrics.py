@@ -51,7 +51,7 @@ APIS = ("openai_chat", "openai_responses", "anthropic")
 FINISH_REASONS = ("stop", "length", "context", "aborted", "client_disconnected", "rejected", "error")
 REJECT_CODES = ("server_overloaded", "request_queue_timeout", "context_length_exceeded", "request_too_large")
 PROMPT_SOURCES = ("computed", "device_cache", "host_cache")
-HOST_EVICTION_REASONS = ("capacity", "superseded", "expired")
+HOST_EVICTION_REASONS = ("lru", "replaced", "mismatch", "corrupt")  # engine/cache/host.py EVICTION_REASONS
 HOST_PARK_SKIP_REASONS = ("covered", "on_host")  # engine/scheduler/host.py
 HOST_PARK_REFUSAL_REASONS = ("off", "oversize", "pinned")  # engine/cache/host.py _park_refusal
 SPEC_POSITIONS = 5  # MTP drafts 1..5 tokens: positions 0..4
@@ -189,6 +189,7 @@ lanes                     gauge     ninfer_scheduler_lanes                  | La
 kv_usage                  gauge     ninfer_kv_cache_usage_ratio             | Fraction of device KV pages in use.
 kv_pages                  gauge     ninfer_kv_cache_pages                   | Device KV pages in the pool.
 kv_pages_used             gauge     ninfer_kv_cache_used_pages              | Device KV pages in use.
+kv_pages_cached           gauge     ninfer_kv_cache_cached_pages            | Of the KV pages in use, those prefix checkpoints hold (all of them when idle).
 checkpoints               gauge     ninfer_prefix_cache_checkpoints         | Prefix checkpoints held in the device cache.
 host_used                 gauge     ninfer_host_kv_cache_used_bytes         | Host (RAM) KV cache bytes in use.
 host_capacity             gauge     ninfer_host_kv_cache_capacity_bytes     | Host (RAM) KV cache capacity (--host-kv-cache-mib).

@@ -43,6 +43,11 @@ from engine.cache.host_blocks import HostBlockPool, HostBudget
 from engine.cache.host_layout import CacheGeometry, ExtraSpec
 from engine.cache.prefix import extend_page_hashes
 
+# Why entries leave the index other than by a restore (`drop`): "lru" (evicted for a new park's blocks),
+# "replaced" (parked again under its key), "mismatch" / "corrupt" (the runner could not restore it). The
+# `/stats` `host_kv_evictions` keys; monitor/metrics.py pre-creates the same label values.
+EVICTION_REASONS = ("lru", "replaced", "mismatch", "corrupt")
+
 
 @dataclass(slots=True, eq=False)
 class HostEntry:
@@ -280,10 +285,11 @@ class HostIndex:
             raise ValueError(f"unpark({entry_key!r}): {num_page_ids} pages cannot hold {num_tokens} tokens")
         return entry, entry.checkpoints.index(num_tokens), num_pages
 
-    def finish_unpark(self, entry_key: Hashable, *, keep: bool, num_bytes: int) -> None:
+    def finish_unpark(self, entry_key: Hashable, *, keep: bool, num_bytes: int, demote: bool = True) -> None:
         """A restore's copies completed (`num_bytes` moved): release one pin, count it; the entry is then
         freed (its bytes are on the device again) unless `keep` or other pins hold it; a kept entry with
-        no pins left goes to the front of the LRU (the next to evict)."""
+        no pins left goes to the front of the LRU (the next to evict) when `demote`, else stays where the
+        restore's pin put it."""
         entry = self.entry(entry_key)
         self._counts["restores"] += 1
         self._counts["restore_bytes"] += num_bytes
@@ -291,14 +297,14 @@ class HostIndex:
             entry.num_pins -= 1
         if entry.num_pins:  # another scheduled restore still needs it
             self._lru.move_to_end(entry_key)
-        elif keep:
+        elif keep and demote:
             # NOTE: first in line for eviction, not last: the restored checkpoint's tokens are on the device again
             # (parked anew, in a longer entry, if they fall out of it), so what is left here is the entry's later
             # checkpoints, which the request that continued from an earlier one did not want (an agent's next turn
             # continues from the previous prompt end P, not from its generation end G). As the most recently used
             # entry it used to push other sessions' only copies out of a full budget first.
             self._lru.move_to_end(entry_key, last=False)
-        else:  # NOTE: safe while copies run: only later copies on the runner's one copy stream rewrite these blocks
+        elif not keep:  # NOTE: safe while copies run: only later copies on the runner's one copy stream rewrite these blocks
             del self._lru[entry_key]
             self.blocks.free(entry.block_ids)
             self._used_bytes -= entry.num_bytes

@@ -43,9 +43,10 @@ Admission probes of a request that is not admitted therefore move no bytes.
 
 Readiness. The restoring lane gets no row until the runner reports its copies complete
 (`HostRestoreReport` in the `StepResult` handed to `Scheduler.commit`, which calls `finished`): other
-lanes keep decoding while the bytes move. Only then is the entry unpinned and, unless kept, freed. A
-failed restore (an entry that does not fit the cache or is corrupt) drops the entry here and re-plans
-the lane as a cold prefill in the pages and slot it already holds (`Scheduler._restore_failed`).
+lanes keep decoding while the bytes move. Only then is the entry unpinned and, unless it holds
+checkpoints besides the restored one, freed. A failed restore (an entry that does not fit the cache or
+is corrupt) drops the entry here and re-plans the lane as a cold prefill in the pages and slot it
+already holds (`Scheduler._restore_failed`).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class HostPlanner:
         prefix.on_evict = self._on_evict
         self._parks: list[HostPark] = []
         self._unparks: list[HostUnpark] = []
-        self._restoring: dict[str, tuple[Hashable, bool, int]] = {}  # request id -> (entry, keep, bytes)
+        # request id -> (entry, keep it, demote it (first to evict), bytes)
+        self._restoring: dict[str, tuple[Hashable, bool, bool, int]] = {}
         self.num_restores = 0  # committed restores (admissions)
         self.num_restored_tokens = 0  # prompt tokens they reused
         self.num_restore_failures = 0  # reported failed by the runner: the lane prefilled cold
@@ -146,8 +148,12 @@ class HostPlanner:
         entry, cp_index, num_pages = self.host.plan_unpark(match.entry_key, match.num_tokens, len(page_ids))
         assert isinstance(entry.key, int) and num_pages == match.num_pages, "stale host match"
         self.host.pin(entry.key)
-        # Restoring an earlier checkpoint keeps the entry: its later ones may still be wanted (branching).
-        keep = match.num_tokens != entry.checkpoints[-1]
+        # Only the restored checkpoint's state comes back (into the lane's working slot, which moves on), so the
+        # entry is kept while it holds others. Later ones (a rewind to an earlier turn: the branch not taken) go
+        # first in line for eviction; earlier ones stay where they are: they are a resumed preemption's message
+        # boundaries, where the session's next turn continues (freeing them made that turn prefill cold).
+        later = match.num_tokens != entry.checkpoints[-1]
+        keep = later or len(entry.checkpoints) > 1
         self._unparks.append(
             HostUnpark(
                 entry.key,
@@ -161,7 +167,7 @@ class HostPlanner:
                 lane,
             )  # fmt: skip
         )
-        self._restoring[request_id] = (entry.key, keep, match.num_bytes)
+        self._restoring[request_id] = (entry.key, keep, later, match.num_bytes)
         self.num_restores += 1
         self.num_restored_tokens += match.num_tokens
 
@@ -170,9 +176,9 @@ class HostPlanner:
         (the entry is dropped with the reported reason)."""
         restoring = self._restoring.pop(report.request_id, None)
         assert restoring is not None, f"host restore report for {report.request_id!r}, which restores nothing"
-        key, keep, num_bytes = restoring
+        key, keep, demote, num_bytes = restoring
         if report.ok:
-            self.host.finish_unpark(key, keep=keep, num_bytes=num_bytes)
+            self.host.finish_unpark(key, keep=keep, demote=demote, num_bytes=num_bytes)
         elif key in self.host:
             self.host.unpin(key)
             self.host.drop(key, report.drop_reason or "corrupt")
@@ -197,7 +203,7 @@ class HostPlanner:
     def check_integrity(self) -> None:
         """The host index's own check, and every pin matches a restore not yet reported complete."""
         self.host.check_integrity()
-        want: Counter[Hashable] = Counter(key for key, _, _ in self._restoring.values())
+        want: Counter[Hashable] = Counter(key for key, _, _, _ in self._restoring.values())
         for key in self.host.entry_keys:
             pins = self.host.entry(key).num_pins
             if pins != want[key]:

@@ -317,8 +317,17 @@ class Scheduler:
         if match is not None and not self._reclaim(num_pages - len(match.shared_page_ids)):
             self.prefix.unpin(match.checkpoint)  # type: ignore[union-attr]
             match = None  # its pinned partial page may be what is missing: try cold
-        if match is None and host_match is None and not self._reclaim(num_pages):
-            return False
+        if match is None and host_match is None:
+            if not self._reclaim(num_pages):
+                return False
+            if self.host is not None:  # that reclaim may have parked the match given up above: restore it
+                host_match = self._host_lookup(request, None)  # (the runner copies parks before unparks)
+                if host_match is not None:
+                    self.host.hold(host_match)
+                    try:
+                        return self._try_admit_matched(request, lane_id, None, host_match)
+                    finally:
+                        self.host.release(host_match)
         slot = self.prefix.allocate_slot() if self.prefix is not None else self.slots.allocate()
         if slot is None:  # every other slot is a pinned checkpoint; the unpin at commit retries
             if match is not None:
@@ -567,6 +576,7 @@ class Scheduler:
             num_admission_scans=self.num_admission_scans,
             num_preemptions=self.num_preemptions,
             num_recomputed_tokens=self.num_recomputed_tokens,
+            num_pages_cached=self.prefix.num_pages_held if self.prefix is not None else 0,
         )
 
     def check_integrity(self) -> None:

@@ -24,3 +24,4 @@ class SchedulerStats:
     num_mixed_steps: int = 0  # ... while other rows of the step decoded
     num_preemptions: int = 0  # lanes preempted for pages (engine/scheduler/ondemand.py)
     num_recomputed_tokens: int = 0  # tokens computed before a preemption that the resume computed again
+    num_pages_cached: int = 0  # of num_pages_used, the distinct pages prefix checkpoints hold

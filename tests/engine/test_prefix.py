@@ -144,3 +144,20 @@ def test_check_integrity_reports_a_checkpoint_on_a_free_page() -> None:
     index.pages.free(pages)  # a bug: somebody dropped the checkpoint's references
     with pytest.raises(RuntimeError, match="holds free page"):
         index.check_integrity()
+
+
+def test_num_pages_held_counts_the_distinct_pages_of_the_checkpoints() -> None:
+    """With no request running, the pool's pages in use are exactly the checkpoints' (/stats num_pages_cached)."""
+    index = _index(max_checkpoints=2)
+    pages = index.pages.allocate(3)
+    slots = [index.slots.allocate() for _ in range(2)]
+    tokens = list(range(12))
+    index.insert(tokens, [], 6, pages, slots[0])  # pages 0..1
+    index.insert(tokens, [], 12, pages, slots[1])  # pages 0..2: shares two
+    index.pages.free(pages)
+    assert index.num_pages_held == 3 == index.pages.num_in_use
+    _retain(index, [50, 51, 52, 53, 54])  # a third checkpoint evicts the LRU one (6 tokens): no page freed
+    assert index.num_pages_held == 5 == index.pages.num_in_use
+    index.check_integrity()
+    index.clear()
+    assert index.num_pages_held == 0 == index.pages.num_in_use

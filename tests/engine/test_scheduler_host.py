@@ -72,3 +72,50 @@ def test_admission_holds_the_entry_it_restores_while_its_reclaim_parks_others() 
     assert index.stats().refusals == {"pinned": 1} and key not in index  # restored, then freed
     assert drv.tokens["r"] == cold_tokens(r, 7)
     sched.check_integrity()
+
+
+def test_a_session_preempted_and_restored_from_the_host_keeps_its_earlier_checkpoints() -> None:
+    """An agent session is preempted while decoding; its message-boundary checkpoint (where its next turn
+    continues) and its preemption checkpoint leave the device together as one host entry, and the resume
+    restores the longer one. The entry must still hold the boundary: the session's next turn restores it
+    (before, restoring an entry's longest checkpoint freed the whole entry, so the next turn started cold)."""
+    sched = make_scheduler(lanes=2, num_pages=8, page_size=PAGE, max_context=32)
+    index = HostIndex(GEOMETRY, HostBudget(64 * 32, slab_bytes=64 * 32, block_bytes=32))
+    sched.attach_host(index)
+    drv = Driver(sched)
+    drv.add(request("x", list(range(500, 504)), max_tokens=24))  # admitted first: the other lane is preempted
+    drv.step()
+    a = list(range(100, 110))
+    drv.add(request("a", a, max_tokens=16, boundaries=(8,)))
+    drv.run()
+    assert sched.num_preemptions >= 1 and sched.num_recomputed_tokens == 0
+    assert drv.reason("a").num_host_cached_tokens == 0  # usage reports the first admission: cold
+    assert index.stats().num_restores >= 1  # the resume restored from the host
+    assert drv.tokens["a"] == cold_tokens(a, 16)
+    turn = a[:8] + [300, 301, 302, 303]  # the next turn continues from the boundary
+    drv.add(request("a2", turn, max_tokens=2))
+    drv.run()
+    assert drv.reason("a2").num_host_cached_tokens == 8
+    assert drv.tokens["a2"] == cold_tokens(turn, 2)
+
+
+def test_a_device_match_short_of_its_copy_on_write_page_is_restored_from_the_host() -> None:
+    """A session's checkpoint ends inside a page, so reusing it needs one new page for the copy-on-write; the
+    pool lacks exactly that page while another lane runs. Admission gives the match up and reclaims cold,
+    which parks the checkpoint: the request must restore it from the host, not prefill all of it again."""
+    sched = make_scheduler(lanes=2, num_pages=8, page_size=PAGE, max_context=32)
+    index = HostIndex(GEOMETRY, HostBudget(64 * 32, slab_bytes=64 * 32, block_bytes=32))
+    sched.attach_host(index)
+    drv = Driver(sched)
+    a = list(range(100, 106))
+    drv.add(request("a", a, max_tokens=1))
+    drv.run()  # retained: 6 tokens on two pages, the second partial
+    drv.add(request("x", list(range(500, 517)), max_tokens=12))  # five pages, decoding
+    while sched.lanes[0] is None or sched.lanes[0].request.num_computed_tokens < 17:
+        drv.step()
+    assert sched.pages.num_free == 1  # the match shares one full page and needs two new ones
+    turn = a + [300, 301, 302, 303, 304, 305]
+    drv.add(request("a2", turn, max_tokens=2))
+    drv.run()
+    assert drv.reason("a2").num_cached_tokens == 6 == drv.reason("a2").num_host_cached_tokens
+    assert drv.tokens["a2"] == cold_tokens(turn, 2)

@@ -29,7 +29,7 @@ def main() -> None:
               "num_forward_steps": 0, "num_admission_scans": 0, "num_requests_rejected": {"server_overloaded": 0},
               "host_kv_used_bytes": 3 << 30, "host_kv_capacity_bytes": 4 << 30, "host_kv_park_bytes": 0,
               "host_kv_park_seconds": 0.0, "host_kv_restore_bytes": 0, "host_kv_restore_seconds": 0.0,
-              "host_kv_evictions": {"capacity": 0, "superseded": 0, "expired": 0}}  # fmt: skip
+              "host_kv_evictions": {"lru": 0, "replaced": 0, "corrupt": 0}}  # fmt: skip
     i = 0
     while True:
         i += 1
@@ -39,7 +39,7 @@ def main() -> None:
                           ("host_kv_restore_seconds", 0.0005)):  # fmt: skip
             engine[key] += step
         engine["num_requests_rejected"] = {"server_overloaded": i // 10}
-        engine["host_kv_evictions"] = {"capacity": i, "superseded": i // 2, "expired": i // 3}
+        engine["host_kv_evictions"] = {"lru": i, "replaced": i // 2, "corrupt": i // 3}
         engine["num_waiting"] = i % 3
         collect.observe_engine(metrics, dict(engine), in_flight=i % 4)
         collect.observe_request(metrics, request_done(i, protocol=protocols[i % 3]))

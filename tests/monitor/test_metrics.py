@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from monitor_helpers import request_done, tool
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.cache.host import EVICTION_REASONS
 from monitor import collect
-from monitor.metrics import ServerMetrics, SidecarMetrics, defined_metric_names
+from monitor.metrics import HOST_EVICTION_REASONS, ServerMetrics, SidecarMetrics, defined_metric_names
 
 REQUIRED = """ninfer_requests_total ninfer_requests_running ninfer_requests_waiting ninfer_time_to_first_token_seconds
 ninfer_inter_token_latency_seconds ninfer_time_per_output_token_seconds ninfer_e2e_request_latency_seconds
@@ -44,7 +45,7 @@ class Stats:  # the shape of engine.core.EngineStats plus the host-cache fields 
     host_kv_used_bytes: int = 1 << 30
     host_kv_capacity_bytes: int = 4 << 30
     host_kv_park_bytes: int = 5000
-    host_kv_evictions: dict[str, int] = field(default_factory=lambda: {"capacity": 3})
+    host_kv_evictions: dict[str, int] = field(default_factory=lambda: {"lru": 3})
     host_kv_parks: int = 6
     host_kv_restores: int = 2
     host_kv_park_skips: dict[str, int] = field(default_factory=lambda: {"covered": 5, "on_host": 1})
@@ -95,7 +96,7 @@ def test_exposition_passes_promtool_check_metrics() -> None:
 def test_engine_stats_set_gauges_and_counters_count_increments_across_a_restart() -> None:
     m = ServerMetrics(vllm_aliases=True)
     collect.observe_engine(m, Stats(), in_flight=5)
-    collect.observe_engine(m, Stats(num_prefill_tokens=1500, num_steps=60, host_kv_evictions={"capacity": 4}))
+    collect.observe_engine(m, Stats(num_prefill_tokens=1500, num_steps=60, host_kv_evictions={"lru": 4}))
     s = samples(m)
     assert s[("ninfer_requests_running", ())] == 1
     assert s[("ninfer_requests_waiting", ())] == 2
@@ -107,7 +108,7 @@ def test_engine_stats_set_gauges_and_counters_count_increments_across_a_restart(
     assert s[("ninfer_scheduler_preemptions_total", ())] == 3
     assert s[("ninfer_scheduler_recomputed_tokens_total", ())] == 90
     assert s[("ninfer_engine_rejected_total", (("code", "server_overloaded"),))] == 2
-    assert s[("ninfer_host_kv_evictions_total", (("reason", "capacity"),))] == 4
+    assert s[("ninfer_host_kv_evictions_total", (("reason", "lru"),))] == 4
     assert s[("ninfer_host_kv_park_bytes_total", ())] == 5000
     assert s[("ninfer_host_kv_parks_total", ())] == 6 and s[("ninfer_host_kv_restores_total", ())] == 2
     assert s[("ninfer_host_kv_park_skips_total", (("reason", "covered"),))] == 5
@@ -192,3 +193,16 @@ def test_metric_tables_declare_each_attribute_and_name_once() -> None:
         assert "every label" in str(exc)
     else:
         raise AssertionError("a row with a value set for only some labels must be refused")
+
+
+def test_host_eviction_reasons_are_the_ones_the_engine_reports() -> None:
+    """The pre-created `reason` values of ninfer_host_kv_evictions_total are the engine's (they were
+    capacity / superseded / expired, which it never reports: those series stayed 0 beside an unlisted `lru`)."""
+    assert HOST_EVICTION_REASONS == EVICTION_REASONS
+    m = ServerMetrics()
+    fresh = {labels for (name, labels) in samples(m) if name == "ninfer_host_kv_evictions_total"}
+    assert fresh == {(("reason", reason),) for reason in EVICTION_REASONS}
+    collect.observe_engine(m, Stats(host_kv_evictions={"lru": 2, "replaced": 1}))
+    s = samples(m)
+    assert s[("ninfer_host_kv_evictions_total", (("reason", "lru"),))] == 2
+    assert {labels for (name, labels) in s if name == "ninfer_host_kv_evictions_total"} == fresh
