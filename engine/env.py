@@ -104,6 +104,16 @@ def quant_moe_shared_mode() -> str:
     return _dispatch.QUANT_MOE_SHARED
 
 
+def moe_prefill_mode() -> str:
+    """`NINFER_MOE_PREFILL`: `scratch` (the default: a quantized MoE layer's prefill dequantizes its banks into a
+    shared bf16 scratch for the dense grouped GEMMs) or `quant` (a grouped GEMM on the quantized banks, weight tiles
+    dequantized in registers, `kernels.quant.quant_moe_grouped`; pending an H200 measurement).
+    Read once when `kernels` is imported (`kernels._dispatch.MOE_PREFILL`)."""
+    from kernels import _dispatch
+
+    return _dispatch.MOE_PREFILL
+
+
 def int8_attention_mode() -> str:
     """`NINFER_INT8_ATTENTION`: `grouped` (the default) or `keys_major`: which build of the grouped INT8 decode
     attention (int8 KV, 16-bit queries) runs; `keys_major` puts the keys on the MMAs' rows (half the MMAs, 128

@@ -55,6 +55,12 @@ the down kernel before the one rounding, ``quant_moe_experts(..., shared, shared
 ``separate`` (session 11's: the gate GEMV, sigmoid and product by the block, the add by one more launch; the A/B
 for the H200 measurement, and a way back).
 
+``NINFER_MOE_PREFILL`` picks how a quantized MoE layer (``engine/model/quant_experts.py``) runs more than
+``QUANT_MAX_TOKENS`` tokens (prefill chunks): ``scratch`` (the default: both banks dequantized to a shared bf16
+scratch, then the dense grouped GEMMs) or ``quant`` (``kernels.quant.quant_moe_grouped``: a grouped GEMM that
+dequantizes weight tiles in registers, no dense copy of the banks, no scratch allocated). ``quant`` waits for an H200 measurement
+(``scripts/device/plans/2026-12-05-s13-qgroup.txt``) before it becomes the default.
+
 ``NINFER_INT8_ATTENTION`` picks the build of the grouped INT8 decode attention (int8 KV with 16-bit queries,
 ``kernels.attention.decode_int8``): ``grouped`` (the default: query heads as the MMAs' rows, [heads, keys] scores) or
 ``keys_major`` (keys as the MMAs' rows, the few query heads of a KV head as their columns: half the MMAs, capped at
@@ -136,6 +142,11 @@ def parse_quant_moe_shared_mode(value: str) -> str:
     return _parse("NINFER_QUANT_MOE_SHARED", value, ("fused", "separate"))
 
 
+def parse_moe_prefill_mode(value: str) -> str:
+    """``NINFER_MOE_PREFILL``'s value, normalised: ``scratch`` or ``quant``; ValueError for anything else."""
+    return _parse("NINFER_MOE_PREFILL", value, ("scratch", "quant"))
+
+
 def parse_int8_attention_mode(value: str) -> str:
     """``NINFER_INT8_ATTENTION``'s value, normalised: ``grouped`` or ``keys_major``; ValueError for anything else."""
     return _parse("NINFER_INT8_ATTENTION", value, ("grouped", "keys_major"))
@@ -174,6 +185,7 @@ MOE_ROUTER_MODE = parse_moe_router_mode(os.environ.get("NINFER_MOE_ROUTER", "spl
 SPLITK_REDUCE = parse_splitk_reduce_mode(os.environ.get("NINFER_SPLITK_REDUCE", "launch"))
 QUANT_MOE_MODE = parse_quant_moe_mode(os.environ.get("NINFER_QUANT_MOE", "v1"))
 QUANT_MOE_SHARED = parse_quant_moe_shared_mode(os.environ.get("NINFER_QUANT_MOE_SHARED", "fused"))
+MOE_PREFILL = parse_moe_prefill_mode(os.environ.get("NINFER_MOE_PREFILL", "scratch"))
 INT8_ATTENTION = parse_int8_attention_mode(os.environ.get("NINFER_INT8_ATTENTION", "grouped"))
 PDL_MODE = parse_pdl_mode(os.environ.get("NINFER_PDL", "off"))
 FP_ONE_ROW = parse_fp_one_row_mode(os.environ.get("NINFER_FP_ONE_ROW", "rows"))

@@ -36,6 +36,11 @@ _MOE_DOWN_PTRS = {
     "act_ptr": "fp32", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16", "ids_ptr": "i64",
     "out_ptr": "bf16", "shared_ptr": "bf16", "gate_ptr": "fp32",
 }  # fmt: skip
+# quant_moe_grouped's kernel: bf16 x / act / outputs, int32 group ends, int64 row tokens
+_MOE_GROUPED_PTRS = {
+    "a_ptr": "bf16", "codes_ptr": "u8", "high_ptr": "u8", "scales_ptr": "fp16", "offs_ptr": "i32",
+    "token_ptr": "i64", "out_ptr": "bf16",
+}  # fmt: skip
 _GROUP_ALIGNED = ("x_stride", "codes_stride", "high_stride", "scales_stride")
 # (label, format bits, group, K, split): one shape per code path (each BITS; split and unsplit), to keep the
 # compile short, with gemv_tiles' split (K is split until the grid has MIN_PROGRAMS = 1024 programs): the
@@ -470,6 +475,39 @@ def variants(variant: Any) -> dict[str, list[Any]]:
                 aligned=("codes_stride", "high_stride", "shared_stride"),
             )  # fmt: skip
             for bits in (5,)
+        ],
+        # NINFER_MOE_PREFILL=quant (kernels/quant/triton_moe_grouped.py) at the 35B-A3B (E 256, H 2048, I 512), bf16;
+        # quant_moe_grouped_tiles: BLOCK_M 16 (T = 128), 32 (T = 1024), 128 (T = 7680); gate_up 64 gate + 64 up rows
+        # a program, down 128 output rows, K steps of 64, 8 warps, 3 stages
+        "_quant_moe_grouped_kernel": [
+            variant(
+                f"35B-A3B {'gate_up' if gate_up else 'down'} Q{bits} M{block_m}",
+                _MOE_GROUPED_PTRS,
+                dict(
+                    N=512 if gate_up else 2048,
+                    K=2048 if gate_up else 512,
+                    K_PAD=2048 if gate_up else 512,
+                    NUM_EXPERTS=256,
+                    BITS=bits,
+                    GROUP=64,
+                    GATE_UP=gate_up,
+                    BLOCK_E=256,
+                    BLOCK_M=block_m,
+                    BLOCK_N=64 if gate_up else 128,
+                    BLOCK_K=64,
+                    NUM_STAGES=3,
+                ),
+                aligned=("a_stride", "codes_stride", "high_stride", *(("scales_stride",) if gate_up else ())),
+                num_warps=8,
+            )  # fmt: skip
+            for gate_up, bits, block_m in (
+                (True, 4, 16),
+                (True, 4, 32),
+                (True, 4, 128),
+                (False, 5, 16),
+                (False, 5, 128),
+                (False, 6, 128),
+            )  # fmt: skip
         ],
         # NINFER_QUANT_MOE=v2 (kernels/quant/triton_moe.py) at the same geometry; quant_moe_tiles_v2's defaults:
         # gate_up 8 row pairs a program, chunks of 512 lanes (K_pad 2048: 4), 4 warps; down 8 rows a program, top_k 8 at

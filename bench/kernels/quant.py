@@ -35,6 +35,14 @@ Last, the 35B-A3B's quantized routed experts at decode (``quant_moe_experts`` v1
 bf16 ``moe_experts``), alone with ``--moe-only``; ``--moe-variants all`` times v2's tile alternatives too:
 
     python bench/kernels/quant.py --json bench/results/quant_moe_h200_<date>.json --moe-only --moe-variants all
+
+And the 35B-A3B's routed experts at prefill (T = 128, 1024, 7680), one layer: ``NINFER_MOE_PREFILL=scratch`` (the
+banks dequantized into a bf16 scratch + the dense grouped GEMMs) vs ``quant`` (the grouped GEMM on the quantized
+banks, ``kernels/quant/moe_prefill.py``), alone with ``--moe-prefill-only``; ``--moe-prefill-variants all`` times
+the grouped GEMM's tile alternatives too:
+
+    python bench/kernels/quant.py --json bench/results/quant_moe_prefill_h200_<date>.json --moe-prefill-only \
+        --moe-prefill-variants all
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from engine.model.mlp import _expert_groups, _experts_grouped  # noqa: E402
 from kernels.moe import moe_experts, moe_route_ref  # noqa: E402
 from kernels.quant import (  # noqa: E402
     FP8,
@@ -75,8 +84,13 @@ from kernels.quant import (  # noqa: E402
     quant_moe_tiles_v2,
     view_planes,
 )
+from kernels.quant.moe_prefill import (  # noqa: E402
+    QUANT_MOE_GROUPED_VARIANTS,
+    quant_moe_grouped,
+    quant_moe_grouped_tiles,
+)
 from kernels.quant.packed_linear import GEMV_VARIANTS, packed_tiles  # noqa: E402
-from kernels.quant.quant_linear import one_row_ok, one_row_tiles  # noqa: E402
+from kernels.quant.quant_linear import dequantize_to, one_row_ok, one_row_tiles  # noqa: E402
 
 DEV = "cuda"
 BF16 = torch.bfloat16
@@ -390,6 +404,65 @@ def bench_moe(read_gbps: float, variants: list[str]) -> None:
         torch.cuda.empty_cache()
 
 
+MOE_PREFILL_TOKENS = (128, 1024, 7680)
+
+
+def bench_moe_prefill(variants: list[str]) -> None:
+    """The 35B-A3B routed experts at prefill (T = 128, 1024, 7680; E 256, H 2048, I 512, top_k 8), one layer a call
+    (Q4 gate_up, Q5 or Q6 down; random routing, the shared expert's output added in ``moe_combine``): today's
+    ``NINFER_MOE_PREFILL=scratch`` (``QuantExperts``' path: gate_up dequantized into a bf16 scratch, the dense
+    grouped path ``_experts_grouped`` with the down bank dequantized into the same memory after the gate_up GEMM)
+    against ``quant`` (``quant_moe_grouped``: the grouped GEMM on the quantized stacks; the default tiles and the
+    named ``QUANT_MOE_GROUPED_VARIANTS``). Both include the routing's grouping (``_expert_groups``). Each row: us a
+    layer, x 40 layers, TFLOP/s of the experts' GEMMs, and the error against the scratch path's output (both round
+    the weights to bf16 once; quant skips the rounding of gate and up before the activation)."""
+    experts, hidden, inter, top_k = MOE_GEOMETRY
+    scratch = torch.empty(experts * 2 * inter * hidden, dtype=BF16, device=DEV)
+    gu_shape, dn_shape = (experts * 2 * inter, hidden), (experts * hidden, inter)
+    gate_up = view_planes(Q4, random_payload(Q4, *gu_shape), gu_shape)
+    for down_fmt in (Q5, Q6):
+        down = view_planes(down_fmt, random_payload(down_fmt, *dn_shape), dn_shape)
+
+        def dense_down() -> torch.Tensor:
+            return dequantize_to(down, BF16, scratch[: experts * hidden * inter].view(-1, inter)).view(
+                experts, hidden, inter
+            )
+
+        def scratch_path(x, weights, ids, shared) -> torch.Tensor:  # noqa: ANN001
+            bank = dequantize_to(gate_up, BF16, scratch.view(-1, hidden)).view(experts, 2 * inter, hidden)
+            return _experts_grouped(x, bank, dense_down, weights, ids, shared)
+
+        for tokens in MOE_PREFILL_TOKENS:
+            x = torch.randn(tokens, hidden, device=DEV, dtype=BF16)
+            shared = torch.randn(tokens, hidden, device=DEV, dtype=BF16) * 0.1
+            weights, ids = moe_route_ref(torch.randn(tokens, experts, device=DEV), top_k)
+            flop = 2 * tokens * top_k * 3 * hidden * inter
+            shape = f"35B-A3B Q4/{down_fmt} T{tokens} E256 H2048 I512 top8"
+            expected = scratch_path(x, weights, ids, shared)
+            t_scratch = _us(lambda: scratch_path(x, weights, ids, shared))
+            _emit({"op": "quant MoE prefill scratch", "shape": shape, "layer_us": round(t_scratch, 1),
+                   "x40_layers_ms": round(40 * t_scratch / 1e3, 2),
+                   "TFLOPs": round(flop / t_scratch / 1e6, 1)})  # fmt: skip
+            for name in variants:
+                tiles = quant_moe_grouped_tiles(tokens * top_k, experts)._replace(
+                    **QUANT_MOE_GROUPED_VARIANTS[name]
+                )
+
+                def quant_path() -> torch.Tensor:
+                    groups = _expert_groups(ids, experts)
+                    return quant_moe_grouped(x, gate_up, down, weights, ids, groups, shared, tiles=tiles)
+
+                check = _err(quant_path(), expected)
+                t = _us(quant_path)
+                _emit({"op": "quant MoE prefill quant", "variant": name, "shape": shape, "tiles": list(tiles),
+                       "layer_us": round(t, 1), "x40_layers_ms": round(40 * t / 1e3, 2),
+                       "TFLOPs": round(flop / t / 1e6, 1), "speedup_vs_scratch": round(t_scratch / t, 3),
+                       **check})  # fmt: skip
+                print(
+                    f"  MoE prefill {shape} {name}: scratch {t_scratch:.1f} us, quant {t:.1f} us", flush=True
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True)
@@ -416,6 +489,15 @@ def main() -> None:
     parser.add_argument("--no-moe", action="store_true", help="skip the 35B-A3B quantized MoE rows")
     parser.add_argument("--moe-only", action="store_true", help="only the 35B-A3B quantized MoE rows")
     parser.add_argument(
+        "--moe-prefill-only", action="store_true", help="only the 35B-A3B MoE prefill rows (scratch vs quant)"
+    )
+    parser.add_argument(
+        "--moe-prefill-variants",
+        default="default",
+        metavar="NAMES",
+        help=f"comma list of grouped-GEMM tile variants, or 'all': {', '.join(QUANT_MOE_GROUPED_VARIANTS)}",
+    )
+    parser.add_argument(
         "--moe-variants",
         default="default",
         metavar="NAMES",
@@ -429,6 +511,15 @@ def main() -> None:
     )
     if any(v not in QUANT_MOE_V2_VARIANTS for v in moe_variants):
         parser.error(f"--moe-variants: unknown {set(moe_variants) - set(QUANT_MOE_V2_VARIANTS)}")
+    prefill_variants = (
+        list(QUANT_MOE_GROUPED_VARIANTS)
+        if args.moe_prefill_variants == "all"
+        else [v for v in args.moe_prefill_variants.split(",") if v]
+    )
+    if any(v not in QUANT_MOE_GROUPED_VARIANTS for v in prefill_variants):
+        parser.error(
+            f"--moe-prefill-variants: unknown {set(prefill_variants) - set(QUANT_MOE_GROUPED_VARIANTS)}"
+        )
     global REP_MS
     REP_MS = args.rep
     sweep = list(SWEEP) if args.sweep == "all" else [name for name in args.sweep.split(",") if name]
@@ -462,6 +553,9 @@ def main() -> None:
     read_gbps = _read_gbps()
     _emit({"op": "read bandwidth (fp32 sum)", "shape": "2 GiB", "kernel_GBps": round(read_gbps, 1)})
     step: dict[tuple[str, int], float] = {}
+    if args.moe_prefill_only:
+        bench_moe_prefill(prefill_variants)
+        return
     for name, n, k, group_fmt, calls in [] if args.moe_only else SHAPES:
         if args.only and not any(part in name for part in args.only.split(",")):
             continue
@@ -479,6 +573,8 @@ def main() -> None:
             torch.cuda.empty_cache()
     if args.moe_only or (not args.no_moe and not args.no_decode):
         bench_moe(read_gbps, moe_variants)
+    if not args.moe_only and not args.no_moe and not args.no_prefill:
+        bench_moe_prefill(prefill_variants)
     for (profile, tokens), us in step.items():
         _emit({"op": "decode step's dense linears (sum of calls x us)", "shape": f"27B {profile} T{tokens}",
                "kernel_us": round(us, 1)})  # fmt: skip

@@ -25,6 +25,11 @@ is the ungated output and the term added is ``sigmoid(shared_gate . x) * shared`
   step allocates nothing for it (CUDA-graph safe too) and the device memory it takes is counted with the
   weights'. At the 35B-A3B (E 256, I 512, H 2048, bf16) it is 1.07 GB (1.0 GiB; both banks side by side took
   1.5 GiB).
+  Under ``NINFER_MOE_PREFILL=quant`` (``kernels._dispatch``; default ``scratch``, the path above) more tokens take
+  ``kernels.quant.quant_moe_grouped`` instead: the same expert-sorted padded rows (``engine.model.mlp``'s
+  ``ExpertGroups``), a grouped GEMM that dequantizes weight tiles in registers (gate_up with the activation in its
+  epilogue, then down), then ``moe_combine`` with the shared term; no host sync, the scratch neither read nor
+  written (nor allocated at load: ``allocate_scratch``). On the CPU its reference: bitwise the scratch path in fp32.
 
 Must not touch: routing, the shared expert, the router (``SparseMoeBlock`` owns them).
 """
@@ -36,11 +41,18 @@ import math
 import torch
 from torch import nn
 
-from engine.model.mlp import Experts, routed_experts
+from engine.model.mlp import Experts, _expert_groups, routed_experts
 from kernels import _dispatch
 from kernels._dispatch import use_triton
 from kernels.linear import linear
-from kernels.quant import GROUP_FORMATS, QuantWeight, dequantize, quant_moe_experts, view_planes
+from kernels.quant import (
+    GROUP_FORMATS,
+    QuantWeight,
+    dequantize,
+    quant_moe_experts,
+    quant_moe_grouped,
+    view_planes,
+)
 from kernels.quant.quant_linear import dequantize_to
 
 QUANT_MAX_TOKENS = 64  # tokens at or below this stream the quantized banks; above, the scratch + dense path
@@ -171,6 +183,13 @@ class QuantExperts(nn.Module):
             shared = torch.sigmoid(linear(x, shared_gate)) * shared
         if few:  # NINFER_QUANT_MOE_SHARED=separate: the gated output added by one more launch
             return quant_moe_experts(x, self.gate_up.qweight, down.qweight, weights, expert_ids) + shared
+        if (
+            _dispatch.MOE_PREFILL == "quant"
+        ):  # the grouped GEMM on the quantized banks: no scratch read or written
+            groups = _expert_groups(expert_ids, self.num_experts)
+            return quant_moe_grouped(
+                x, self.gate_up.qweight, down.qweight, weights, expert_ids, groups, shared
+            )
         device, dtype = x.device, x.dtype
         return routed_experts(
             x, self.dense_gate_up(device, dtype), lambda: self.dense_down(device, dtype), weights, expert_ids,
@@ -227,9 +246,11 @@ def allocate_scratch(
     model: nn.Module, device: torch.device | str, dtype: torch.dtype
 ) -> ExpertScratch | None:
     """Allocate the scratch the model's quantized expert layers share, once, for the largest of them (None when
-    the model has none). Called by the loader after every layer is bound."""
+    the model has none, and under ``NINFER_MOE_PREFILL=quant``, whose prefill never reads it: 1.0 GiB at the
+    35B-A3B left to the KV pool; ``ExpertScratch.bank`` would still allocate it on a first scratch-path call).
+    Called by the loader after every layer is bound."""
     layers = quant_experts(model)
-    if not layers:
+    if not layers or _dispatch.MOE_PREFILL == "quant":
         return None
     scratch = layers[0].scratch
     assert all(layer.scratch is scratch for layer in layers), "layers with different scratches"

@@ -25,6 +25,10 @@ Public API (what the model's linear layer builds on):
   profile) for few tokens, plus the shared expert's output (gated by ``sigmoid(shared_gate . x)`` when given)
   inside the same launches; ``quant_moe_experts_ref`` = ``kernels.moe.moe_experts_ref`` on the dequantized
   stacks plus that term.
+- ``quant_moe_grouped(x, gate_up, down, weights, expert_ids, groups, shared=None)``: the same stacks for many tokens
+  (prefill, ``NINFER_MOE_PREFILL=quant``): a grouped GEMM over ``engine.model.mlp``'s expert-sorted rows that
+  dequantizes weight tiles in registers; ``quant_moe_grouped_ref`` = the dense path's math on the stacks
+  dequantized to x's dtype.
 
 Formats: ``Q4G64_F16S``, ``Q5G64_F16S``, ``Q6G64_F16S``, ``W8G32_F16S`` (``row-split-k128-v1``), ``NVFP4``
 (``blockscale-k16-m128x4-v1``), ``FP8_E4M3FN_ROW_BF16S`` (``row-scale-v1``): see ``kernels.quant.formats``.
@@ -59,6 +63,12 @@ from kernels.quant.formats import (
     Geometry,
     geometry,
     payload_bytes,
+)
+from kernels.quant.moe_prefill import (
+    QuantMoeGroupedTiles,
+    quant_moe_grouped,
+    quant_moe_grouped_ref,
+    quant_moe_grouped_tiles,
 )
 from kernels.quant.quant_linear import (
     GEMV_MAX_ROWS,
@@ -95,6 +105,7 @@ __all__ = [
     "W8",
     "Geometry",
     "QUANT_MOE_V2_VARIANTS",
+    "QuantMoeGroupedTiles",
     "QuantMoeTiles",
     "QuantMoeTilesV2",
     "QuantTiles",
@@ -116,6 +127,9 @@ __all__ = [
     "quant_linear_ref",
     "quant_moe_experts",
     "quant_moe_experts_ref",
+    "quant_moe_grouped",
+    "quant_moe_grouped_ref",
+    "quant_moe_grouped_tiles",
     "quant_moe_tiles",
     "quant_moe_tiles_v2",
     "quantize_nvfp4",

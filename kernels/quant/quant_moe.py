@@ -13,7 +13,8 @@ sync, per-token programs (batch invariant), CUDA-graph safe. ``NINFER_QUANT_MOE=
 runs ``triton_moe.py``'s two kernels instead: the same grids with ~8x the programs a token and whole-chunk tiles
 (tiles: ``quant_moe_tiles_v2``), the same contract, not bitwise v1. Prefill (``engine/model/quant_experts.py``)
 dequantizes a layer's two stacks one after the other into one dense scratch (``quant_linear.dequantize_to``) and
-runs the dense grouped expert path on it.
+runs the dense grouped expert path on it; under ``NINFER_MOE_PREFILL=quant`` it runs ``moe_prefill.py``'s grouped
+GEMM on the quantized stacks instead.
 
 The shared expert (its MLP run by the layer through ``quant_linear``, or bf16) joins inside the same two launches,
 as in ``kernels.moe.moe_experts``: ``shared`` [T, H] (its output) is added by the down kernel in fp32 before the

@@ -20,7 +20,10 @@ partials ``[SPLIT_K, T, N]`` summed in split order by ``kernels.linear._linear_r
 [BLOCK_N, K] @ x^T``; each K step dequantizes a weight tile ``[BLOCK_N, BLOCK_K]`` in registers (nibbles
 interleaved back into K order, times the group scale, rounded to x's dtype: one rounding of the weight,
 relative 2^-9 in bf16) and feeds it to ``tl.dot`` as the A operand with x's tile (async-copied to shared
-memory, pipelined over ``NUM_STAGES``) as B.
+memory, pipelined over ``NUM_STAGES``) as B. ``_dequant_tile`` (a weight tile as exact fp32 code * scale) is
+shared with the dequantize kernel; its two halves (``_tile_planes``: the loads, ``_tile_values``: the decode) with
+the routed experts' grouped GEMM (``triton_moe_grouped.py``), which loads the next tile's bytes before it decodes
+the current one's.
 """
 
 from __future__ import annotations
@@ -91,6 +94,54 @@ if HAS_TRITON:
     def _w8_values(q):
         # W8 codes (int8) -> exact float32, through the offset code q + 128
         return _offset_value(q.to(tl.int32) + 128, 128)
+
+    @triton.jit
+    def _tile_planes(codes_ptr, high_ptr, scales_ptr, rows_c, codes_stride, high_stride, scales_stride, k0,
+                     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+        # The stored bytes of the weight tile [rows, BLOCK_K] of lanes [k0, k0 + BLOCK_K) of rows rows_c (int64
+        # [rows], in range), as loaded: (codes, high, scales); codes [rows, BLOCK_K // 2] (W8: [rows, BLOCK_K]),
+        # high [rows, BLOCK_K // 8] (Q5) or [rows, BLOCK_K // 4] (Q6) (the codes again for Q4 / W8, unused),
+        # scales [rows, BLOCK_K // GROUP]. k0 and BLOCK_K multiples of GROUP (and of 8). ``_tile_values`` decodes
+        # them; apart, a loop can load the next tile's bytes before it decodes this one's.
+        code_rows = (rows_c * codes_stride)[:, None]
+        if BITS == 8:
+            c = tl.load(codes_ptr + code_rows + (k0 + tl.arange(0, BLOCK_K))[None, :])
+        else:
+            c = tl.load(codes_ptr + code_rows + (k0 // 2 + tl.arange(0, BLOCK_K // 2))[None, :])
+        h = c
+        high_rows = (rows_c * high_stride)[:, None]
+        if BITS == 5:
+            h = tl.load(high_ptr + high_rows + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :])
+        if BITS == 6:
+            h = tl.load(high_ptr + high_rows + (k0 // 4 + tl.arange(0, BLOCK_K // 4))[None, :])
+        groups: tl.constexpr = BLOCK_K // GROUP
+        s = tl.load(
+            scales_ptr + (rows_c * scales_stride)[:, None] + (k0 // GROUP + tl.arange(0, groups))[None, :]
+        )
+        return c, h, s
+
+    @triton.jit
+    def _tile_values(c, h, s, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+        # ``_tile_planes``' bytes -> the weight tile [rows, BLOCK_K]: code * group scale, exact float32 (the
+        # caller rounds it once to its dtype)
+        if BITS == 8:
+            q = _w8_values(c)
+        else:
+            lo, hi = _nibble_values(c.to(tl.int32), h.to(tl.int32), BITS)
+            q = tl.interleave(lo, hi)  # [rows, BLOCK_K] in K order
+        rows: tl.constexpr = q.shape[0]
+        groups: tl.constexpr = BLOCK_K // GROUP
+        s = tl.reshape(tl.broadcast_to(s.to(tl.float32)[:, :, None], [rows, groups, GROUP]), [rows, BLOCK_K])
+        return q * s
+
+    @triton.jit
+    def _dequant_tile(codes_ptr, high_ptr, scales_ptr, rows_c, codes_stride, high_stride, scales_stride, k0,
+                      BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+        # The weight tile [rows, BLOCK_K] of lanes [k0, k0 + BLOCK_K) of rows rows_c: ``_tile_planes`` then
+        # ``_tile_values`` (the GEMM's weight tiles and the dequantize kernel's)
+        c, h, s = _tile_planes(codes_ptr, high_ptr, scales_ptr, rows_c, codes_stride, high_stride, scales_stride,
+                               k0, BITS, GROUP, BLOCK_K)  # fmt: skip
+        return _tile_values(c, h, s, BITS, GROUP, BLOCK_K)
 
     @triton.jit
     def _quant_gemv_group_kernel(
@@ -180,28 +231,13 @@ if HAS_TRITON:
         dtype = x_ptr.dtype.element_ty
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rows_c = tl.minimum(rows, N - 1).to(tl.int64)
-        code_rows = (rows_c * codes_stride)[:, None]
-        high_rows = (rows_c * high_stride)[:, None]
         ts = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
         t_mask = (ts < T)[None, :]
         x_rows = ts[None, :].to(tl.int64) * x_stride
-        groups: tl.constexpr = BLOCK_K // GROUP
         acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
         for k0 in tl.range(0, K_PAD, BLOCK_K, num_stages=NUM_STAGES):
-            if BITS == 8:
-                q = _w8_values(tl.load(codes_ptr + code_rows + (k0 + tl.arange(0, BLOCK_K))[None, :]))
-            else:
-                lo, hi = _group_nibbles(
-                    codes_ptr, high_ptr, code_rows, high_rows, k0 // 2, BITS, BLOCK_K // 2
-                )
-                q = tl.interleave(lo, hi)  # [BLOCK_N, BLOCK_K] in K order
-            s = tl.load(
-                scales_ptr + (rows_c * scales_stride)[:, None] + (k0 // GROUP + tl.arange(0, groups))[None, :]
-            )
-            s = tl.reshape(
-                tl.broadcast_to(s.to(tl.float32)[:, :, None], [BLOCK_N, groups, GROUP]), [BLOCK_N, BLOCK_K]
-            )
-            w = (q * s).to(dtype)
+            w = _dequant_tile(codes_ptr, high_ptr, scales_ptr, rows_c, codes_stride, high_stride, scales_stride,
+                              k0, BITS, GROUP, BLOCK_K).to(dtype)  # fmt: skip
             cols = k0 + tl.arange(0, BLOCK_K)
             xt = tl.load(x_ptr + x_rows + cols[:, None], mask=t_mask & (cols < K)[:, None], other=0.0)
             acc = tl.dot(w, xt, acc)
@@ -373,23 +409,8 @@ if HAS_TRITON:
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rows_c = tl.minimum(rows, N - 1).to(tl.int64)
         k0 = tl.program_id(1) * BLOCK_K
-        groups: tl.constexpr = BLOCK_K // GROUP
-        if BITS == 8:
-            q = _w8_values(
-                tl.load(codes_ptr + (rows_c * codes_stride)[:, None] + (k0 + tl.arange(0, BLOCK_K))[None, :])
-            )
-        else:
-            lo, hi = _group_nibbles(codes_ptr, high_ptr, (rows_c * codes_stride)[:, None],
-                                    (rows_c * high_stride)[:, None], k0 // 2, BITS, BLOCK_K // 2)  # fmt: skip
-            q = tl.interleave(lo, hi)
-        s = tl.load(
-            scales_ptr + (rows_c * scales_stride)[:, None] + (k0 // GROUP + tl.arange(0, groups))[None, :]
-        )
-        s = tl.reshape(
-            tl.broadcast_to(s.to(tl.float32)[:, :, None], [BLOCK_N, groups, GROUP]), [BLOCK_N, BLOCK_K]
-        )
+        w = _dequant_tile(codes_ptr, high_ptr, scales_ptr, rows_c, codes_stride, high_stride, scales_stride, k0,
+                          BITS, GROUP, BLOCK_K)  # fmt: skip
         cols = k0 + tl.arange(0, BLOCK_K)
         out_ptrs = out_ptr + (rows.to(tl.int64) * out_stride)[:, None] + cols[None, :]
-        tl.store(
-            out_ptrs, (q * s).to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & (cols < K)[None, :]
-        )
+        tl.store(out_ptrs, w.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & (cols < K)[None, :])

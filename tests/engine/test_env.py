@@ -21,6 +21,8 @@ def test_engine_env_reports_what_the_kernels_parsed(monkeypatch: pytest.MonkeyPa
     assert env.quant_moe_mode() == "v2"
     monkeypatch.setattr(_dispatch, "QUANT_MOE_SHARED", "separate")
     assert env.quant_moe_shared_mode() == "separate"
+    monkeypatch.setattr(_dispatch, "MOE_PREFILL", "quant")
+    assert env.moe_prefill_mode() == "quant"
     monkeypatch.setattr(_dispatch, "INT8_ATTENTION", "keys_major")
     assert env.int8_attention_mode() == "keys_major"
     monkeypatch.setattr(_dispatch, "FP_ONE_ROW", "ring")
@@ -45,6 +47,9 @@ def test_kernel_switches_are_normalised_or_refused_with_the_variable_named() -> 
     assert _dispatch.parse_quant_moe_mode(" V2") == "v2"
     with pytest.raises(ValueError, match=r"^NINFER_QUANT_MOE='v3': expected 'v1', 'v2'$"):
         _dispatch.parse_quant_moe_mode("v3")
+    assert _dispatch.parse_moe_prefill_mode(" Quant") == "quant"
+    with pytest.raises(ValueError, match=r"^NINFER_MOE_PREFILL='dense': expected 'scratch', 'quant'$"):
+        _dispatch.parse_moe_prefill_mode("dense")
     assert _dispatch.parse_int8_attention_mode(" Keys_Major") == "keys_major"
     with pytest.raises(ValueError, match=r"^NINFER_INT8_ATTENTION='fast': expected 'grouped', 'keys_major'$"):
         _dispatch.parse_int8_attention_mode("fast")

@@ -95,3 +95,50 @@ def test_reference_adds_the_shared_term_in_fp32_and_rounds_once():
     assert torch.equal(cpu, gated)  # CPU: the reference
     with pytest.raises(AssertionError, match="a shared gate without a shared expert output"):
         quant_moe_experts_ref(x, gate_up, down, weights, ids, None, score)
+
+
+def test_grouped_prefill_on_the_cpu_is_its_reference():
+    """``quant_moe_grouped`` (``NINFER_MOE_PREFILL=quant``) runs its reference where no kernel runs: the dense
+    path's math on the stacks dequantized to x's dtype (fp32 here: ``moe_experts_ref`` on the decoded stacks, to
+    fp32 sums)."""
+    from engine.model.mlp import _expert_groups
+    from kernels.quant import quant_moe_grouped, quant_moe_grouped_ref
+
+    gate_up, down, gu_dec, dn_dec = make_experts(Q4, Q6)
+    x = torch.randn(70, H)
+    weights, ids = moe_route_ref(torch.randn(70, E), TOP_K)
+    shared = torch.randn(70, H)
+    got = quant_moe_grouped(x, gate_up, down, weights, ids, _expert_groups(ids, E), shared)
+    assert torch.equal(got, quant_moe_grouped_ref(x, gate_up, down, weights, ids, shared))
+    dense = moe_experts_ref(x, gu_dec.view(E, 2 * INTER, H), dn_dec.view(E, H, INTER), weights, ids)
+    torch.testing.assert_close(got, dense + shared, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_m", [16, 32, 128])
+def test_grouped_prefill_grid_covers_every_routing(block_m):
+    """``tiles_bound`` (the grouped GEMM's programs along M, from T, top_k, E and BLOCK_M only) is at least the
+    M tiles a routing needs (each expert's padded group in BLOCK_M tiles): random, skewed, one-expert routings."""
+    from engine.model.mlp import _expert_groups
+    from kernels.quant.moe_prefill import tiles_bound
+
+    gen = torch.Generator().manual_seed(block_m)
+    for tokens, experts, top_k in ((1, 8, 2), (37, 8, 2), (200, 16, 4), (513, 256, 8), (64, 256, 8)):
+        for kind in ("random", "skewed", "distinct"):
+            if kind == "random":
+                ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+            elif kind == "skewed":  # the same top_k experts for every token
+                ids = torch.arange(top_k).expand(tokens, top_k)
+            else:  # pairs spread over as many experts as possible (distinct in a row: top_k <= E): most padding
+                ids = (torch.arange(tokens * top_k) % experts).view(tokens, top_k)
+            groups = _expert_groups(ids, experts)
+            sizes = groups.offs.diff(prepend=groups.offs.new_zeros(1)).long()
+            needed = int(((sizes + block_m - 1) // block_m).sum())
+            rows = groups.token_idx.shape[0]
+            assert needed <= tiles_bound(rows, tokens * top_k, experts, block_m), (tokens, experts, kind)
+
+
+def test_grouped_prefill_tiles_at_the_35b_a3b():
+    """BLOCK_M follows the rows an expert gets on average (E 256, top_k 8): T = 128 -> 16, 1024 -> 32, 7680 -> 128."""
+    from kernels.quant import quant_moe_grouped_tiles
+
+    assert [quant_moe_grouped_tiles(t * 8, 256).block_m for t in (65, 128, 1024, 7680)] == [16, 16, 32, 128]

@@ -12,7 +12,9 @@ The tiny MoE checkpoint ``moe_a`` (6 experts, top 2, H 72: partial groups) goes 
   the other profile tests; one layer's two paths are bitwise the dense path on the twin's banks;
 - one scratch for all layers, allocated once, sized for a layer's gate_up bank (down goes into the same memory,
   asked for after gate_up's last read), reused; ``.to(dtype)`` leaves the payload alone;
-- ``NINFER_MOE_EXPERTS=dequantized`` loads dense banks (the same prefill logits, bitwise).
+- ``NINFER_MOE_EXPERTS=dequantized`` loads dense banks (the same prefill logits, bitwise);
+- ``NINFER_MOE_PREFILL=quant`` (the grouped GEMM on the quantized banks; its reference here) gives the same logits
+  as the scratch path, bitwise in fp32.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from engine.testing.synthetic import GEOMETRIES
 from engine.testing.synthetic_quant import dequantized_twin, quantized_bytes, synthetic_profile
 from kernels import _dispatch
 from kernels.moe import moe_experts_ref
-from kernels.quant import Q4, Q5, geometry
+from kernels.quant import Q4, Q5, geometry, quant_moe_grouped_ref
 
 
 @pytest.fixture(scope="module")
@@ -280,3 +282,68 @@ def test_the_block_hands_its_shared_gate_to_the_quantized_experts(converted, mon
     assert seen == [5, 5, 4, 4]  # (x, weights, ids, shared, gate weight) fused; the gated shared separate
     torch.testing.assert_close(out["fused"][0], out["separate"][0], rtol=1e-5, atol=1e-6)
     assert torch.equal(out["fused"][1], out["separate"][1])
+
+
+def test_the_quant_prefill_switch_computes_what_the_scratch_path_computes(converted, paged, monkeypatch):
+    """``NINFER_MOE_PREFILL=quant``: a prefill's quantized MoE layers take ``quant_moe_grouped`` (on the CPU its
+    reference: the dense path's math on the banks dequantized to the model dtype) instead of the scratch; in fp32
+    the logits are bitwise the default's (``scratch``), and the scratch is neither read nor written; decode
+    (few tokens) is unchanged."""
+    ckpt, _, model = converted
+    calls = {"grouped": 0, "scratch": 0}
+    grouped, gate_up = qe.quant_moe_grouped, QuantExperts.dense_gate_up
+
+    def count_grouped(*args):
+        calls["grouped"] += 1
+        return grouped(*args)
+
+    def count_scratch(self, *args):
+        calls["scratch"] += 1
+        return gate_up(self, *args)
+
+    monkeypatch.setattr(qe, "quant_moe_grouped", count_grouped)
+    monkeypatch.setattr(QuantExperts, "dense_gate_up", count_scratch)
+    with torch.inference_mode():
+        want = _logits(model, ckpt.config, paged, [11, 402])
+        assert calls == {"grouped": 0, "scratch": ckpt.config.num_hidden_layers}, calls
+        monkeypatch.setattr(_dispatch, "MOE_PREFILL", "quant")
+        got = _logits(model, ckpt.config, paged, [11, 402])
+    assert calls == {"grouped": ckpt.config.num_hidden_layers, "scratch": ckpt.config.num_hidden_layers}, (
+        calls
+    )
+    for step, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(a, b), f"step {step}: NINFER_MOE_PREFILL=quant differs from scratch"
+
+
+def test_the_quant_prefill_reference_in_bf16_rounds_as_the_dense_path(converted):
+    """In bf16 the reference rounds the weights, the activation and each expert's output to bf16 (the dense
+    grouped path's roundings, bar gate/up before the activation): close to the scratch path on the CPU."""
+    _, _, model = converted
+    experts = model.model.layers[1].mlp.experts
+    tokens = QUANT_MAX_TOKENS + 9
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(tokens, experts.hidden_size, generator=gen).bfloat16()
+    weights = torch.rand(tokens, 2, generator=gen)
+    ids = torch.stack([torch.randperm(experts.num_experts, generator=gen)[:2] for _ in range(tokens)])
+    shared = torch.randn(tokens, experts.hidden_size, generator=gen).bfloat16()
+    with torch.inference_mode():
+        dense = experts.dequantized(torch.bfloat16)
+        want = routed_experts(x, dense.gate_up_proj, dense.down_proj, weights, ids, shared)
+        got = quant_moe_grouped_ref(x, experts.gate_up.qweight, experts.down.qweight, weights, ids, shared)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_the_quant_prefill_switch_loads_no_scratch(converted, paged, monkeypatch):
+    """Under ``NINFER_MOE_PREFILL=quant`` the loader allocates no scratch (prefill never reads it) and the logits are
+    the default's; switched back to ``scratch`` at run time, the first prefill allocates it (``ExpertScratch.bank``)."""
+    ckpt, artifact, model = converted
+    monkeypatch.setattr(_dispatch, "MOE_PREFILL", "quant")
+    lean = load_model(artifact, dtype=torch.float32)
+    assert quant_experts(lean) and qe.scratch_bytes(lean) == 0 and qe.scratch_bytes(model) > 0
+    with torch.inference_mode():
+        want = _logits(model, ckpt.config, paged, [])[0]
+        assert torch.equal(_logits(lean, ckpt.config, paged, [])[0], want)
+        assert qe.scratch_bytes(lean) == 0
+        monkeypatch.setattr(_dispatch, "MOE_PREFILL", "scratch")
+        assert torch.equal(_logits(lean, ckpt.config, paged, [])[0], want)
+    assert qe.scratch_bytes(lean) == qe.scratch_bytes(model)

@@ -185,3 +185,27 @@ def test_a_decode_block_launches_no_shared_gate_or_add_kernel(version, monkeypat
     if INTERPRET:
         assert gone == Counter(["_linear_gemv_kernel", "aten.sigmoid", "aten.mul", "aten.add"]), gone
     assert _rel_rms(outs[0], outs[1]) < 1e-2
+
+
+@pytest.mark.parametrize("tokens", [QUANT_MAX_TOKENS + 1, 300])
+def test_the_quant_prefill_switch_on_one_layer(tiny_moe, tokens, monkeypatch):
+    """``NINFER_MOE_PREFILL=quant``: a layer's many-token path runs the grouped GEMM on the quantized banks (no
+    scratch) and agrees with the scratch path (the dense path on the twin's bf16 banks) to 1e-2 relative RMS (the
+    dense path rounds gate and up to bf16 before the activation; the kernel does not), and with its reference."""
+    from kernels.quant import quant_moe_grouped_ref
+
+    config, model, twin = tiny_moe
+    experts = model.model.layers[1].mlp.experts
+    dense = twin.model.layers[1].mlp.experts
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, config.hidden_size, device="cuda", generator=gen).bfloat16()
+    weights, ids = moe_route_ref(torch.randn(tokens, config.num_experts, device="cuda", generator=gen),
+                                 config.num_experts_per_tok)  # fmt: skip
+    shared = torch.randn(tokens, config.hidden_size, device="cuda", generator=gen).bfloat16() * 0.1
+    monkeypatch.setattr(kernels._dispatch, "MOE_PREFILL", "quant")
+    monkeypatch.setattr(QuantExperts, "dense_gate_up", None)  # the scratch path would fail: it must not run
+    got = experts(x, weights, ids, shared)
+    want = routed_experts(x, dense.gate_up_proj, dense.down_proj, weights, ids, shared)
+    assert _rel_rms(got, want) < 1e-2
+    ref = quant_moe_grouped_ref(x, experts.gate_up.qweight, experts.down.qweight, weights, ids, shared)
+    assert _rel_rms(got, ref) < 6e-3
