@@ -115,6 +115,9 @@ class EngineStats:
     # Of num_pages_used, the distinct pages prefix checkpoints hold (reclaimable unless a running request shares
     # them): with nothing running the two are equal, so free + cached pages is the whole pool (no page leaked).
     num_pages_cached: int = 0
+    # ... of those, the pages only checkpoints hold: admission evicts them when it needs pages, so the pool's load
+    # (the kv usage metric, as vLLM counts its cached free blocks) is num_pages_used - num_pages_reclaimable.
+    num_pages_reclaimable: int = 0
     # Steps that computed prompt tokens, and of those the ones that also decoded other rows (a prefill beside
     # decoding lanes); a burst admitted together prefills in one step when its prompts fit the prefill budget and
     # carry no message boundary to checkpoint at (engine/serving.py, engine/scheduler/scheduler.py).
@@ -573,6 +576,7 @@ class EngineCore:
             num_preemptions=s.num_preemptions,
             num_recomputed_tokens=s.num_recomputed_tokens,
             num_pages_cached=s.num_pages_cached,
+            num_pages_reclaimable=s.num_pages_reclaimable,
             num_prefill_steps=s.num_prefill_steps,
             num_mixed_steps=s.num_mixed_steps,
             burst_wait_ms=self.config.burst_wait_ms,

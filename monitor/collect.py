@@ -14,7 +14,7 @@ The engine never imports `monitor`; it hands up plain data, and these functions 
 Engine statistics fields read (all optional except where the engine already has them):
 
     num_running, num_waiting, max_concurrency, num_pages, num_pages_used, num_checkpoints    gauges
-    num_pages_cached                                                                         gauge
+    num_pages_cached; num_pages_reclaimable (kv usage = (used - reclaimable) / pages)        gauge
     num_steps, num_forward_steps, num_admission_scans, num_prefill_tokens, num_decode_tokens counters
     num_prefill_steps, num_mixed_steps, num_burst_holds, num_burst_timeouts                  counters
     num_preemptions, num_recomputed_tokens                                                   counters
@@ -129,6 +129,18 @@ def _increment(current: float, previous: float | None) -> float:
     return current - previous
 
 
+def kv_usage(engine: Mapping[str, Any]) -> float | None:
+    """The device KV pool's load from engine statistics (a mapping): the fraction of pages that requests hold.
+    Pages only prefix checkpoints hold (`num_pages_reclaimable`) count as free, as vLLM counts its cached free
+    blocks: admission evicts them when it needs pages, so an idle server whose checkpoints fill the pool reads 0,
+    not 1. None without the page counts."""
+    pages, used = _number(engine.get("num_pages")), _number(engine.get("num_pages_used"))
+    if pages is None or used is None:
+        return None
+    held = used - (_number(engine.get("num_pages_reclaimable")) or 0.0)
+    return held / pages if pages > 0 else 0.0
+
+
 def engine_updates(stats: object, previous: object | None = None) -> list[Update]:
     """Gauge sets and counter increments from one engine snapshot (`previous` = the last one applied)."""
     now, before = as_mapping(stats), as_mapping(previous)
@@ -137,9 +149,9 @@ def engine_updates(stats: object, previous: object | None = None) -> list[Update
         value = _number(now.get(key))
         if value is not None:
             out.append(Update(metric, "set", value))
-    pages, used = _number(now.get("num_pages")), _number(now.get("num_pages_used"))
-    if pages is not None and used is not None:
-        out.append(Update("kv_usage", "set", used / pages if pages > 0 else 0.0))
+    usage = kv_usage(now)
+    if usage is not None:
+        out.append(Update("kv_usage", "set", usage))
     for key, metric in _COUNTERS:
         value = _number(now.get(key))
         if value is None:

@@ -186,7 +186,7 @@ running                   gauge     ninfer_requests_running                 | Re
 waiting                   gauge     ninfer_requests_waiting                 | Requests queued for a lane.
 in_flight                 gauge     ninfer_http_requests_in_flight          | HTTP generation requests open.
 lanes                     gauge     ninfer_scheduler_lanes                  | Lanes (--max-concurrency).
-kv_usage                  gauge     ninfer_kv_cache_usage_ratio             | Fraction of device KV pages in use.
+kv_usage                  gauge     ninfer_kv_cache_usage_ratio             | Fraction of device KV pages requests hold (pages only prefix checkpoints hold count as free: eviction reclaims them).
 kv_pages                  gauge     ninfer_kv_cache_pages                   | Device KV pages in the pool.
 kv_pages_used             gauge     ninfer_kv_cache_used_pages              | Device KV pages in use.
 kv_pages_cached           gauge     ninfer_kv_cache_cached_pages            | Of the KV pages in use, those prefix checkpoints hold (all of them when idle).

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 class Page:
     page_id: int
     ref_count: int = 0
+    retained: int = 0  # of ref_count, the holders that are prefix checkpoints
     prev_free: Page | None = None
     next_free: Page | None = None
 
@@ -105,6 +106,10 @@ class PagePool:
         self.page_size = page_size
         self.pages = [Page(i) for i in range(num_pages)]
         self.free_queue = FreePageQueue(self.pages)
+        self.num_retained = 0  # pages at least one prefix checkpoint holds
+        self.num_reclaimable = (
+            0  # pages only checkpoints hold (ref_count == retained): evicting them frees these
+        )
 
     @property
     def num_free(self) -> int:
@@ -133,21 +138,35 @@ class PagePool:
             out.append(page.page_id)
         return out
 
-    def incref(self, page_ids: Iterable[int]) -> None:
-        """Add a holder to each page. A free page is taken back out of the free queue (revived)."""
+    def incref(self, page_ids: Iterable[int], *, retained: bool = False) -> None:
+        """Add a holder to each page (`retained`: a prefix checkpoint). A free page is taken back out of the free
+        queue (revived)."""
         for page_id in page_ids:
             page = self.pages[page_id]
+            before = _reclaimable(page)
             if page.ref_count == 0:
                 self.free_queue.remove(page)
             page.ref_count += 1
+            if retained:
+                self.num_retained += page.retained == 0
+                page.retained += 1
+            self.num_reclaimable += _reclaimable(page) - before
 
-    def free(self, page_ids: Iterable[int]) -> None:
-        """Drop one holder from each page, in reverse, so a sequence's tail pages are reused first."""
+    def free(self, page_ids: Iterable[int], *, retained: bool = False) -> None:
+        """Drop one holder from each page (`retained`: a prefix checkpoint), in reverse, so a sequence's tail pages
+        are reused first."""
         for page_id in reversed(list(page_ids)):
             page = self.pages[page_id]
-            if page.ref_count <= 0:
-                raise RuntimeError(f"free(): page {page_id} has ref_count {page.ref_count}")
+            if page.ref_count <= 0 or (retained and page.retained <= 0):
+                raise RuntimeError(
+                    f"free(): page {page_id} has ref_count {page.ref_count}, {page.retained} retained"
+                )
+            before = _reclaimable(page)
             page.ref_count -= 1
+            if retained:
+                page.retained -= 1
+                self.num_retained -= page.retained == 0
+            self.num_reclaimable += _reclaimable(page) - before
             if page.ref_count == 0:
                 self.free_queue.append(page)
 
@@ -173,8 +192,20 @@ class PagePool:
         negative = [(p.page_id, p.ref_count) for p in self.pages if p.ref_count < 0]
         if negative:
             raise RuntimeError(f"negative ref counts (page, count): {negative[:8]}")
+        retained = sum(1 for p in self.pages if p.retained > 0)
+        reclaimable = sum(_reclaimable(p) for p in self.pages)
+        if (retained, reclaimable) != (self.num_retained, self.num_reclaimable):
+            raise RuntimeError(
+                f"{retained} pages retained and {reclaimable} reclaimable, the counts say {self.num_retained} "
+                f"and {self.num_reclaimable}"
+            )
         in_use = sum(1 for p in self.pages if p.ref_count > 0)
         if self.num_free + in_use != self.num_pages:
             raise RuntimeError(
                 f"num_free {self.num_free} + pages in use {in_use} != num_pages {self.num_pages}"
             )
+
+
+def _reclaimable(page: Page) -> int:
+    """1 when only prefix checkpoints hold `page` (evicting them would free it), else 0."""
+    return int(page.retained > 0 and page.ref_count == page.retained)

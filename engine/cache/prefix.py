@@ -93,7 +93,6 @@ class PrefixIndex:
         self.keep_token_ids = keep_token_ids
         self.on_evict: Callable[[Checkpoint, Checkpoint | None], Sequence[Checkpoint]] | None = None
         self._lru: OrderedDict[int, Checkpoint] = OrderedDict()  # oldest first
-        self._holders: dict[int, int] = {}  # page id -> checkpoints holding it (`num_pages_held`, O(1))
         self._next_id = 0
         self.num_evictions = 0
 
@@ -104,7 +103,7 @@ class PrefixIndex:
     def num_pages_held(self) -> int:
         """Distinct pages the checkpoints hold (also counted in the pool's pages in use). With no request
         running, every page in use is one of them: a page in use beyond them is a leak."""
-        return len(self._holders)
+        return self.pages.num_retained
 
     @property
     def checkpoints(self) -> list[Checkpoint]:
@@ -167,9 +166,7 @@ class PrefixIndex:
         if self.keep_token_ids:
             cp.token_ids = tuple(token_ids[:num_tokens])
         self._next_id += 1
-        self.pages.incref(cp.page_ids)
-        for page_id in cp.page_ids:
-            self._holders[page_id] = self._holders.get(page_id, 0) + 1
+        self.pages.incref(cp.page_ids, retained=True)
         self._lru[cp.checkpoint_id] = cp
         while len(self._lru) > self.max_checkpoints and self.evict_lru(keep=cp):
             pass
@@ -195,11 +192,7 @@ class PrefixIndex:
         for victim in (cp, *extra):
             assert victim.num_pins == 0 and victim is not keep, f"evicting checkpoint {victim.checkpoint_id}"
             del self._lru[victim.checkpoint_id]
-            self.pages.free(victim.page_ids)
-            for page_id in victim.page_ids:
-                left = self._holders.pop(page_id) - 1
-                if left:
-                    self._holders[page_id] = left
+            self.pages.free(victim.page_ids, retained=True)
             self.slots.free(victim.state_slot)
             self.num_evictions += 1
 
@@ -243,8 +236,9 @@ class PrefixIndex:
         for cp in self._lru.values():
             for page_id in cp.page_ids:
                 holders[page_id] = holders.get(page_id, 0) + 1
-        if holders != self._holders:
-            raise RuntimeError(f"checkpoints hold {len(holders)} pages, the count says {len(self._holders)}")
+        counted = {p.page_id: p.retained for p in self.pages.pages if p.retained}
+        if holders != counted:
+            raise RuntimeError(f"checkpoints hold {len(holders)} pages, the pool's counts say {len(counted)}")
         for cp in self._lru.values():
             want = self.pages.pages_for(cp.num_tokens)
             if len(cp.page_ids) != want:

@@ -577,6 +577,7 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             num_recomputed_tokens=self.num_recomputed_tokens,
             num_pages_cached=self.prefix.num_pages_held if self.prefix is not None else 0,
+            num_pages_reclaimable=self.pages.num_reclaimable,
         )
 
     def check_integrity(self) -> None:

@@ -25,3 +25,4 @@ class SchedulerStats:
     num_preemptions: int = 0  # lanes preempted for pages (engine/scheduler/ondemand.py)
     num_recomputed_tokens: int = 0  # tokens computed before a preemption that the resume computed again
     num_pages_cached: int = 0  # of num_pages_used, the distinct pages prefix checkpoints hold
+    num_pages_reclaimable: int = 0  # ... of those, the pages only checkpoints hold (eviction frees them)

@@ -13,7 +13,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from monitor.collect import API_LABELS, as_mapping
+from monitor.collect import API_LABELS, as_mapping, kv_usage
 from monitor.metrics import FINISH_REASONS, REUSE_PATHS, SidecarMetrics
 
 
@@ -130,14 +130,13 @@ class MonitorState:
                 )
             self.server["up"] = self._fresh(now)
             prefill_tps, decode_tps = self._rates(engine, now)
-            pages, used = _num(engine.get("num_pages")), _num(engine.get("num_pages_used"))
             sample = {
                 "t": int(now * 1000),
                 "up": self.server["up"],
                 "running": _num(engine.get("num_running")),
                 "waiting": _num(engine.get("num_waiting")),
                 "in_flight": _num((stats or {}).get("http", {}).get("in_flight")) if stats else None,
-                "kv_usage": used / pages if pages and used is not None else None,
+                "kv_usage": kv_usage(engine),
                 "host_kv_used_bytes": _num(engine.get("host_kv_used_bytes")),
                 "host_kv_capacity_bytes": _num(engine.get("host_kv_capacity_bytes")),
                 "prefill_tps": prefill_tps,

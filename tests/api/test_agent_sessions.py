@@ -229,3 +229,6 @@ def test_agent_sessions_stay_warm_on_a_pool_of_one_context(servers: tuple[Server
     assert stats["num_running"] == 0 and stats["num_waiting"] == 0
     assert stats["num_requests_finished"].get("aborted") == 1
     assert stats["num_pages_used"] == stats["num_pages_cached"] > 0  # every page in use is a checkpoint's
+    # ... and only theirs: an idle pool is free to admission (eviction reclaims them), its load metric 0
+    assert stats["num_pages_reclaimable"] == stats["num_pages_used"]
+    assert _metrics(pressured.url)["ninfer_kv_cache_usage_ratio"] == 0.0

@@ -154,8 +154,13 @@ def test_num_pages_held_counts_the_distinct_pages_of_the_checkpoints() -> None:
     tokens = list(range(12))
     index.insert(tokens, [], 6, pages, slots[0])  # pages 0..1
     index.insert(tokens, [], 12, pages, slots[1])  # pages 0..2: shares two
+    assert index.pages.num_reclaimable == 0  # the request still holds all three
     index.pages.free(pages)
-    assert index.num_pages_held == 3 == index.pages.num_in_use
+    assert index.num_pages_held == 3 == index.pages.num_in_use == index.pages.num_reclaimable
+    index.pages.incref(pages[:1])  # a request sharing the first page: eviction could not free it
+    assert index.pages.num_reclaimable == 2
+    index.check_integrity()
+    index.pages.free(pages[:1])
     _retain(index, [50, 51, 52, 53, 54])  # a third checkpoint evicts the LRU one (6 tokens): no page freed
     assert index.num_pages_held == 5 == index.pages.num_in_use
     index.check_integrity()

@@ -33,6 +33,7 @@ class Stats:  # the shape of engine.core.EngineStats plus the host-cache fields 
     max_concurrency: int = 4
     num_pages: int = 100
     num_pages_used: int = 25
+    num_pages_reclaimable: int = 0
     num_checkpoints: int = 3
     num_prefill_tokens: int = 1000
     num_decode_tokens: int = 200
@@ -91,6 +92,20 @@ def test_exposition_passes_promtool_check_metrics() -> None:
     done = subprocess.run([tool("promtool"), "check", "metrics"], input=m.render(), capture_output=True)
     complaints = [line for line in done.stderr.decode().splitlines() if line.strip()]
     assert complaints and all(line.startswith("vllm:") and "':'" in line for line in complaints), complaints
+
+
+def test_kv_usage_counts_the_pages_requests_hold() -> None:
+    """Pages only prefix checkpoints hold are free to admission (eviction reclaims them): not load, as vLLM counts
+    its cached free blocks; the vLLM alias the endpoint picker reads follows."""
+    m = ServerMetrics(vllm_aliases=True)
+    collect.observe_engine(m, Stats(num_pages_used=100, num_pages_reclaimable=80))
+    s = samples(m)
+    assert (
+        s[("ninfer_kv_cache_usage_ratio", ())]
+        == 0.2
+        == s[("vllm:kv_cache_usage_perc", (("model_name", ""),))]
+    )
+    assert s[("ninfer_kv_cache_used_pages", ())] == 100
 
 
 def test_engine_stats_set_gauges_and_counters_count_increments_across_a_restart() -> None:
