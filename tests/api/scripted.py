@@ -34,6 +34,11 @@ SCRIPTS: dict[str, tuple[str, str, float]] = {
         0.0,
     ),
     "stop": ("Counting.", "one two STOP three four", 0.0),
+    "cut": (  # a call whose string value spans tokens, for cutting it with max_tokens
+        "I should call the weather tool.",
+        "Let me check.\n\n" + TOOL_CALL.replace("Paris", "San Francisco"),
+        0.0,
+    ),
     "after_tool": ("The tool answered.", "It will be sunny in Paris.", 0.0),
     "long": ("Thinking for a long while. " * 10, "word " * 200, 0.005),
     "pause": ("", "", 0.0),

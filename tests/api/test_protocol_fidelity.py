@@ -178,3 +178,113 @@ def test_reasoning_effort_tiers_are_thinking_budgets(client: openai.OpenAI) -> N
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=user("q"), reasoning_effort="extreme")  # type: ignore[arg-type]
     assert info.value.body["param"] == "reasoning_effort"  # type: ignore[index]
+
+
+# A tool call cut by the output limit (the `cut` script, thinking off: 43 answer tokens, then <|im_end|>).
+# max_tokens -> (arguments text so far, complete arguments): 10 ends inside `<function=get`, the name
+# unknown; 20 inside the city's value ("San" of "San Francisco"); 38 after the days parameter, before
+# `</function>`; 41 after `</function>`: only `</tool_call>` is missing, so the call is whole.
+CUTS: dict[int, tuple[str, dict[str, Any]] | None] = {
+    10: None,
+    20: ('{"city": "San', {}),
+    38: ('{"city": "San Francisco", "days": 3', {"city": "San Francisco", "days": 3}),
+    41: ('{"city": "San Francisco", "days": 3}', {"city": "San Francisco", "days": 3}),
+}
+CUT_ASK = user("[[cut]] weather?")
+NO_THINKING = {"enable_thinking": False}
+
+
+def _chat_cut(client: openai.OpenAI, max_tokens: int, stream: bool) -> tuple[str, list[tuple[str, str]], str]:
+    kwargs: dict[str, Any] = dict(
+        model=MODEL,
+        messages=CUT_ASK,
+        tools=[{"type": "function", "function": FUNCTION}],
+        max_tokens=max_tokens,
+        extra_body=NO_THINKING,
+    )
+    if not stream:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or ()]  # type: ignore[union-attr]
+        return choice.message.content or "", calls, str(choice.finish_reason)
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    named: dict[int, list[str]] = {}
+    for delta in deltas:
+        for call in delta.tool_calls or ():
+            name, args = named.setdefault(call.index, ["", ""])
+            named[call.index] = [name + (call.function.name or ""), args + (call.function.arguments or "")]  # type: ignore[union-attr]
+    finish = next(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason)
+    content = "".join(d.content or "" for d in deltas)
+    return content, [(name, args) for name, args in named.values()], str(finish)
+
+
+def test_a_tool_call_cut_by_max_tokens_is_a_truncated_call_on_chat(client: openai.OpenAI) -> None:
+    """The call's markup is never the answer's text: a call whose name arrived comes back as a tool call whose
+    arguments string is cut where the output limit cut it (OpenAI's own shape), with finish_reason "length";
+    before the name, no call. Streamed and not agree."""
+    full = client.chat.completions.create(
+        model=MODEL,
+        messages=CUT_ASK,
+        tools=[{"type": "function", "function": FUNCTION}],
+        extra_body=NO_THINKING,
+    )
+    assert full.usage is not None and full.usage.completion_tokens == 44  # the cut points below rely on it
+    for max_tokens, want in CUTS.items():
+        for stream in (False, True):
+            content, calls, finish = _chat_cut(client, max_tokens, stream)
+            assert (max_tokens, stream, content, finish) == (max_tokens, stream, "Let me check.", "length")
+            assert calls == ([] if want is None else [("get_weather", want[0])]), (max_tokens, stream)
+
+
+def test_a_tool_call_cut_by_max_tokens_on_responses(client: openai.OpenAI) -> None:
+    """Responses: the call is a `function_call` item whose `arguments` are the text so far and whose status
+    is "incomplete" (the response's too, reason max_output_tokens); a call missing only `</tool_call>` is
+    completed. Streamed events build the same items."""
+    tool = {"type": "function", **FUNCTION}
+    for max_tokens, want in CUTS.items():
+        kwargs: dict[str, Any] = dict(
+            model=MODEL,
+            input="[[cut]] weather?",
+            tools=[tool],
+            max_output_tokens=max_tokens,
+            extra_body=NO_THINKING,
+        )
+        plain = client.responses.create(**kwargs)
+        events = list(client.responses.create(stream=True, **kwargs))
+        streamed = events[-1].response  # type: ignore[union-attr]
+        assert events[-1].type == "response.incomplete"
+        deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")  # type: ignore[union-attr]
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")  # type: ignore[union-attr]
+        for response in (plain, streamed):
+            assert (
+                response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+            )  # type: ignore[union-attr]
+            assert response.output_text == "Let me check.", max_tokens
+            calls = [(i.name, i.arguments, i.status) for i in response.output if i.type == "function_call"]
+            if want is None:
+                assert calls == [], max_tokens
+                continue
+            status = "completed" if want[0].endswith("}") else "incomplete"
+            assert calls == [("get_weather", want[0], status)], max_tokens
+        assert text == "Let me check." and deltas == ("" if want is None else want[0])
+
+
+def test_a_tool_call_cut_by_max_tokens_on_messages(scripted_server: Server) -> None:
+    """Anthropic Messages: stop_reason "max_tokens" with a tool_use block whose input holds the parameters
+    whose values arrived whole (a value the limit cut is left out); no tool_use before the name; the
+    markup is never text. The SDK's streamed message equals the plain one."""
+    claude = anthropic.Anthropic(base_url=scripted_server.url, api_key=API_KEY, max_retries=0)
+    tools = [{"name": "get_weather", "input_schema": FUNCTION["parameters"]}]
+    for max_tokens, want in CUTS.items():
+        kwargs: dict[str, Any] = dict(model=MODEL, max_tokens=max_tokens, messages=CUT_ASK, tools=tools)
+        plain = claude.messages.create(**kwargs)
+        with claude.messages.stream(**kwargs) as stream:
+            streamed = stream.get_final_message()
+        for message in (plain, streamed):
+            assert message.stop_reason == "max_tokens", max_tokens
+            blocks = [
+                (b.type, getattr(b, "text", None), getattr(b, "name", None), getattr(b, "input", None))
+                for b in message.content
+            ]
+            uses = [] if want is None else [("tool_use", None, "get_weather", want[1])]
+            assert blocks == [("text", "Let me check.", None, None), *uses], max_tokens
