@@ -5,7 +5,8 @@ refuses (overloaded, queue timeout, context) becomes an HTTP error before any st
 `Generation.events()` then yields `ReasoningDelta` / `ContentDelta` / `ToolCallEvent` from the streaming
 parser. Stop strings are matched on the detokenized answer only (never on the reasoning: matching starts
 after `</think>`; never inside a tool call's markup, so a call arrives whole); a match ends the request in
-the engine at once. Leaving the iteration early (client
+the engine at once. A call that max_tokens or the context cuts arrives as a cut call (`ToolCall.partial_json`,
+engine/chat/parse.py) or not at all, never as markup in the text. Leaving the iteration early (client
 disconnect, cancellation) aborts the engine request, so no lane stays held (DESIGN invariant 5).
 
 Thinking budget (Anthropic `thinking.budget_tokens`, effort tiers, `--thinking-budget`): a field of the
@@ -298,9 +299,10 @@ class Generation:
         outcome.queue, outcome.prefill = event.queue_seconds, event.prefill_seconds
         events: list[StreamEvent] = []
         if self._stop_matched is None:
-            events += self._feed(self._detok.finish(), final=True)
-            events += self._parser.finish()
             kind = event.reason.kind
+            events += self._feed(self._detok.finish(), final=True)
+            # A call the output limit cut is a cut call (or nothing), never its markup as text.
+            events += self._parser.finish(truncated=kind in (FinishKind.LENGTH, FinishKind.CONTEXT))
             outcome.finish = kind.value if kind is not FinishKind.REJECTED else "aborted"
         if self._stop_matched is not None:  # (also one found only in the text held back to the end)
             outcome.stop_sequence = self._stop_matched

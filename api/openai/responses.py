@@ -460,7 +460,9 @@ class ResponseBuilder:
                 name=call.name,
             )
         )
-        item["arguments"], item["status"] = arguments, "completed"
+        # A call the output limit cut: its arguments as far as they arrived, and the item is incomplete.
+        status = "completed" if call.partial_json is None else "incomplete"
+        item["arguments"], item["status"] = arguments, status
         out.append(self._event("response.output_item.done", output_index=index, item=item))
         return out
 

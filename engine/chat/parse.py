@@ -15,6 +15,13 @@ typed if it is valid JSON and a string otherwise. An undeclared tool, a duplicat
 structure leaves the whole block as content text, and the reason is recorded and logged. A final block
 missing only `</tool_call>` is still a call.
 
+Cut calls (`truncated`: the output limit, max_tokens or the context, ended the text): a final block that is not
+a whole call is never text. When its `<function=NAME>` arrived and names a declared tool it is a call
+(`cut_tool_call`) whose `arguments` hold the parameters whose values arrived whole and whose `partial_json` is
+the JSON text of the arguments as far as they arrived (a prefix of what the whole call's would be, unclosed:
+OpenAI's arguments string of a call cut by the limit); otherwise it is dropped (the reason is recorded). A
+held prefix of an open tag at the end is dropped too.
+
 Nesting: a parameter value may itself hold tool-call markup (an agent writing code or docs about tool
 calls). A block ends at the `</tool_call>` that balances its `<tool_call>` (depth matching) when that block
 is a call; otherwise, or when nothing balances it, at the first close tag as before. A value may hold
@@ -66,9 +73,13 @@ Schemas = Mapping[str, Mapping[str, Any]]
 class ToolCall:
     name: str
     arguments: dict[str, Any]
+    partial_json: str | None = None  # a call the output limit cut: its arguments' JSON text so far (unclosed)
 
     @property
     def arguments_json(self) -> str:
+        """The arguments as JSON text; of a cut call, the text as far as it arrived."""
+        if self.partial_json is not None:
+            return self.partial_json
         return json.dumps(self.arguments, ensure_ascii=False)
 
 
@@ -227,6 +238,63 @@ def parse_tool_call(block: str, schemas: Schemas | None) -> ToolCall:
     return ToolCall(name, arguments)
 
 
+_FUNCTION_OPEN_RE = re.compile(r"\s*<function=([^>\n]*)>")
+
+
+def cut_tool_call(block: str, schemas: Schemas | None) -> ToolCall:
+    """The call in a block the output limit cut (`block`: the text after `<tool_call>`): whole when only
+    `</tool_call>` is missing; otherwise the parameters whose values arrived whole, and `partial_json`. Raises
+    `ToolCallError` when the name did not arrive or is not a declared tool (the block is then dropped)."""
+    block = block[: len(block) - max(_partial_suffix(block, tag) for tag in TOLERANT_CLOSES)]
+    try:
+        return parse_tool_call(block, schemas)
+    except ToolCallError:
+        pass
+    match = _FUNCTION_OPEN_RE.match(block)
+    if match is None:
+        raise ToolCallError("cut by the output limit before the tool's name (dropped)")
+    name = match.group(1).strip()
+    if schemas is None or name not in schemas:
+        raise ToolCallError(f"cut by the output limit: undeclared tool {name!r} (dropped)")
+    properties = schemas[name].get("properties")
+    properties = properties if isinstance(properties, Mapping) else {}
+    body = block[match.end() :]
+    body = body[: len(body) - max(_partial_suffix(body, tag) for tag in ("<parameter=", "</function>"))]
+    arguments: dict[str, Any] = {}
+    parts: list[str] = []  # `"key": value` JSON texts, the last one maybe cut
+    pos = 0
+    while (param := _PARAMETER_OPEN_RE.search(body, pos)) is not None:
+        key = param.group(1).strip()
+        if body[pos : param.start()].strip() or key in arguments:
+            break  # malformed from here on: the arguments end before it
+        schema = resolved(properties.get(key), schemas[name])
+        end = _value_end(body, param.end())
+        value = body[param.end() : None if end < 0 else end].removeprefix("\n")
+        if end < 0:  # the value the limit cut
+            value = value[: len(value) - _partial_suffix(value, PARAMETER_END)].removesuffix("\n")
+            parts.append(f"{_json(key)}: {_partial_value(value, schema)}")
+            break
+        typed = coerce_value(value.removesuffix("\n"), schema)
+        if typed is not _OMIT:
+            arguments[key] = typed
+            parts.append(f"{_json(key)}: {_json(typed)}")
+        pos = end + len(PARAMETER_END)
+    return ToolCall(name, arguments, partial_json="{" + ", ".join(parts))
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _partial_value(raw: str, schema: Any) -> str:
+    """The JSON text of a value the limit cut: an open string for a parameter that may be a string (or is
+    untyped), else the raw text (the start of a number, boolean, object or array)."""
+    types = _declared_types(schema)
+    if not types or "string" in types:
+        return _json(raw)[:-1]
+    return raw.strip()
+
+
 _DOUBLED_LT_RE = re.compile(r"<<+(?=/?(?:function|parameter)\b)")
 _DROPPED_LT_RE = re.compile(r"(?<![<\w/])(/?(?:function|parameter)(?:=[^<>\n]*)?>)")
 _NO_KEYWORD_RE = re.compile(r"<=([^<>\n]*)>")
@@ -306,6 +374,13 @@ def _balanced_close(text: str, pos: int, opens: Sequence[str], closes: Sequence[
             return close_at, close_tag
 
 
+def _unbalanced(text: str, pos: int, opens: Sequence[str], closes: Sequence[str]) -> bool:
+    """Whether the block whose body starts at `pos` nests and nothing balances it (yet)."""
+    first_open, first_close = _first(text, opens, pos)[0], _first(text, closes, pos)[0]
+    nests = first_open >= 0 and (first_close < 0 or first_open < first_close)
+    return nests and _balanced_close(text, pos, opens, closes)[0] < 0
+
+
 def _nested_call(
     text: str, pos: int, opens: Sequence[str], closes: Sequence[str], schemas: Schemas | None, tolerant: bool
 ) -> tuple[ToolCall, int] | None:
@@ -350,12 +425,14 @@ def parse_output(
     in_reasoning: bool = False,
     calls_in_reasoning: bool = False,
     tolerant: bool = False,
+    truncated: bool = False,
 ) -> ParsedOutput:
     """Split a finished generation into reasoning, content and tool calls.
 
     `calls_in_reasoning` (tolerant, opt-in): a `<tool_call>` inside the reasoning ends the reasoning, as
     if `</think>` had come first (models sometimes call a tool without closing their thinking).
     `tolerant` (opt-in): the wrapper and in-block recoveries of the module docstring.
+    `truncated`: the output limit ended `text` (cut calls, module docstring).
     """
     schemas = tool_schemas(tools) if tools else None
     opens = TOLERANT_OPENS if tolerant else (TOOL_CALL_START,)
@@ -366,7 +443,10 @@ def parse_output(
     while True:
         start, open_tag = _first(rest, opens, pos)
         if start < 0:
-            content.append(_trim(rest[pos:], lead=run_start, trail=True))
+            tail = rest[pos:]
+            if truncated:  # the start of an open tag is not text
+                tail = tail[: len(tail) - max(_partial_suffix(tail, tag) for tag in opens)]
+            content.append(_trim(tail, lead=run_start, trail=True))
             break
         body_start = start + len(open_tag)
         nested = _nested_call(rest, body_start, opens, closes, schemas, tolerant)
@@ -381,6 +461,14 @@ def parse_output(
             end, close_tag = reopen, ""
         block_end = len(rest) if end < 0 else end
         before = rest[pos:start]
+        if truncated and (end < 0 or _unbalanced(rest, body_start, opens, closes)):  # the limit cut the block
+            content.append(_trim(before, lead=run_start, trail=True))
+            try:
+                calls.append(cut_tool_call(rest[body_start:], schemas))
+            except ToolCallError as exc:
+                fallbacks.append(str(exc))
+                logger.info("tool call cut: %s", exc)
+            break
         try:
             call = read_tool_call(rest[body_start:block_end], schemas, tolerant=tolerant)
         except ToolCallError as exc:
@@ -440,6 +528,7 @@ class StreamingParser:
         self._run_start = True  # trim the start of the next text
         self._ws = ""  # trailing whitespace of the current run, held until more text follows
         self._ws_before_call = ""  # the run's held whitespace when a block opened
+        self._truncated = False  # finish(truncated=True): the output limit ended the text
         self.fallbacks: list[str] = []
 
     def feed(self, delta: str) -> list[StreamEvent]:
@@ -457,11 +546,20 @@ class StreamingParser:
             return bool(held) and any(tag.startswith(held) for tag in self._opens)
         return self._mode == "tool" or (self._mode == "content" and bool(self._buf))
 
-    def finish(self) -> list[StreamEvent]:
+    def finish(self, *, truncated: bool = False) -> list[StreamEvent]:
+        """The events of the text held back. `truncated`: the output limit ended the text (an unclosed call
+        is a cut call or nothing, a held prefix of an open tag is dropped: module docstring)."""
+        self._truncated = truncated
         events: list[StreamEvent] = []
         while self._step(events, final=True):
             pass
-        if self._mode == "tool":
+        if self._mode == "tool" and truncated:
+            try:
+                events.append(ToolCallEvent(cut_tool_call(self._buf, self._schemas)))
+            except ToolCallError as exc:
+                self.fallbacks.append(str(exc))
+                logger.info("tool call cut: %s", exc)
+        elif self._mode == "tool":
             self._close_block(self._buf, "", events=events)
         elif self._buf:
             self._text(self._buf, events)
@@ -489,8 +587,10 @@ class StreamingParser:
                     events.append(ToolCallEvent(nested[0]))
                     self._run_start, self._ws_before_call = True, ""
                     return True
-                if not final and _balanced_close(buf, 0, self._opens, self._closes)[0] < 0:
-                    return False  # the balancing close may still come
+                if (not final or self._truncated) and _balanced_close(buf, 0, self._opens, self._closes)[
+                    0
+                ] < 0:
+                    return False  # the balancing close may still come (or the limit cut the block)
             end, close_tag = _first(buf, self._closes)
             reopen = _first(buf, self._opens)[0] if self._tolerant else -1
             if reopen >= 0 and (end < 0 or reopen < end):  # a new block opens first: this one ends there
@@ -509,9 +609,10 @@ class StreamingParser:
             tags = self._opens
         at, tag = _first(buf, tags)
         if at < 0:
-            keep = 0 if final else max(_partial_suffix(buf, tag) for tag in tags)
+            dropped = final and self._truncated and self._mode == "content"  # the start of an open tag
+            keep = 0 if final and not dropped else max(_partial_suffix(buf, tag) for tag in tags)
             self._text(buf[: len(buf) - keep], events)
-            self._buf = buf[len(buf) - keep :]
+            self._buf = "" if dropped else buf[len(buf) - keep :]
             return False
         self._text(buf[:at], events)
         if self._mode == "reasoning":

@@ -331,11 +331,19 @@ def _chunks(text: str, rng: random.Random) -> list[str]:
     return out
 
 
+@pytest.mark.parametrize("truncated", [False, True])
 @pytest.mark.parametrize("tolerant", [False, True])
 @pytest.mark.parametrize(("text", "in_reasoning"), SAMPLES)
-def test_streaming_equals_non_streaming(text: str, in_reasoning: bool, tolerant: bool) -> None:
+def test_streaming_equals_non_streaming(
+    text: str, in_reasoning: bool, tolerant: bool, truncated: bool
+) -> None:
     expected = parse_output(
-        text, TOOLS, in_reasoning=in_reasoning, calls_in_reasoning=tolerant, tolerant=tolerant
+        text,
+        TOOLS,
+        in_reasoning=in_reasoning,
+        calls_in_reasoning=tolerant,
+        tolerant=tolerant,
+        truncated=truncated,
     )
     rng = random.Random(len(text))
     chunkings = [[text], list(text), *(_chunks(text, rng) for _ in range(20))]
@@ -343,7 +351,7 @@ def test_streaming_equals_non_streaming(text: str, in_reasoning: bool, tolerant:
         parser = StreamingParser(
             TOOLS, in_reasoning=in_reasoning, calls_in_reasoning=tolerant, tolerant=tolerant
         )
-        events = [e for chunk in chunks for e in parser.feed(chunk)] + parser.finish()
+        events = [e for chunk in chunks for e in parser.feed(chunk)] + parser.finish(truncated=truncated)
         reasoning, content, calls = collect(events)
         assert reasoning == (expected.reasoning or "")
         assert content == expected.content
@@ -391,3 +399,49 @@ def test_in_tool_call_tells_markup_from_the_answer(pieces: list[str], inside: bo
     for piece in pieces:
         parser.feed(piece)
     assert parser.in_tool_call() is inside
+
+
+# -- calls the output limit cut ----------------------------------------------------------------------
+
+WHOLE = call("search", query='say "hi"\nthere', limit="12", filters='{"a": [1, 2]}', exact="true")
+WHOLE_ARGS = {"query": 'say "hi"\nthere', "limit": 12, "filters": {"a": [1, 2]}, "exact": True}
+
+
+@pytest.mark.parametrize("tolerant", [False, True])
+def test_a_call_cut_anywhere_is_never_text(tolerant: bool) -> None:
+    """Every cut of `Sure.` + a call: the answer's text is "Sure." and nothing of the markup; before the
+    name arrived there is no call, after it a cut call whose arguments are those whose values arrived whole
+    and whose JSON text is a prefix of the whole call's; once only `</tool_call>` is missing the call is
+    whole. Streamed (char by char) equals parsed."""
+    text = "Sure.\n\n" + WHOLE
+    whole_json = ToolCall("search", WHOLE_ARGS).arguments_json
+    named = text.index("<function=search>") + len("<function=search>")
+    for cut in range(len("Sure."), len(text) + 1):
+        head = text[:cut]
+        parsed = parse_output(head, TOOLS, truncated=True, tolerant=tolerant)
+        parser = StreamingParser(TOOLS, tolerant=tolerant)
+        events = [e for ch in head for e in parser.feed(ch)] + parser.finish(truncated=True)
+        assert collect(events) == ("", parsed.content, list(parsed.tool_calls)), cut
+        assert parsed.content == "Sure.", cut
+        if cut < named:
+            assert parsed.tool_calls == (), cut
+            continue
+        (got,) = parsed.tool_calls
+        assert got.name == "search" and whole_json.startswith(got.arguments_json), (cut, got)
+        assert all(WHOLE_ARGS[k] == v for k, v in got.arguments.items()), (cut, got)
+        if cut >= text.index("</function>") + len("</function>"):
+            assert got == ToolCall("search", WHOLE_ARGS), cut
+
+
+def test_cut_call_shapes() -> None:
+    head = "<tool_call>\n<function=search>\n<parameter=limit>\n12\n</parameter>\n<parameter=query>\nsay hi\n</par"
+    (got,) = parse_output(head, TOOLS, truncated=True).tool_calls
+    assert got == ToolCall("search", {"limit": 12}, partial_json='{"limit": 12, "query": "say hi')
+    assert got.arguments_json == '{"limit": 12, "query": "say hi'
+    (got,) = parse_output("<tool_call>\n<function=search>\n", TOOLS, truncated=True).tool_calls
+    assert got.arguments_json == "{" and got.arguments == {}
+    unknown = parse_output("a <tool_call>\n<function=nope>\n<parameter=x>\n1", TOOLS, truncated=True)
+    assert (unknown.content, unknown.tool_calls) == ("a", ())
+    assert unknown.fallbacks == ("cut by the output limit: undeclared tool 'nope' (dropped)",)
+    held = parse_output("a <tool_ca", TOOLS, truncated=True)  # the start of an open tag is not text
+    assert held.content == "a" and parse_output("a <tool_ca", TOOLS).content == "a <tool_ca"
