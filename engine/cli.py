@@ -39,7 +39,7 @@ from engine.flags import (
 )
 from engine.media.expand import expand_prompt, load_source, media_parts
 from engine.media.image import MediaError
-from engine.request import FinishEvent, SamplingParams, TokenEvent
+from engine.request import FinishEvent, FinishKind, SamplingParams, TokenEvent
 from engine.tokenizer import IncrementalDetokenizer
 
 
@@ -151,7 +151,8 @@ def run(
             elif event.request_id == "cli":
                 finish = event
     show(parser.feed(detok.finish()))
-    show(parser.finish())
+    # a call the output limit cut is shown as the cut call (or nothing), never as its markup (as the API does)
+    show(parser.finish(truncated=finish.reason.kind in (FinishKind.LENGTH, FinishKind.CONTEXT)))
     _write(out, "\n")
     elapsed = time.perf_counter() - start
     n = finish.num_output_tokens
