@@ -98,8 +98,11 @@ class EngineStats:
     prefill_chunk: int  # prefill tokens of a step without decode rows
     prefill_chunk_decoding: int  # ... of a step with decode rows (the effective value, default resolved)
     num_checkpoints: int
+    # Admissions that reused a checkpoint, and the tokens reused instead of recomputed: a preempted lane's resume
+    # counts too (the cached tokens a client is told, and ninfer_prefix_cache_hits_total, count requests' first
+    # admission only, so under preemption these are larger)
     num_prefix_hits: int
-    num_prefix_hit_tokens: int  # tokens reused instead of recomputed
+    num_prefix_hit_tokens: int
     num_prefill_tokens: int
     num_decode_tokens: int
     num_steps: int  # scheduler steps (including empty ones)
