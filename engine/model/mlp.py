@@ -273,7 +273,7 @@ def _padded_rows_bound(num_pairs: int, num_experts: int) -> int:
     return -(-bound // _GROUP_ALIGN) * _GROUP_ALIGN
 
 
-def _expert_groups(expert_ids: torch.Tensor, num_experts: int) -> ExpertGroups:
+def expert_groups(expert_ids: torch.Tensor, num_experts: int) -> ExpertGroups:
     """``ExpertGroups`` for a routing (expert_ids [T, top_k]), all on its device: nothing is read back, so
     no host sync (the counts come from the sorted ids, not ``torch.bincount``, whose CUDA kernel reads the
     largest id back to size its output)."""
@@ -314,7 +314,7 @@ def _experts_grouped(
     fp32 [T * top_k, H] tensor: ``moe_combine`` reads each token's top_k bf16 rows once. A deferred ``down`` is
     called between the two GEMMs (stream order: after the gate_up GEMM's reads).
     """
-    groups = _expert_groups(expert_ids, gate_up.shape[0])
+    groups = expert_groups(expert_ids, gate_up.shape[0])
     grouped_mm: Callable[..., torch.Tensor] = (
         torch._grouped_mm if _grouped_mm_ok(x, gate_up) else _grouped_mm_loop
     )

@@ -41,7 +41,7 @@ import math
 import torch
 from torch import nn
 
-from engine.model.mlp import Experts, _expert_groups, routed_experts
+from engine.model.mlp import Experts, expert_groups, routed_experts
 from kernels import _dispatch
 from kernels._dispatch import use_triton
 from kernels.linear import linear
@@ -183,10 +183,8 @@ class QuantExperts(nn.Module):
             shared = torch.sigmoid(linear(x, shared_gate)) * shared
         if few:  # NINFER_QUANT_MOE_SHARED=separate: the gated output added by one more launch
             return quant_moe_experts(x, self.gate_up.qweight, down.qweight, weights, expert_ids) + shared
-        if (
-            _dispatch.MOE_PREFILL == "quant"
-        ):  # the grouped GEMM on the quantized banks: no scratch read or written
-            groups = _expert_groups(expert_ids, self.num_experts)
+        if _dispatch.MOE_PREFILL == "quant":  # the grouped GEMM on the quantized banks: no scratch used
+            groups = expert_groups(expert_ids, self.num_experts)
             return quant_moe_grouped(
                 x, self.gate_up.qweight, down.qweight, weights, expert_ids, groups, shared
             )

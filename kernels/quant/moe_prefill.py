@@ -11,7 +11,7 @@ rounding but the last is exact and the operations are those of ``engine.model.ml
 dequantized banks. The launcher runs it wherever the kernel does not (CPU, fp32 x, ``NINFER_KERNELS=ref``).
 
 ``quant_moe_grouped`` (CUDA, or Triton's interpreter; bf16 / fp16 x): two launches of the grouped GEMM over the
-rows of an ``ExpertGroups`` (``engine.model.mlp._expert_groups``: ``(offs, token_idx, row_idx)``), gate_up with
+rows of an ``ExpertGroups`` (``engine.model.mlp.expert_groups``: ``(offs, token_idx, row_idx)``), gate_up with
 the activation in its epilogue (fp32 gate and up, not rounded before it, unlike the dense path's
 ``silu_mul``), then down, then ``kernels.moe.moe_combine`` with ``shared``. Every grid size comes from T, top_k, E
 and the tiles: no host sync, nothing allocated that depends on the routing.

@@ -1,5 +1,5 @@
 """The MoE prefill path (engine/model/mlp.py ``_experts_grouped``) on the CPU: the grouping's index math
-(``_expert_groups``: padded groups, each pair's row, each row's token), the whole path with
+(``expert_groups``: padded groups, each pair's row, each row's token), the whole path with
 ``_grouped_mm_loop`` (and CPU ``torch._grouped_mm`` where this torch has it) standing in for the CUDA grouped
 GEMM against ``moe_experts_ref`` + the shared expert as ``SparseMoeBlock`` computes them, padded rows never
 read, and no host sync (the path runs on meta tensors, which have no data to read back). One GPU test
@@ -16,10 +16,10 @@ from engine.model.config import ModelConfig
 from engine.model.mlp import (
     _GROUP_ALIGN,
     SparseMoeBlock,
-    _expert_groups,
     _experts_grouped,
     _grouped_mm_loop,
     _padded_rows_bound,
+    expert_groups,
 )
 from kernels.moe import moe_combine_ref, moe_experts_ref, moe_route_ref
 
@@ -60,7 +60,7 @@ def test_groups_put_every_pair_in_its_experts_padded_group(
     tokens: int, experts: int, top_k: int, how: str
 ) -> None:
     ids = _ids(tokens, experts, top_k, how)
-    groups = _expert_groups(ids, experts)
+    groups = expert_groups(ids, experts)
     bound = _padded_rows_bound(tokens * top_k, experts)
     assert groups.offs.dtype == torch.int32 and groups.offs.shape == (experts,)
     assert groups.token_idx.shape == (bound,) and groups.row_idx.shape == (tokens, top_k)
@@ -92,7 +92,7 @@ def test_groups_put_every_pair_in_its_experts_padded_group(
 def test_bound_is_reached_by_the_worst_routing() -> None:
     """17 pairs on each of 16 experts: every group pads 15 rows, the buffer is full to the bound."""
     ids = _ids(17, 16, 16, "worst padding")
-    groups = _expert_groups(ids, 16)
+    groups = expert_groups(ids, 16)
     assert int(groups.offs[-1]) == _padded_rows_bound(17 * 16, 16) == 17 * 16 + 16 * 15
     assert _padded_rows_bound(8, 256) == 128  # few pairs: at most one group per pair pads
     assert _padded_rows_bound(61440, 256) == 61440 + 256 * 15  # the 35B-A3B prefill of 7680 tokens
@@ -163,7 +163,7 @@ def test_padded_rows_are_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
     shared = torch.randn(tokens, hidden, generator=gen)
     clean = _experts_grouped(x, gate_up, down, weights, ids, shared)
     used = torch.zeros(_padded_rows_bound(tokens * top_k, experts), dtype=torch.bool)
-    used[_expert_groups(ids, experts).row_idx.reshape(-1)] = True
+    used[expert_groups(ids, experts).row_idx.reshape(-1)] = True
     assert not bool(used.all()), "the case must have padding rows"
 
     def poisoned(a: torch.Tensor, b: torch.Tensor, *, offs: torch.Tensor) -> torch.Tensor:
@@ -194,7 +194,7 @@ def test_no_host_sync(monkeypatch: pytest.MonkeyPatch) -> None:
     ids = torch.empty(tokens, top_k, dtype=torch.int64, device="meta")
     out = _experts_grouped(x, gate_up, down, weights, ids, shared)
     assert out.shape == (tokens, hidden) and out.dtype == torch.bfloat16
-    groups = _expert_groups(ids, experts)
+    groups = expert_groups(ids, experts)
     assert groups.token_idx.shape == (tokens * top_k + experts * (_GROUP_ALIGN - 1),)
 
 
