@@ -20,7 +20,7 @@ from hot_path_common import (
     _us,
 )
 
-from engine.model.mlp import SparseMoeBlock, _expert_groups, _experts_gathered, _experts_grouped  # noqa: E402
+from engine.model.mlp import SparseMoeBlock, _experts_gathered, _experts_grouped, expert_groups  # noqa: E402
 from engine.testing.synthetic import GEOMETRIES  # noqa: E402
 from kernels.moe import (  # noqa: E402
     SharedExpert,
@@ -276,7 +276,7 @@ def _experts_grouped_previous(x: torch.Tensor, gate_up: torch.Tensor, down: torc
 
 def bench_moe_prefill(gate_up: torch.Tensor, down: torch.Tensor, read_gbps: float) -> None:
     """The MoE prefill path outside the grouped GEMMs at 35B-A3B, T = 7680 (one layer, a random routing):
-    - ``moe_combine`` (+ the shared expert's output) over the grouped buffer ``_expert_groups`` lays out
+    - ``moe_combine`` (+ the shared expert's output) over the grouped buffer ``expert_groups`` lays out
       (65280 rows, each token's 8 rows scattered over it) vs its reference; bytes = the T x 8 bf16 rows read +
       shared read + out written; ``previous_us``: the fp32 gather, weight multiply and index_add_ it replaces;
     - ``_experts_grouped`` (route excluded: grouping, gather, 2 grouped GEMMs, silu_mul, combine) timed eagerly
@@ -286,7 +286,7 @@ def bench_moe_prefill(gate_up: torch.Tensor, down: torch.Tensor, read_gbps: floa
     x = torch.randn(tokens, MOE_H, device=DEV, dtype=BF16)
     shared = torch.randn(tokens, MOE_H, device=DEV, dtype=BF16) * 0.1
     weights, ids = moe_route(torch.randn(tokens, MOE_E, device=DEV, dtype=BF16), MOE_TOPK)
-    groups = _expert_groups(ids, MOE_E)
+    groups = expert_groups(ids, MOE_E)
     expert_out = torch.randn(groups.token_idx.numel(), MOE_H, device=DEV, dtype=BF16)
     rows = groups.row_idx
     pair_token = torch.arange(tokens, device=DEV).repeat_interleave(MOE_TOPK)

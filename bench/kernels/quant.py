@@ -62,7 +62,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.model.mlp import _expert_groups, _experts_grouped  # noqa: E402
+from engine.model.mlp import _experts_grouped, expert_groups  # noqa: E402
 from kernels.moe import moe_experts, moe_route_ref  # noqa: E402
 from kernels.quant import (  # noqa: E402
     FP8,
@@ -413,7 +413,7 @@ def bench_moe_prefill(variants: list[str]) -> None:
     ``NINFER_MOE_PREFILL=scratch`` (``QuantExperts``' path: gate_up dequantized into a bf16 scratch, the dense
     grouped path ``_experts_grouped`` with the down bank dequantized into the same memory after the gate_up GEMM)
     against ``quant`` (``quant_moe_grouped``: the grouped GEMM on the quantized stacks; the default tiles and the
-    named ``QUANT_MOE_GROUPED_VARIANTS``). Both include the routing's grouping (``_expert_groups``). Each row: us a
+    named ``QUANT_MOE_GROUPED_VARIANTS``). Both include the routing's grouping (``expert_groups``). Each row: us a
     layer, x 40 layers, TFLOP/s of the experts' GEMMs, and the error against the scratch path's output (both round
     the weights to bf16 once; quant skips the rounding of gate and up before the activation)."""
     experts, hidden, inter, top_k = MOE_GEOMETRY
@@ -449,7 +449,7 @@ def bench_moe_prefill(variants: list[str]) -> None:
                 )
 
                 def quant_path() -> torch.Tensor:
-                    groups = _expert_groups(ids, experts)
+                    groups = expert_groups(ids, experts)
                     return quant_moe_grouped(x, gate_up, down, weights, ids, groups, shared, tiles=tiles)
 
                 check = _err(quant_path(), expected)

@@ -101,14 +101,14 @@ def test_grouped_prefill_on_the_cpu_is_its_reference():
     """``quant_moe_grouped`` (``NINFER_MOE_PREFILL=quant``) runs its reference where no kernel runs: the dense
     path's math on the stacks dequantized to x's dtype (fp32 here: ``moe_experts_ref`` on the decoded stacks, to
     fp32 sums)."""
-    from engine.model.mlp import _expert_groups
+    from engine.model.mlp import expert_groups
     from kernels.quant import quant_moe_grouped, quant_moe_grouped_ref
 
     gate_up, down, gu_dec, dn_dec = make_experts(Q4, Q6)
     x = torch.randn(70, H)
     weights, ids = moe_route_ref(torch.randn(70, E), TOP_K)
     shared = torch.randn(70, H)
-    got = quant_moe_grouped(x, gate_up, down, weights, ids, _expert_groups(ids, E), shared)
+    got = quant_moe_grouped(x, gate_up, down, weights, ids, expert_groups(ids, E), shared)
     assert torch.equal(got, quant_moe_grouped_ref(x, gate_up, down, weights, ids, shared))
     dense = moe_experts_ref(x, gu_dec.view(E, 2 * INTER, H), dn_dec.view(E, H, INTER), weights, ids)
     torch.testing.assert_close(got, dense + shared, rtol=1e-5, atol=1e-5)
@@ -118,7 +118,7 @@ def test_grouped_prefill_on_the_cpu_is_its_reference():
 def test_grouped_prefill_grid_covers_every_routing(block_m):
     """``tiles_bound`` (the grouped GEMM's programs along M, from T, top_k, E and BLOCK_M only) is at least the
     M tiles a routing needs (each expert's padded group in BLOCK_M tiles): random, skewed, one-expert routings."""
-    from engine.model.mlp import _expert_groups
+    from engine.model.mlp import expert_groups
     from kernels.quant.moe_prefill import tiles_bound
 
     gen = torch.Generator().manual_seed(block_m)
@@ -130,7 +130,7 @@ def test_grouped_prefill_grid_covers_every_routing(block_m):
                 ids = torch.arange(top_k).expand(tokens, top_k)
             else:  # pairs spread over as many experts as possible (distinct in a row: top_k <= E): most padding
                 ids = (torch.arange(tokens * top_k) % experts).view(tokens, top_k)
-            groups = _expert_groups(ids, experts)
+            groups = expert_groups(ids, experts)
             sizes = groups.offs.diff(prepend=groups.offs.new_zeros(1)).long()
             needed = int(((sizes + block_m - 1) // block_m).sum())
             rows = groups.token_idx.shape[0]

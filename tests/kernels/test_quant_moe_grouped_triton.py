@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_quant_moe import make_experts
 
-from engine.model.mlp import _expert_groups
+from engine.model.mlp import expert_groups
 from kernels._dispatch import INTERPRET
 from kernels.moe import moe_route_ref
 from kernels.quant import Q4, Q5, Q6
@@ -54,7 +54,7 @@ def _check(gu, dn, experts, top_k, tokens, kind, device, assert_close, block_m=N
     tiles = quant_moe_grouped_tiles(tokens * top_k, experts)._replace(**QUANT_MOE_GROUPED_VARIANTS[variant])
     if block_m is not None:
         tiles = tiles._replace(block_m=block_m)
-    groups = _expert_groups(ids, experts)
+    groups = expert_groups(ids, experts)
     got = quant_moe_grouped(x, gate_up, down, weights, ids, groups, term, tiles=tiles)
     assert got.dtype == x.dtype and got.shape == x.shape
     expected = quant_moe_grouped_ref(x, gate_up, down, weights, ids, term)
@@ -116,7 +116,7 @@ def test_no_tokens(device):
     x = torch.empty(0, H, device=device).bfloat16()
     ids = torch.empty(0, 2, dtype=torch.int64, device=device)
     weights = torch.empty(0, 2, device=device)
-    out = quant_moe_grouped(x, gate_up, down, weights, ids, _expert_groups(ids, 8))
+    out = quant_moe_grouped(x, gate_up, down, weights, ids, expert_groups(ids, 8))
     assert out.shape == (0, H)
 
 
@@ -128,7 +128,7 @@ def test_programs_past_the_last_tile_write_nothing(device, monkeypatch):
     gate_up, down, _, _ = make_experts(Q4, Q5, device, e=8, h=H, inter=INTER)
     x = torch.randn(9, H, device=device).bfloat16()
     weights, ids = _routing("sparse", 9, 8, 2, device)
-    groups = _expert_groups(ids, 8)
+    groups = expert_groups(ids, 8)
     made = []
     empty = torch.empty
 
@@ -174,7 +174,7 @@ def test_real_geometry_matches_the_scratch_path(dn, tokens, device, assert_close
     x = torch.randn(tokens, hidden, device=device).bfloat16()
     shared = (torch.randn(tokens, hidden, device=device) * 0.1).bfloat16()
     weights, ids = moe_route_ref(torch.randn(tokens, experts, device=device), top_k)
-    got = quant_moe_grouped(x, gate_up, down, weights, ids, _expert_groups(ids, experts), shared)
+    got = quant_moe_grouped(x, gate_up, down, weights, ids, expert_groups(ids, experts), shared)
     expected = quant_moe_grouped_ref(x, gate_up, down, weights, ids, shared)
     assert_close(f"35B-A3B Q4/{dn} T{tokens}", got, expected, RMS[torch.bfloat16], 0.0)
     gu = dequantize_to(gate_up, torch.bfloat16).view(experts, 2 * inter, hidden)
